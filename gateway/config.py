@@ -1,0 +1,161 @@
+"""config/gateway.yaml -> frozen Settings with every policy loaded (SPEC section 2).
+
+Owns the gateway config format, ${ENV} interpolation at load and relative-path resolution.
+Agent and operator tokens exist here only as sha256 hex digests.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, TypeVar
+from urllib.parse import urlsplit
+
+import pydantic
+from pydantic import BeforeValidator, Field
+
+from .errors import ConfigError
+from .loading import Strict, interpolate, load_env, read_yaml, validate
+from .policy import ProviderPolicy, load_policies
+from .units import parse_duration, parse_size
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _hashes(value: object) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise ValueError("must be a sha256 hex digest or a list of them")
+    for item in items:
+        if not isinstance(item, str) or not SHA256_HEX.fullmatch(item):
+            raise ValueError("must be a lowercase sha256 hex digest (statusgate token hash)")
+    return items
+
+
+TokenHashes = Annotated[list[str], BeforeValidator(_hashes)]
+
+
+class Listen(Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+
+
+class AuditSettings(Strict):
+    path: str | None = None
+    hmac_key_env: str | None = None
+
+
+class Account(Strict):
+    id: str
+    token_sha256: TokenHashes
+    providers: list[str] = ["*"]
+
+    def allows(self, provider: str) -> bool:
+        return "*" in self.providers or provider in self.providers
+
+
+class Operator(Strict):
+    id: str
+    token_sha256: TokenHashes
+
+
+class Limits(Strict):
+    max_request_body: Size = 1024 * 1024
+    max_response_body: Size = 8 * 1024 * 1024
+    upstream_timeout: Duration = 30.0
+
+
+class EscalationSettings(Strict):
+    webhook_url: str | None = None
+
+
+class GatewayFile(Strict):
+    listen: Listen = Listen()
+    public_base_url: str = "http://127.0.0.1:8080"
+    store: str = "sqlite:///var/statusgate.db"
+    policies_dir: str = "policies"
+    audit: AuditSettings = AuditSettings()
+    accounts: list[Account] = []
+    operators: list[Operator] = []
+    limits: Limits = Limits()
+    escalation: EscalationSettings = EscalationSettings()
+
+    @pydantic.field_validator("public_base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+
+H = TypeVar("H", Account, Operator)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the gateway needs at start, resolved and validated."""
+
+    file: GatewayFile
+    base_dir: Path
+    policies: Mapping[str, ProviderPolicy]
+
+    @property
+    def store_url(self) -> str:
+        """The store URL with a relative sqlite path resolved against the config folder."""
+        url = self.file.store
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            return "sqlite:///" + str(self.base_dir / url.removeprefix("sqlite:///"))
+        return url
+
+    def account_for(self, token_hash: str) -> Account | None:
+        return _match(self.file.accounts, token_hash)
+
+    def operator_for(self, token_hash: str) -> Operator | None:
+        return _match(self.file.operators, token_hash)
+
+
+def _match(holders: list[H], token_hash: str) -> H | None:
+    """Constant-time over every stored hash: timing tells nothing about which one matched."""
+    found: H | None = None
+    for holder in holders:
+        for stored in holder.token_sha256:
+            if hmac.compare_digest(stored, token_hash) and found is None:
+                found = holder
+    return found
+
+
+def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
+    """Read the gateway config and every policy; ConfigError lists all problems found."""
+    env = load_env() if env is None else env
+    shown = str(path)
+    raw = read_yaml(path, shown)
+    data, problems = interpolate(raw, shown, env)
+    if problems:
+        raise ConfigError(problems)
+    gateway = validate(GatewayFile, data, shown)
+    base_dir = path.parent.resolve()
+    policies_dir = (base_dir / gateway.policies_dir).resolve()
+    shown_dir = os.path.normpath(Path(path.parent, gateway.policies_dir))
+    policies = load_policies(policies_dir, shown_dir, env)
+    problems = _account_problems(gateway, policies, shown)
+    if problems:
+        raise ConfigError(problems)
+    return Settings(file=gateway, base_dir=base_dir, policies=policies)
+
+
+def _account_problems(
+    gateway: GatewayFile, policies: Mapping[str, ProviderPolicy], shown: str
+) -> list[str]:
+    problems = []
+    for i, account in enumerate(gateway.accounts):
+        for j, name in enumerate(account.providers):
+            if name != "*" and name not in policies:
+                problems.append(f"{shown}: accounts[{i}].providers[{j}]: no policy for {name!r}")
+    return problems

@@ -1,0 +1,360 @@
+"""The rule book of SPEC section 4: what to do with a status call and with a provider answer.
+
+Pure: (policy, record, now, event) -> Decision. No I/O, no clock, no randomness (a uniform draw
+``u`` is passed in), no logging, no asyncio. The HTTP shell carries decisions out: it sends
+when ``forward`` is set, persists ``record`` when ``changed`` is set, and answers with
+``problem`` or with the provider's (or the stored final) body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .models import (
+    DelaySource,
+    Escalation,
+    FinalResponse,
+    OperationRecord,
+    Outcome,
+    Reason,
+)
+from .policy import ProviderPolicy
+from .schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
+
+
+class Failure(enum.Enum):
+    """Why a provider request produced no usable HTTP answer."""
+
+    CONNECTION = "connection"
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderAnswer:
+    """One upstream answer as the core sees it; ``status`` is None when ``failure`` is set."""
+
+    status: int | None
+    body: bytes = b""
+    content_type: str = ""
+    retry_after: str | None = None
+    failure: Failure | None = None
+
+
+class Reply(enum.Enum):
+    PROVIDER = "provider"  # the provider's answer, passed through
+    FINAL = "final"  # the stored final provider answer, no provider call
+    PROBLEM = "problem"  # a problem+json answer named by ``problem``
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    record: OperationRecord
+    reply: Reply
+    changed: bool = False
+    forward: bool = False
+    problem: str | None = None
+    retry_after: float | None = None  # seconds the agent should wait, when it should
+    event: str | None = None  # audit event name
+    plan: Plan | None = None
+    detail: str | None = None  # why, for the agent, when the record does not say it
+
+
+def permitted_actions(reason: Reason, policy: ProviderPolicy) -> tuple[str, ...]:
+    """The bounded operator options each escalation reason allows (SPEC section 5)."""
+    if reason in (
+        Reason.DEADLINE_EXCEEDED,
+        Reason.REQUEST_BUDGET_EXHAUSTED,
+        Reason.PROVIDER_FAILURE,
+    ):
+        cancel = ("cancel_at_provider",) if policy.routes.cancel is not None else ()
+        return ("extend", *cancel, "abandon")
+    if reason is Reason.RATE_LIMITED:
+        return ("extend", "abandon")
+    return ("resume", "abandon")
+
+
+def escalate(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    reason: Reason,
+    now: float,
+    detail: str,
+    **changes: Any,
+) -> Decision:
+    """End waiting: the record becomes escalated and the agent gets operation-escalated."""
+    escalation = Escalation(reason, now, detail, permitted_actions(reason, policy))
+    new = record.evolve(outcome=Outcome.ESCALATED, escalation=escalation, **changes)
+    return Decision(
+        new, Reply.PROBLEM, changed=True, problem="operation-escalated", event="escalated"
+    )
+
+
+def admit(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decision:
+    """Steps 2-6 of a status call: may a request go to the provider now?"""
+    if record.outcome.terminal:
+        return Decision(record, Reply.FINAL)
+    if record.outcome in (Outcome.ESCALATED, Outcome.ABANDONED):
+        return Decision(record, Reply.PROBLEM, problem="operation-escalated")
+    if now >= record.deadline_at:
+        return escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, "the deadline has passed")
+    if record.status_requests_used >= record.max_status_requests:
+        detail = f"all {record.max_status_requests} status requests have been used"
+        return escalate(policy, record, Reason.REQUEST_BUDGET_EXHAUSTED, now, detail)
+    if now < record.next_poll_at:
+        wait = record.next_poll_at - now
+        return Decision(
+            record, Reply.PROBLEM, problem="too-early", retry_after=wait, event="refused"
+        )
+    return Decision(record, Reply.PROVIDER, forward=True)
+
+
+def reserve(record: OperationRecord, now: float, refusals: int = 0) -> OperationRecord:
+    """Spend one status request before it is sent; folds in refusals counted meanwhile."""
+    return record.evolve(
+        status_requests_used=record.status_requests_used + 1,
+        early_refusals=record.early_refusals + refusals,
+        last_polled_at=now,
+    )
+
+
+def open_operation(
+    policy: ProviderPolicy,
+    *,
+    operation_id: str,
+    account: str,
+    job_id: str,
+    fingerprint: str,
+    idempotency_key: str | None,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+) -> Decision:
+    """The record written before the submit answer goes back; first poll per SPEC 4.4."""
+    polling = policy.polling
+    record = OperationRecord(
+        operation_id=operation_id,
+        provider=policy.provider,
+        account=account,
+        provider_job_id=job_id,
+        request_fingerprint=fingerprint,
+        idempotency_key=idempotency_key,
+        started_at=now,
+        deadline_at=now + polling.deadline,
+        max_status_requests=polling.max_status_requests,
+        max_transport_failures=polling.max_transport_failures,
+        max_rate_limited=polling.max_rate_limited,
+        next_poll_at=now,
+        delay_source=DelaySource.LOCAL_BACKOFF,
+        credential_fingerprint=policy.credential_fingerprint,
+        policy_fingerprint=policy.fingerprint,
+        last_http_status=answer.status,
+    )
+    body = _json(answer.body)
+    hint = _hint(policy, answer, body if isinstance(body, dict) else None, now)
+    state = lookup(body, policy.states.field) if isinstance(body, dict) else None
+    known = state if isinstance(state, str) else None
+    return _schedule(
+        policy, record.evolve(last_known_state=known), answer, now, u, AnswerKind.PENDING, hint
+    )
+
+
+def classify(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+) -> Decision:
+    """Step 9: what one provider answer to a status request means (SPEC table)."""
+    seen = {"last_http_status": answer.status, "last_polled_at": now}
+    status = answer.status
+    if answer.failure is Failure.TOO_LARGE:
+        detail = "the status answer is larger than limits.max_response_body"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
+    if answer.failure is not None or (status is not None and status >= 500):
+        return _transport_failure(policy, record, answer, now, u)
+    assert status is not None
+    if status in (401, 403):
+        detail = f"the provider answered {status} to the gateway's credential"
+        return escalate(policy, record, Reason.AUTHORIZATION_DENIED, now, detail, **seen)
+    if status == 404:
+        if now - record.started_at <= policy.polling.not_found_grace:
+            new = record.evolve(**seen)
+            return _schedule(policy, new, answer, now, u, AnswerKind.NOT_VISIBLE, Guidance())
+        detail = "the provider no longer knows the job (404 after the not-found grace period)"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
+    if status == 429:
+        return _rate_limited(policy, record, answer, now, u)
+    if not 200 <= status < 300:
+        detail = f"unexpected HTTP status {status} from the status route"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
+    return _classify_body(policy, record.evolve(**seen), answer, now, u)
+
+
+def _transport_failure(
+    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, now: float, u: float
+) -> Decision:
+    used = record.transport_failures_used + 1
+    new = record.evolve(
+        transport_failures_used=used, last_http_status=answer.status, last_polled_at=now
+    )
+    if used > record.max_transport_failures:
+        detail = f"{used} transport failures, more than the {record.max_transport_failures} allowed"
+        return escalate(policy, new, Reason.PROVIDER_FAILURE, now, detail)
+    retry_after = answer.retry_after if answer.status == 503 else None
+    hint = guidance(retry_after, None, None, now, retry_after_only=True)
+    return _schedule(policy, new, answer, now, u, AnswerKind.UNAVAILABLE, hint)
+
+
+def _rate_limited(
+    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, now: float, u: float
+) -> Decision:
+    used = record.rate_limited_used + 1
+    new = record.evolve(rate_limited_used=used, last_http_status=429, last_polled_at=now)
+    if used > record.max_rate_limited:
+        detail = f"{used} rate-limited answers, more than the {record.max_rate_limited} allowed"
+        return escalate(policy, new, Reason.RATE_LIMITED, now, detail)
+    hint = guidance(answer.retry_after, None, None, now, retry_after_only=True)
+    return _schedule(policy, new, answer, now, u, AnswerKind.THROTTLED, hint)
+
+
+def _classify_body(
+    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, now: float, u: float
+) -> Decision:
+    body = _json(answer.body)
+    if not isinstance(body, dict):
+        detail = "the status answer is not a JSON object"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+    states = policy.states
+    state = lookup(body, states.field)
+    if not isinstance(state, str):
+        what = "missing" if state is None else "not a string"
+        detail = f"the state field {states.field!r} is {what}"
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+    record = record.evolve(last_known_state=state)
+    kind = policy.state_class(state)
+    if kind is None:
+        detail = f"state {_short(state)} is not in the policy's state table"
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+    if kind == "pending":
+        expires = (
+            parse_instant(lookup(body, states.expires_at_field))
+            if states.expires_at_field
+            else None
+        )
+        if expires is not None and now > expires:
+            detail = f"the job is still {_short(state)} after its own {states.expires_at_field}"
+            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+        hint = _hint(policy, answer, body, now)
+        return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
+    if kind == "success":
+        missing = [p for p in states.success_requires if lookup(body, p) is None]
+        if missing:
+            detail = f"success without the required field(s) {', '.join(missing)}"
+            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+    return _finish(record, answer, _OUTCOMES[kind])
+
+
+_OUTCOMES = {
+    "success": Outcome.SUCCEEDED,
+    "failure": Outcome.FAILED,
+    "cancelled": Outcome.CANCELLED,
+    "expired": Outcome.EXPIRED,
+}
+
+
+def _finish(record: OperationRecord, answer: ProviderAnswer, outcome: Outcome) -> Decision:
+    final = FinalResponse(answer.status or 200, answer.content_type, answer.body)
+    new = record.evolve(outcome=outcome, final_response=final)
+    return Decision(new, Reply.PROVIDER, changed=True, event="finished")
+
+
+_PROBLEM_FOR = {
+    AnswerKind.PENDING: None,
+    AnswerKind.THROTTLED: "provider-rate-limited",
+    AnswerKind.NOT_VISIBLE: "job-not-visible-yet",
+}
+
+
+def _schedule(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+    kind: AnswerKind,
+    hint: Guidance,
+) -> Decision:
+    """Set next_poll_at (or escalate when the provider asks to wait past the deadline)."""
+    the_plan = plan(
+        policy.polling,
+        now=now,
+        deadline_at=record.deadline_at,
+        attempt=record.status_requests_used,
+        u=u,
+        kind=kind,
+        hint=hint,
+    )
+    if the_plan.beyond_deadline:
+        detail = "the provider asked to wait past the operation's deadline"
+        decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail)
+        return dataclasses.replace(decision, plan=the_plan)
+    new = record.evolve(next_poll_at=the_plan.next_poll_at, delay_source=the_plan.source)
+    if kind is AnswerKind.UNAVAILABLE:
+        problem: str | None = (
+            "provider-timeout" if answer.failure is Failure.TIMEOUT else "provider-unavailable"
+        )
+    else:
+        problem = _PROBLEM_FOR[kind]
+    return Decision(
+        new,
+        Reply.PROBLEM if problem else Reply.PROVIDER,
+        changed=True,
+        problem=problem,
+        retry_after=max(0.0, the_plan.next_poll_at - now),
+        event="polled",
+        plan=the_plan,
+    )
+
+
+def _hint(
+    policy: ProviderPolicy, answer: ProviderAnswer, body: Mapping[str, Any] | None, now: float
+) -> Guidance:
+    hints = policy.hints
+    poll_after = (
+        lookup(body, hints.poll_after_seconds) if body and hints.poll_after_seconds else None
+    )
+    next_check = lookup(body, hints.next_check_at) if body and hints.next_check_at else None
+    return guidance(answer.retry_after, poll_after, next_check, now)
+
+
+def lookup(data: Any, dotted: str | None) -> Any:
+    """The value at a dotted path in parsed JSON, or None when any step is missing."""
+    if dotted is None:
+        return None
+    node = data
+    for part in dotted.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _short(state: str) -> str:
+    return json.dumps(state[:80])

@@ -1,0 +1,288 @@
+"""A scriptable stand-in for real async job APIs, used by ``make run``, the demo and the tests.
+
+Three route families, each shaped after a public API style:
+
+- ``jobs``: ``POST /v1/jobs`` -> 202 ``{"id", "state", "status_url"}`` + Location;
+  ``GET /v1/jobs/{id}``, ``GET /v1/jobs/{id}/result``, ``POST /v1/jobs/{id}/cancel``.
+- ``batches`` (a batch API): ``POST /v1/batches`` -> 200 ``{"id", "object": "batch",
+  "status": "validating"}``; ``GET /v1/batches/{id}``; ``POST /v1/batches/{id}/cancel``.
+- ``azure`` (an Azure-style long-running operation): ``POST /documentintelligence/
+  documentModels/prebuilt-read:analyze`` -> 202, empty body, ``Operation-Location`` header;
+  ``GET .../analyzeResults/{id}`` -> ``{"status": "running", ...}``.
+
+A job's answers are scripted at submit time with a ``demo_script`` list in the JSON body; each
+status GET consumes one step and the last step repeats. A step is an object:
+``{"state": "running"}``, plus any of ``poll_after_seconds``, ``next_check_in`` (seconds),
+``retry_after`` (header value), ``expires_in`` (seconds, may be negative), ``omit`` (fields to
+leave out, e.g. the result), ``http`` (status code, e.g. 503, 429, 404, 401), ``delay``
+(seconds before answering), ``body`` + ``content_type`` (a raw answer). ``demo_submit`` scripts
+the submit answer the same way (``http``, ``delay``, ``retry_after``, ``omit_id``).
+Every request is logged; ``GET /_demo/log[?job=ID]`` returns the log as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+DEFAULT_KEY = "demo-provider-key"
+AZURE_PREFIX = "/documentintelligence/documentModels/prebuilt-read"
+DEFAULT_SCRIPT: list[dict[str, Any]] = [
+    {"state": "queued"},
+    {"state": "running"},
+    {"state": "running"},
+    {"state": "succeeded"},
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    state_field: str
+    id_prefix: str
+    success: str
+    result_field: str
+    result_value: Any
+    error_field: str
+
+
+FAMILIES = {
+    "jobs": Family("jobs", "state", "job_", "succeeded", "result", {"pages": 3}, "error"),
+    "batches": Family(
+        "batches", "status", "batch_", "completed", "output_file_id", "file-demo-output", "errors"
+    ),
+    "azure": Family(
+        "azure", "status", "", "Succeeded", "analyzeResult", {"content": "demo text"}, "error"
+    ),
+}
+
+
+@dataclass
+class Job:
+    id: str
+    family: Family
+    script: list[dict[str, Any]]
+    polls: int = 0
+    created_at: float = 0.0
+    cancelled: bool = False
+
+    def next_step(self) -> dict[str, Any]:
+        step = self.script[min(self.polls, len(self.script) - 1)]
+        self.polls += 1
+        return step
+
+
+@dataclass
+class DemoProvider:
+    api_key: str = DEFAULT_KEY
+    clock: Callable[[], float] = time.time
+    jobs: dict[str, Job] = field(default_factory=dict)
+    log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20000))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/jobs", self._submit_jobs)
+        app.router.add_get("/v1/jobs/{job_id}", self._status)
+        app.router.add_get("/v1/jobs/{job_id}/result", self._result)
+        app.router.add_post("/v1/jobs/{job_id}/cancel", self._cancel)
+        app.router.add_post("/v1/batches", self._submit_batches)
+        app.router.add_get("/v1/batches/{job_id}", self._status)
+        app.router.add_post("/v1/batches/{job_id}/cancel", self._cancel)
+        app.router.add_post(AZURE_PREFIX + ":analyze", self._submit_azure)
+        app.router.add_get(AZURE_PREFIX + "/analyzeResults/{job_id}", self._status)
+        app.router.add_get("/_demo/log", self._log)
+        return app
+
+    # -- helpers ------------------------------------------------------------------------
+    def _record(self, request: web.Request, job_id: str | None) -> None:
+        self.log.append(
+            {
+                "at": self.clock(),
+                "method": request.method,
+                "path": request.path_qs,
+                "job_id": job_id,
+                "headers": dict(request.headers),
+            }
+        )
+
+    def _authorised(self, request: web.Request, family: Family) -> bool:
+        if family.name == "azure":
+            return request.headers.get("Ocp-Apim-Subscription-Key") == self.api_key
+        return request.headers.get("Authorization") == f"Bearer {self.api_key}"
+
+    def _denied(self) -> web.Response:
+        return web.json_response({"error": {"code": "unauthorized"}}, status=401)
+
+    def _instant(self, seconds_from_now: float) -> str:
+        moment = datetime.fromtimestamp(self.clock() + seconds_from_now, tz=UTC)
+        return moment.isoformat().replace("+00:00", "Z")
+
+    async def _new_job(
+        self, request: web.Request, family: Family
+    ) -> tuple[Job, dict[str, Any], web.Response | None]:
+        try:
+            payload = await request.json()
+        except ValueError:
+            payload = {}
+        if not isinstance(payload, dict):
+            payload = {}
+        job_id = f"{family.id_prefix}{next(self._ids):06d}"
+        if family.name == "azure":
+            job_id = f"{next(self._ids):08d}-demo-{job_id}"
+        script = payload.get("demo_script") or DEFAULT_SCRIPT
+        job = Job(job_id, family, list(script), created_at=self.clock())
+        submit = payload.get("demo_submit") or {}
+        self._record(request, job_id)
+        if not self._authorised(request, family):
+            return job, submit, self._denied()
+        if submit.get("delay"):
+            await asyncio.sleep(float(submit["delay"]))
+        if submit.get("http"):
+            body = {"error": {"code": "scripted", "status": submit["http"]}}
+            return job, submit, web.json_response(body, status=int(submit["http"]))
+        self.jobs[job_id] = job
+        return job, submit, None
+
+    def _base(self, request: web.Request) -> str:
+        return f"{request.scheme}://{request.host}"
+
+    @staticmethod
+    def _submit_headers(submit: dict[str, Any]) -> dict[str, str]:
+        return {"Retry-After": str(submit["retry_after"])} if "retry_after" in submit else {}
+
+    # -- submit -------------------------------------------------------------------------
+    async def _submit_jobs(self, request: web.Request) -> web.Response:
+        job, submit, refused = await self._new_job(request, FAMILIES["jobs"])
+        if refused is not None:
+            return refused
+        url = f"{self._base(request)}/v1/jobs/{job.id}"
+        body: dict[str, Any] = {"id": job.id, "state": "queued", "status_url": url}
+        if submit.get("omit_id"):
+            del body["id"]
+        headers = self._submit_headers(submit)
+        if not submit.get("omit_id"):
+            headers["Location"] = url
+        if "poll_after_seconds" in submit:
+            body["poll_after_seconds"] = submit["poll_after_seconds"]
+        return web.json_response(body, status=202, headers=headers)
+
+    async def _submit_batches(self, request: web.Request) -> web.Response:
+        job, submit, refused = await self._new_job(request, FAMILIES["batches"])
+        if refused is not None:
+            return refused
+        body: dict[str, Any] = {
+            "id": job.id,
+            "object": "batch",
+            "endpoint": "/v1/chat/completions",
+            "status": "validating",
+            "created_at": int(self.clock()),
+        }
+        if submit.get("omit_id"):
+            del body["id"]
+        return web.json_response(body, status=200, headers=self._submit_headers(submit))
+
+    async def _submit_azure(self, request: web.Request) -> web.Response:
+        job, submit, refused = await self._new_job(request, FAMILIES["azure"])
+        if refused is not None:
+            return refused
+        headers = self._submit_headers(submit)
+        if not submit.get("omit_id"):
+            query = request.query_string or "api-version=2024-11-30"
+            url = f"{self._base(request)}{AZURE_PREFIX}/analyzeResults/{job.id}?{query}"
+            headers["Operation-Location"] = url
+        return web.Response(status=202, headers=headers)
+
+    # -- status -------------------------------------------------------------------------
+    async def _status(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        self._record(request, job_id)
+        job = self.jobs.get(job_id)
+        if job is None:
+            return web.json_response({"error": {"code": "not_found"}}, status=404)
+        if not self._authorised(request, job.family):
+            return self._denied()
+        step = job.next_step()
+        if step.get("delay"):
+            await asyncio.sleep(float(step["delay"]))
+        headers = {"Retry-After": str(step["retry_after"])} if "retry_after" in step else {}
+        if "body" in step:
+            content_type = step.get("content_type", "application/json")
+            raw = step["body"] if isinstance(step["body"], str) else json.dumps(step["body"])
+            return web.Response(
+                status=int(step.get("http", 200)),
+                text=raw,
+                headers={**headers, "Content-Type": content_type},
+            )
+        http = int(step.get("http", 200))
+        if http != 200:
+            body = {"error": {"code": "scripted", "status": http}}
+            return web.json_response(body, status=http, headers=headers)
+        return web.json_response(self._status_body(job, step), headers=headers)
+
+    def _status_body(self, job: Job, step: dict[str, Any]) -> dict[str, Any]:
+        family = job.family
+        state = step.get("state", "running")
+        body: dict[str, Any] = {"id": job.id, family.state_field: state}
+        if family.name == "azure":
+            del body["id"]
+            body["createdDateTime"] = self._instant(job.created_at - self.clock())
+            body["lastUpdatedDateTime"] = self._instant(0)
+        if state == family.success:
+            body[family.result_field] = family.result_value
+        if state in ("failed", "Failed"):
+            body[family.error_field] = {"code": "demo_failure", "message": "scripted failure"}
+        if "poll_after_seconds" in step:
+            body["poll_after_seconds"] = step["poll_after_seconds"]
+        if "next_check_in" in step:
+            body["next_check_at"] = self._instant(float(step["next_check_in"]))
+        if "expires_in" in step:
+            body["expires_at"] = self._instant(float(step["expires_in"]))
+        for name in step.get("omit", []):
+            body.pop(name, None)
+        return body
+
+    async def _result(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        self._record(request, job_id)
+        job = self.jobs.get(job_id)
+        if job is None:
+            return web.json_response({"error": {"code": "not_found"}}, status=404)
+        if not self._authorised(request, job.family):
+            return self._denied()
+        return web.json_response({"id": job_id, "data": job.family.result_value})
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        self._record(request, job_id)
+        job = self.jobs.get(job_id)
+        if job is None:
+            return web.json_response({"error": {"code": "not_found"}}, status=404)
+        if not self._authorised(request, job.family):
+            return self._denied()
+        job.cancelled = True
+        final = "cancelling" if job.family.name == "batches" else "cancelled"
+        job.script = [{"state": "cancelled"}]
+        job.polls = 0
+        return web.json_response({"id": job_id, job.family.state_field: final})
+
+    async def _log(self, request: web.Request) -> web.Response:
+        wanted = request.query.get("job")
+        entries = [e for e in self.log if wanted is None or e["job_id"] == wanted]
+        return web.json_response(entries)
+
+
+def run(host: str, port: int) -> None:
+    provider = DemoProvider(api_key=os.environ.get("DEMO_API_KEY", DEFAULT_KEY))
+    print(f"demo provider listening on http://{host}:{port}", flush=True)
+    web.run_app(provider.app(), host=host, port=port, print=None, access_log=None)

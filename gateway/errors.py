@@ -1,0 +1,48 @@
+"""The one exception tree of Statusgate.
+
+    StatusgateError
+     +-- ConfigError             a config or policy file is wrong: "file: field: message" lines
+     +-- StoreError              the store is unreachable or failed; the gateway fails closed (503)
+     +-- UpstreamError           one request to a provider did not produce a usable answer
+          +-- UpstreamTimeout        no complete answer within limits.upstream_timeout
+          +-- UpstreamUnavailable    connection failed; ``sent`` says whether the request may
+          |                          have reached the provider
+          +-- UpstreamBodyTooLarge   the answer exceeded limits.max_response_body (decompressed)
+
+Driver exceptions (sqlite3, redis, aiohttp) are translated into these at the store and upstream
+boundaries; nothing above those layers sees a driver type.
+"""
+
+from __future__ import annotations
+
+
+class StatusgateError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+
+class ConfigError(StatusgateError):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class StoreError(StatusgateError):
+    """The store could not be reached or refused the operation."""
+
+
+class UpstreamError(StatusgateError):
+    """A provider request failed before a complete, usable answer arrived."""
+
+
+class UpstreamTimeout(UpstreamError):
+    pass
+
+
+class UpstreamUnavailable(UpstreamError):
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class UpstreamBodyTooLarge(UpstreamError):
+    pass

@@ -1,0 +1,87 @@
+"""The plain-text escalation message of SPEC section 6, built from the record alone.
+
+Pure. Offers only the actions the escalation's reason permits, each with its bound, so the
+person deciding never faces an open-ended "continue?".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from .models import OperationRecord
+from .policy import ProviderPolicy
+
+
+def suggested_extension(policy: ProviderPolicy) -> tuple[float, int]:
+    """Half the policy's maximum extension (at least one minute and one check)."""
+    bound = policy.escalation.max_extension
+    seconds = max(60.0, math.floor(bound.time / 2 / 60) * 60.0)
+    return min(seconds, bound.time), max(1, bound.requests // 2) if bound.requests else 0
+
+
+def _option(action: str, policy: ProviderPolicy) -> str:
+    if action == "extend":
+        seconds, requests = suggested_extension(policy)
+        minutes = round(seconds / 60)
+        return f"extend by {minutes} minutes with {requests} additional checks"
+    return {
+        "cancel_at_provider": "cancel at provider",
+        "resume": "resume (after the policy or credential is fixed)",
+        "abandon": "abandon",
+    }.get(action, action)
+
+
+def _clock(instant: float) -> str:
+    return time.strftime("%H:%M", time.gmtime(instant))
+
+
+def message(record: OperationRecord, policy: ProviderPolicy) -> str:
+    escalation = record.escalation
+    if escalation is None:
+        return ""
+    elapsed = max(0, round((escalation.at - record.started_at) / 60))
+    if record.last_http_status is not None and record.last_polled_at is not None:
+        last = f"{record.last_http_status} at {_clock(record.last_polled_at)} UTC"
+    elif record.last_polled_at is not None:
+        last = f"no answer (transport failure) at {_clock(record.last_polled_at)} UTC"
+    else:
+        last = "none yet"
+    options = ", ".join(_option(a, policy) for a in escalation.permitted_actions)
+    return "\n".join(
+        [
+            "External job needs a decision",
+            f"Operation: {record.operation_id} ({record.provider}, {record.account})",
+            f"Provider job: {record.provider_job_id}",
+            f"Last state: {record.last_known_state or 'unknown'}",
+            f"Elapsed time: {elapsed} minutes",
+            f"Status requests: {record.status_requests_used} of {record.max_status_requests}",
+            f"Last HTTP result: {last}",
+            f"Stopped because: {escalation.reason.value}",
+            f"Detail: {escalation.detail}",
+            f"Safe options: {options}",
+        ]
+    )
+
+
+def problem_members(record: OperationRecord, policy: ProviderPolicy) -> dict[str, Any]:
+    """The members operation-escalated problems carry (SPEC section 5)."""
+    escalation = record.escalation
+    if escalation is None:  # abandoned without an escalation
+        return {"reason": record.outcome.value, "permitted_actions": []}
+    return {
+        "reason": escalation.reason.value,
+        "escalated_at": rfc3339(escalation.at),
+        "permitted_actions": list(escalation.permitted_actions),
+        "message": message(record, policy),
+    }
+
+
+def rfc3339(instant: float, millis: bool = False) -> str:
+    """UTC, ``Z`` suffix; milliseconds when asked."""
+    whole = math.floor(instant)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    if millis:
+        text += f".{min(999, round((instant - whole) * 1000)):03d}"
+    return text + "Z"

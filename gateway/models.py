@@ -1,0 +1,189 @@
+"""Frozen records and enums shared by the core, the stores and the HTTP shell.
+
+Instants are float seconds since the Unix epoch (UTC). A record is never changed in place:
+every change makes a new record that keeps the ``version`` it was derived from; a store
+writes it (as ``version + 1``) only if nobody wrote since, a compare-and-set on ``version``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class Outcome(enum.StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    ESCALATED = "escalated"
+    ABANDONED = "abandoned"
+
+    @property
+    def terminal(self) -> bool:
+        """Finished at the provider: answered from the record from now on."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.CANCELLED, Outcome.EXPIRED})
+
+
+class Reason(enum.StrEnum):
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    REQUEST_BUDGET_EXHAUSTED = "request_budget_exhausted"
+    PROVIDER_FAILURE = "provider_failure"
+    RATE_LIMITED = "rate_limited"
+    UNKNOWN_STATE = "unknown_state"
+    INTEGRATION_FAILURE = "integration_failure"
+    AUTHORIZATION_DENIED = "authorization_denied"
+
+
+class DelaySource(enum.StrEnum):
+    PROVIDER_RETRY_AFTER = "provider_retry_after"
+    PROVIDER_POLL_HINT = "provider_poll_hint"
+    LOCAL_BACKOFF = "local_backoff"
+    MANUAL_EXTENSION = "manual_extension"
+
+
+@dataclass(frozen=True, slots=True)
+class FinalResponse:
+    """The provider answer that ended the operation, replayed to every later status call."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    reason: Reason
+    at: float
+    detail: str
+    permitted_actions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRecord:
+    operation_id: str
+    provider: str
+    account: str
+    provider_job_id: str
+    request_fingerprint: str
+    idempotency_key: str | None
+    started_at: float
+    deadline_at: float
+    max_status_requests: int
+    max_transport_failures: int
+    max_rate_limited: int
+    next_poll_at: float
+    delay_source: DelaySource
+    credential_fingerprint: str
+    policy_fingerprint: str
+    status_requests_used: int = 0
+    transport_failures_used: int = 0
+    rate_limited_used: int = 0
+    early_refusals: int = 0
+    last_known_state: str | None = None
+    outcome: Outcome = Outcome.PENDING
+    last_http_status: int | None = None
+    last_polled_at: float | None = None
+    final_response: FinalResponse | None = None
+    escalation: Escalation | None = None
+    version: int = 1
+
+    def evolve(self, **changes: Any) -> OperationRecord:
+        """A new record with ``changes`` applied; still the version it was derived from.
+
+        Stores write it as ``version + 1`` only if the stored version is still ``version``.
+        """
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.final_response is not None:
+            data["final_response"]["body"] = self.final_response.body.decode("latin-1")
+        if self.escalation is not None:
+            data["escalation"]["permitted_actions"] = list(self.escalation.permitted_actions)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OperationRecord:
+        data = dict(data)
+        final = data.get("final_response")
+        if final is not None:
+            data["final_response"] = FinalResponse(
+                status=final["status"],
+                content_type=final["content_type"],
+                body=final["body"].encode("latin-1"),
+            )
+        esc = data.get("escalation")
+        if esc is not None:
+            data["escalation"] = Escalation(
+                reason=Reason(esc["reason"]),
+                at=esc["at"],
+                detail=esc["detail"],
+                permitted_actions=tuple(esc["permitted_actions"]),
+            )
+        data["outcome"] = Outcome(data["outcome"])
+        data["delay_source"] = DelaySource(data["delay_source"])
+        return cls(**data)
+
+
+class IdemState(enum.StrEnum):
+    IN_FLIGHT = "in_flight"
+    COMPLETED = "completed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A submit answer kept for idempotent replay, headers already rewritten for agents."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyEntry:
+    key: str
+    fingerprint: str
+    state: IdemState
+    created_at: float
+    expires_at: float
+    operation_id: str | None = None
+    response: StoredResponse | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.response is not None:
+            data["response"] = {
+                "status": self.response.status,
+                "headers": [list(h) for h in self.response.headers],
+                "body": self.response.body.decode("latin-1"),
+            }
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IdempotencyEntry:
+        data = dict(data)
+        resp = data.get("response")
+        if resp is not None:
+            data["response"] = StoredResponse(
+                status=resp["status"],
+                headers=tuple((k, v) for k, v in resp["headers"]),
+                body=resp["body"].encode("latin-1"),
+            )
+        data["state"] = IdemState(data["state"])
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class OperationFilter:
+    outcome: Outcome | None = None
+    provider: str | None = None
+    account: str | None = None
+    limit: int = 100

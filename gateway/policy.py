@@ -1,0 +1,256 @@
+"""policies/NAME.yaml -> a frozen ProviderPolicy, strictly validated (SPEC section 3).
+
+Owns the policy format and its cross-field rules. Never contacts a provider.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+import pydantic
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from .errors import ConfigError
+from .loading import Strict, interpolate, read_yaml, validate
+from .units import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+def _header_name(value: str) -> str:
+    if not HEADER_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a valid HTTP header name")
+    return value
+
+
+def _route_path(value: str) -> str:
+    if not value.startswith("/") or "?" in value or "#" in value:
+        raise ValueError("must be a path starting with / and without query or fragment")
+    return value
+
+
+HeaderName = Annotated[str, AfterValidator(_header_name)]
+RoutePath = Annotated[str, AfterValidator(_route_path)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class Credential(Strict):
+    header: HeaderName
+    value: str = Field(repr=False)
+
+
+class JobIdSource(Strict):
+    source: Literal["body", "location"] = Field(alias="from")
+    path: str | None = None
+
+
+class Idempotency(Strict):
+    required: bool = False
+    forward_header: HeaderName | None = None
+    retention: Duration = 86400.0
+
+
+class SubmitRoute(Strict):
+    method: Method = "POST"
+    path: RoutePath
+    job_id: JobIdSource
+    status_url_fields: list[str] = []
+    status_url_headers: list[HeaderName] = []
+    idempotency: Idempotency = Idempotency()
+
+
+class Route(Strict):
+    method: Method = "GET"
+    path: RoutePath
+
+
+class Routes(Strict):
+    submit: SubmitRoute
+    status: Route
+    result: Route | None = None
+    cancel: Route | None = None
+
+
+class States(Strict):
+    field: str
+    pending: list[str]
+    success: list[str]
+    failure: list[str] = []
+    cancelled: list[str] = []
+    expired: list[str] = []
+    success_requires: list[str] = []
+    error_field: str | None = None
+    expires_at_field: str | None = None
+
+
+class Hints(Strict):
+    poll_after_seconds: str | None = None
+    next_check_at: str | None = None
+
+
+class Jitter(Strict):
+    min: Annotated[float, Field(ge=0, le=1)] = 0.5
+    max: Annotated[float, Field(ge=0, le=1)] = 1.0
+
+
+class Polling(Strict):
+    base_delay: Duration = 5.0
+    max_delay: Duration = 120.0
+    jitter: Jitter = Jitter()
+    deadline: Duration = 2400.0
+    max_status_requests: PositiveInt = 12
+    max_transport_failures: Annotated[int, Field(ge=0)] = 3
+    max_rate_limited: Annotated[int, Field(ge=0)] = 3
+    rate_limited_multiplier: Annotated[float, Field(ge=1)] = 4.0
+    not_found_grace: Duration = 30.0
+    final_poll_margin: Duration = 1.0
+    max_hold: Duration = 60.0
+
+
+class Extension(Strict):
+    time: Duration = 1800.0
+    requests: Annotated[int, Field(ge=0)] = 8
+
+
+class EscalationPolicy(Strict):
+    max_extension: Extension = Extension()
+
+
+class ProviderPolicy(Strict):
+    provider: str
+    upstream: str
+    credential: Credential
+    routes: Routes
+    states: States
+    hints: Hints = Hints()
+    polling: Polling = Polling()
+    escalation: EscalationPolicy = EscalationPolicy()
+    retention: Duration = 86400.0
+
+    @pydantic.field_validator("provider")
+    @classmethod
+    def _provider_name(cls, value: str) -> str:
+        if not PROVIDER_NAME.fullmatch(value):
+            raise ValueError("must match [a-z0-9-]+")
+        return value
+
+    @pydantic.field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError("must not carry a query, fragment or user info")
+        return value.rstrip("/")
+
+    def state_class(self, state: str) -> str | None:
+        """Which class of the state table ``state`` belongs to, or None when unknown."""
+        for name, states in self._classes():
+            if state in states:
+                return name
+        return None
+
+    def _classes(self) -> list[tuple[str, list[str]]]:
+        s = self.states
+        return [
+            ("pending", s.pending),
+            ("success", s.success),
+            ("failure", s.failure),
+            ("cancelled", s.cancelled),
+            ("expired", s.expired),
+        ]
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the policy's rules change; the credential is left out."""
+        data = self.model_dump(mode="json", by_alias=True, exclude={"credential"})
+        return _digest(json.dumps(data, sort_keys=True))
+
+    @property
+    def credential_fingerprint(self) -> str:
+        """Changes whenever the credential changes, without revealing it."""
+        return _digest(f"{self.credential.header}\n{self.credential.value}")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
+    """Rules that span fields, as (field path, message) pairs."""
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    for name, states in policy._classes():
+        for i, state in enumerate(states):
+            if state in seen:
+                problems.append(
+                    (f"states.{name}[{i}]", f"{state!r} is also listed in states.{seen[state]}")
+                )
+            seen.setdefault(state, name)
+    p = policy.polling
+    if p.base_delay > p.max_delay:
+        problems.append(("polling.base_delay", "must not be greater than polling.max_delay"))
+    if p.jitter.min > p.jitter.max:
+        problems.append(("polling.jitter.min", "must not be greater than polling.jitter.max"))
+    if p.base_delay <= 0:
+        problems.append(("polling.base_delay", "must be greater than 0"))
+    if not math.isfinite(p.rate_limited_multiplier):
+        problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
+    routes = policy.routes
+    for name in ("status", "result", "cancel"):
+        route = getattr(routes, name)
+        if route is not None and route.path.count("{job_id}") != 1:
+            problems.append((f"routes.{name}.path", "must contain {job_id} exactly once"))
+    if "{" in routes.submit.path:
+        problems.append(("routes.submit.path", "must not contain placeholders"))
+    job_id = routes.submit.job_id
+    if job_id.source == "body" and not job_id.path:
+        problems.append(("routes.submit.job_id.path", "is required when from is body"))
+    return problems
+
+
+def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolicy:
+    """Read, interpolate and validate one policy file."""
+    raw = read_yaml(path, shown)
+    data, problems = interpolate(raw, shown, env)
+    if problems:
+        raise ConfigError(problems)
+    policy = validate(ProviderPolicy, data, shown)
+    problems = [f"{shown}: {where}: {message}" for where, message in cross_check(policy)]
+    if problems:
+        raise ConfigError(problems)
+    return policy
+
+
+def load_policies(
+    folder: Path, shown_folder: str, env: Mapping[str, str]
+) -> dict[str, ProviderPolicy]:
+    """Every ``*.yaml`` in ``folder`` by provider name; all problems of all files at once."""
+    policies: dict[str, ProviderPolicy] = {}
+    problems: list[str] = []
+    if not folder.is_dir():
+        raise ConfigError([f"{shown_folder}: policies_dir: is not a folder"])
+    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+        shown = f"{shown_folder}/{path.name}"
+        try:
+            policy = load_policy(path, shown, env)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if policy.provider in policies:
+            problems.append(f"{shown}: provider: {policy.provider!r} is defined twice")
+        policies[policy.provider] = policy
+    if problems:
+        raise ConfigError(problems)
+    return policies

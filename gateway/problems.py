@@ -1,0 +1,172 @@
+"""RFC 9457 problem details: the one table of slugs and the responses built from it.
+
+Bodies carry only what the caller may know: no stack traces, credentials, internal hosts or
+file paths. ``/problems/<slug>`` serves the explanation from the same table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+CONTENT_TYPE = "application/problem+json"
+
+
+@dataclass(frozen=True, slots=True)
+class ProblemType:
+    status: int
+    title: str
+    explanation: str
+
+
+PROBLEMS: Mapping[str, ProblemType] = {
+    "unauthenticated": ProblemType(
+        401, "Unauthenticated", "The bearer token is missing or not known to the gateway."
+    ),
+    "forbidden": ProblemType(
+        403, "Forbidden", "The token is valid but may not use this provider or this API."
+    ),
+    "unknown-provider": ProblemType(
+        404, "Unknown provider", "No policy is loaded for the provider named in the path."
+    ),
+    "route-not-allowed": ProblemType(
+        404,
+        "Route not allowed",
+        "Only the methods and paths declared in the provider's policy are served; the gateway "
+        "is not an open proxy.",
+    ),
+    "unknown-operation": ProblemType(
+        404, "Unknown operation", "No operation of this account matches the job id."
+    ),
+    "invalid-request": ProblemType(400, "Invalid request", "The request is malformed."),
+    "request-too-large": ProblemType(
+        413, "Request too large", "The request body is larger than limits.max_request_body."
+    ),
+    "idempotency-key-missing": ProblemType(
+        400,
+        "Idempotency key missing",
+        "This provider's submit route requires an Idempotency-Key header.",
+    ),
+    "idempotency-key-conflict": ProblemType(
+        422,
+        "Idempotency key conflict",
+        "The key was already used for a different request (method, path or body differ).",
+    ),
+    "idempotency-key-in-use": ProblemType(
+        409,
+        "Idempotency key in use",
+        "The original request with this key is still in flight; retry after it finishes.",
+    ),
+    "submission-outcome-unknown": ProblemType(
+        409,
+        "Submission outcome unknown",
+        "The original submission reached the provider but its answer was lost, and the "
+        "provider does not take idempotency keys. The gateway never resubmits: a person must "
+        "check at the provider whether the job exists.",
+    ),
+    "too-early": ProblemType(
+        429,
+        "Too early",
+        "The next status request for this operation is not permitted yet. Retry after the "
+        "Retry-After header, or send 'Prefer: wait=N' to let the gateway wait.",
+    ),
+    "operation-escalated": ProblemType(
+        409,
+        "Operation escalated",
+        "Waiting for this operation has ended and needs a person's decision. The members "
+        "reason, escalated_at, permitted_actions and message say why and what can be done.",
+    ),
+    "not-ready": ProblemType(
+        409, "Not ready", "The result is served only after the operation has succeeded."
+    ),
+    "approval-required": ProblemType(
+        403,
+        "Approval required",
+        "This action is taken by an operator through the operator API, not by an agent.",
+    ),
+    "provider-rate-limited": ProblemType(
+        429,
+        "Provider rate limited",
+        "The provider asked the gateway to slow down; retry after the Retry-After header.",
+    ),
+    "provider-unavailable": ProblemType(
+        503,
+        "Provider unavailable",
+        "The provider failed or could not be reached; retry after the Retry-After header.",
+    ),
+    "provider-timeout": ProblemType(
+        504,
+        "Provider timeout",
+        "The provider did not answer within limits.upstream_timeout; retry after the "
+        "Retry-After header.",
+    ),
+    "job-not-visible-yet": ProblemType(
+        503,
+        "Job not visible yet",
+        "The provider does not show the job yet, which is normal shortly after submission.",
+    ),
+    "integration-failure": ProblemType(
+        502,
+        "Integration failure",
+        "The provider accepted the submission but its answer cannot be tracked (no valid job "
+        "id). The gateway does not resubmit.",
+    ),
+    "store-unavailable": ProblemType(
+        503,
+        "Store unavailable",
+        "The gateway cannot reach its store and fails closed: nothing was forwarded.",
+    ),
+}
+
+
+def retry_after_value(seconds: float) -> str:
+    """Retry-After delay-seconds: whole seconds, rounded up, never negative."""
+    return str(max(0, math.ceil(seconds - 1e-9)))
+
+
+def problem(
+    slug: str,
+    detail: str,
+    *,
+    operation_id: str | None = None,
+    retry_after: float | None = None,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> web.Response:
+    kind = PROBLEMS[slug]
+    body: dict[str, Any] = {
+        "type": f"/problems/{slug}",
+        "title": kind.title,
+        "status": kind.status,
+        "detail": detail,
+    }
+    if operation_id is not None:
+        body["operation_id"] = operation_id
+    if extra:
+        body.update(extra)
+    response = web.Response(
+        status=kind.status,
+        body=json.dumps(body).encode(),
+        content_type=CONTENT_TYPE,
+        headers=headers,
+    )
+    if retry_after is not None:
+        response.headers["Retry-After"] = retry_after_value(retry_after)
+    if kind.status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="statusgate"'
+    return response
+
+
+async def explain(request: web.Request) -> web.Response:
+    """GET /problems/<slug>: a short human explanation of one problem type."""
+    slug = request.match_info["slug"]
+    kind = PROBLEMS.get(slug)
+    if kind is None:
+        return problem("invalid-request", "There is no problem type of that name.")
+    text = f"{kind.title} ({kind.status})\n\n{kind.explanation}\n"
+    return web.Response(text=text, content_type="text/plain")

@@ -1,0 +1,45 @@
+"""Stores chosen by URL: ``memory://``, ``sqlite:///path``.
+
+``store_from_url`` is the only constructor callers use; an unknown scheme is a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import parse_qs, urlsplit
+
+from ..errors import ConfigError
+from .base import Store
+from .memory import MemoryStore
+from .sqlite import SQLiteStore
+
+__all__ = ["MemoryStore", "SQLiteStore", "Store", "store_from_url"]
+
+
+def _memory(url: str) -> Store:
+    return MemoryStore()
+
+
+def _sqlite(url: str) -> Store:
+    # As in SQLAlchemy: sqlite:///relative/file.db and sqlite:////absolute/file.db
+    parts = urlsplit(url)
+    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    if not url.startswith("sqlite:///") or not path or path.endswith("/"):
+        raise ConfigError([f"store: {url!r} names no database file (sqlite:///path/file.db)"])
+    options = parse_qs(parts.query)
+    synchronous = options.get("synchronous", ["full"])[0].lower()
+    if synchronous not in ("full", "normal"):
+        raise ConfigError(["store: synchronous must be full or normal"])
+    return SQLiteStore(path, synchronous=synchronous)
+
+
+SCHEMES: dict[str, Callable[[str], Store]] = {"memory": _memory, "sqlite": _sqlite}
+
+
+def store_from_url(url: str) -> Store:
+    scheme = urlsplit(url).scheme
+    factory = SCHEMES.get(scheme)
+    if factory is None:
+        known = ", ".join(f"{name}://" for name in SCHEMES)
+        raise ConfigError([f"store: scheme {scheme!r} is not supported (use {known})"])
+    return factory(url)

@@ -1,0 +1,102 @@
+"""The one small interface every store implements, and the logic they share.
+
+A store keeps operation records (compare-and-set on ``version``), idempotency entries (first
+writer wins, with an expiry) and leases (one holder per name until the lease expires). It
+never decides anything about polling: callers pass pure functions to ``mutate``. Backends
+translate their driver errors into StoreError; nothing above this layer sees a driver type.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..errors import StoreError
+from ..models import IdempotencyEntry, OperationFilter, OperationRecord
+
+T = TypeVar("T")
+Mutation = Callable[[OperationRecord], tuple[OperationRecord | None, T]]
+CAS_ATTEMPTS = 8
+
+
+class Store(abc.ABC):
+    # -- operations ---------------------------------------------------------------------
+    @abc.abstractmethod
+    async def create(
+        self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
+    ) -> OperationRecord:
+        """Insert ``record`` (and store ``idempotency`` in the same write).
+
+        If the account already has an operation for this provider job, nothing is written
+        and that operation is returned instead.
+        """
+
+    @abc.abstractmethod
+    async def get(self, operation_id: str) -> OperationRecord | None: ...
+
+    @abc.abstractmethod
+    async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None: ...
+
+    @abc.abstractmethod
+    async def save(self, record: OperationRecord) -> bool:
+        """Write ``record`` as version ``record.version + 1`` if the stored version is still
+        ``record.version``; False (and nothing written) if another writer came first."""
+
+    @abc.abstractmethod
+    async def list(self, where: OperationFilter) -> list[OperationRecord]: ...
+
+    async def mutate(self, operation_id: str, change: Mutation[T]) -> T:
+        """Read-modify-write one record; ``change`` may run again if another writer won.
+
+        ``change`` returns (new record or None for no write, result); the new record keeps
+        the version it was derived from. Backends that can do this in one transaction
+        override it; the default is a compare-and-set loop.
+        """
+        for _ in range(CAS_ATTEMPTS):
+            current = await self.get(operation_id)
+            if current is None:
+                raise StoreError(f"operation {operation_id} vanished from the store")
+            new, result = change(current)
+            if new is None or await self.save(new):
+                return result
+        raise StoreError(f"operation {operation_id}: too many concurrent writers")
+
+    # -- idempotency --------------------------------------------------------------------
+    @abc.abstractmethod
+    async def claim_idempotency(
+        self, entry: IdempotencyEntry, now: float
+    ) -> IdempotencyEntry | None:
+        """Store ``entry`` unless an unexpired entry has its key: None if claimed, else that."""
+
+    @abc.abstractmethod
+    async def put_idempotency(self, entry: IdempotencyEntry) -> None: ...
+
+    @abc.abstractmethod
+    async def drop_idempotency(self, key: str) -> None: ...
+
+    # -- leases -------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
+        """Hold ``name`` until ``now + ttl`` unless another unexpired token holds it."""
+
+    @abc.abstractmethod
+    async def release_lease(self, name: str, token: str) -> None:
+        """Release ``name`` only if ``token`` still holds it."""
+
+    # -- life ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise StoreError unless the store answers."""
+
+    async def close(self) -> None:
+        """Release connections; the default store holds none."""
+        return None
+
+
+def matches(record: OperationRecord, where: OperationFilter) -> bool:
+    return (
+        (where.outcome is None or record.outcome == where.outcome)
+        and (where.provider is None or record.provider == where.provider)
+        and (where.account is None or record.account == where.account)
+    )

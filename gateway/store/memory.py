@@ -1,0 +1,79 @@
+"""``memory://``: everything in dicts of one process. For tests and throwaway runs.
+
+No awaits happen between a read and the write that depends on it, so each method is atomic
+on the event loop without locks.
+"""
+
+from __future__ import annotations
+
+from ..models import IdempotencyEntry, OperationFilter, OperationRecord
+from .base import Store, matches
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        self._records: dict[str, OperationRecord] = {}
+        self._by_job: dict[tuple[str, str, str], str] = {}
+        self._idempotency: dict[str, IdempotencyEntry] = {}
+        self._leases: dict[str, tuple[str, float]] = {}
+
+    async def create(
+        self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
+    ) -> OperationRecord:
+        job = (record.account, record.provider, record.provider_job_id)
+        existing = self._by_job.get(job)
+        if existing is not None:
+            return self._records[existing]
+        self._records[record.operation_id] = record
+        self._by_job[job] = record.operation_id
+        if idempotency is not None:
+            self._idempotency[idempotency.key] = idempotency
+        return record
+
+    async def get(self, operation_id: str) -> OperationRecord | None:
+        return self._records.get(operation_id)
+
+    async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        operation_id = self._by_job.get((account, provider, job_id))
+        return None if operation_id is None else self._records[operation_id]
+
+    async def save(self, record: OperationRecord) -> bool:
+        current = self._records.get(record.operation_id)
+        if current is None or current.version != record.version:
+            return False
+        self._records[record.operation_id] = record.evolve(version=record.version + 1)
+        return True
+
+    async def list(self, where: OperationFilter) -> list[OperationRecord]:
+        found = [r for r in self._records.values() if matches(r, where)]
+        return sorted(found, key=lambda r: r.started_at, reverse=True)[: where.limit]
+
+    async def claim_idempotency(
+        self, entry: IdempotencyEntry, now: float
+    ) -> IdempotencyEntry | None:
+        current = self._idempotency.get(entry.key)
+        if current is not None and current.expires_at > now:
+            return current
+        self._idempotency[entry.key] = entry
+        return None
+
+    async def put_idempotency(self, entry: IdempotencyEntry) -> None:
+        self._idempotency[entry.key] = entry
+
+    async def drop_idempotency(self, key: str) -> None:
+        self._idempotency.pop(key, None)
+
+    async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
+        held = self._leases.get(name)
+        if held is not None and held[0] != token and held[1] > now:
+            return False
+        self._leases[name] = (token, now + ttl)
+        return True
+
+    async def release_lease(self, name: str, token: str) -> None:
+        held = self._leases.get(name)
+        if held is not None and held[0] == token:
+            del self._leases[name]
+
+    async def ping(self) -> None:
+        return None
