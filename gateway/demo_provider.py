@@ -14,9 +14,10 @@ A job's answers are scripted at submit time with a ``demo_script`` list in the J
 status GET consumes one step and the last step repeats. A step is an object:
 ``{"state": "running"}``, plus any of ``poll_after_seconds``, ``next_check_in`` (seconds),
 ``retry_after`` (header value), ``expires_in`` (seconds, may be negative), ``omit`` (fields to
-leave out, e.g. the result), ``http`` (status code, e.g. 503, 429, 404, 401), ``delay``
+leave out, e.g. the result), ``pad`` (bytes of filler), ``http`` (status code, e.g. 503, 429, 404, 401), ``delay``
 (seconds before answering), ``body`` + ``content_type`` (a raw answer). ``demo_submit`` scripts
-the submit answer the same way (``http``, ``delay``, ``retry_after``, ``omit_id``).
+the submit answer the same way (``http``, ``delay``, ``retry_after``, ``omit_id``,
+``poll_after_seconds``). A repeated ``Idempotency-Key`` returns the job it first created.
 Every request is logged; ``GET /_demo/log[?job=ID]`` returns the log as JSON.
 """
 
@@ -89,6 +90,7 @@ class DemoProvider:
     jobs: dict[str, Job] = field(default_factory=dict)
     log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20000))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _keys: dict[str, str] = field(default_factory=dict)  # Idempotency-Key -> job id
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -137,6 +139,11 @@ class DemoProvider:
             payload = {}
         if not isinstance(payload, dict):
             payload = {}
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and key in self._keys:  # the provider dedups retried submissions
+            job = self.jobs[self._keys[key]]
+            self._record(request, job.id)
+            return job, {}, None
         job_id = f"{family.id_prefix}{next(self._ids):06d}"
         if family.name == "azure":
             job_id = f"{next(self._ids):08d}-demo-{job_id}"
@@ -146,12 +153,16 @@ class DemoProvider:
         self._record(request, job_id)
         if not self._authorised(request, family):
             return job, submit, self._denied()
-        if submit.get("delay"):
-            await asyncio.sleep(float(submit["delay"]))
         if submit.get("http"):
+            if submit.get("delay"):
+                await asyncio.sleep(float(submit["delay"]))
             body = {"error": {"code": "scripted", "status": submit["http"]}}
             return job, submit, web.json_response(body, status=int(submit["http"]))
         self.jobs[job_id] = job
+        if key is not None:
+            self._keys[key] = job_id
+        if submit.get("delay"):  # the job exists even if the caller gives up waiting
+            await asyncio.sleep(float(submit["delay"]))
         return job, submit, None
 
     def _base(self, request: web.Request) -> str:
@@ -248,6 +259,8 @@ class DemoProvider:
             body["next_check_at"] = self._instant(float(step["next_check_in"]))
         if "expires_in" in step:
             body["expires_at"] = self._instant(float(step["expires_in"]))
+        if "pad" in step:
+            body["pad"] = "x" * int(step["pad"])
         for name in step.get("omit", []):
             body.pop(name, None)
         return body

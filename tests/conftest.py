@@ -1,0 +1,224 @@
+"""Shared fixtures: a fake clock, the real demo provider on loopback, a real gateway.
+
+The gateway and the demo provider share one FakeClock, so scheduling is exact and no test
+sleeps to wait for a poll window; HTTP still goes over real sockets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import create_app
+from gateway.config import load_settings
+from gateway.demo_provider import DemoProvider
+from gateway.models import OperationRecord
+from gateway.runtime import RUNTIME
+from gateway.store import Store, store_from_url
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT_TOKEN = "agent-token-team-a"
+OTHER_TOKEN = "agent-token-team-b"
+OPERATOR_TOKEN = "operator-token-alice"
+PROVIDER_KEY = "sk-provider-secret-4f9a"
+START = 1_800_000_000.0
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_config(
+    folder: Path,
+    upstream: str,
+    *,
+    store: str = "memory://",
+    policy_changes: dict[str, dict[str, Any]] | None = None,
+    config_changes: dict[str, Any] | None = None,
+) -> Path:
+    """A config folder using the repository's policies, pointed at ``upstream``."""
+    policies = folder / "policies"
+    policies.mkdir(parents=True, exist_ok=True)
+    for source in (ROOT / "policies").glob("*.yaml"):
+        data = yaml.safe_load(source.read_text())
+        data["upstream"] = upstream
+        data = merge(data, (policy_changes or {}).get(data["provider"], {}))
+        (policies / source.name).write_text(yaml.safe_dump(data))
+    config = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "public_base_url": "http://gateway.test",
+        "store": store,
+        "policies_dir": "policies",
+        "accounts": [
+            {"id": "team-a", "token_sha256": [sha(AGENT_TOKEN)], "providers": ["*"]},
+            {"id": "team-b", "token_sha256": sha(OTHER_TOKEN), "providers": ["demo-jobs"]},
+        ],
+        "operators": [{"id": "alice", "token_sha256": sha(OPERATOR_TOKEN)}],
+        "limits": {"max_request_body": "64KiB", "max_response_body": "64KiB"},
+    }
+    config = merge(config, config_changes or {})
+    path = folder / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class Harness:
+    """A real gateway in front of the real demo provider, both on loopback."""
+
+    def __init__(self, client: TestClient[Any, Any], provider: DemoProvider, clock: FakeClock):
+        self.client = client
+        self.provider = provider
+        self.clock = clock
+
+    def auth(self, token: str = AGENT_TOKEN, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}", **extra}
+
+    async def submit(
+        self,
+        script: list[dict[str, Any]] | None = None,
+        *,
+        provider: str = "demo-jobs",
+        path: str = "/v1/jobs",
+        key: str | None = "key-1",
+        token: str = AGENT_TOKEN,
+        submit: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> Any:
+        payload: dict[str, Any] = dict(body or {"input": "report.pdf"})
+        if script is not None:
+            payload["demo_script"] = script
+        if submit is not None:
+            payload["demo_submit"] = submit
+        headers = self.auth(token)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        return await self.client.post(f"/p/{provider}{path}", json=payload, headers=headers)
+
+    async def poll(
+        self,
+        job_id: str,
+        *,
+        provider: str = "demo-jobs",
+        path: str = "/v1/jobs/{job_id}",
+        **kw: Any,
+    ) -> Any:
+        headers = self.auth(kw.pop("token", AGENT_TOKEN))
+        return await self.client.get(
+            f"/p/{provider}{path.format(job_id=job_id)}", headers=headers, **kw
+        )
+
+    async def poll_when_due(self, job_id: str, **kw: Any) -> Any:
+        """Wait (on the fake clock) until the gateway permits the next poll, then poll."""
+        record = await self.record(job_id, kw.get("provider", "demo-jobs"))
+        if record.next_poll_at > self.clock.now:
+            self.clock.now = record.next_poll_at
+        return await self.poll(job_id, **kw)
+
+    async def record(
+        self, job_id: str, provider: str = "demo-jobs", account: str = "team-a"
+    ) -> OperationRecord:
+        runtime = self.client.app[RUNTIME]
+        record = await runtime.store.find(account, provider, job_id)
+        assert record is not None
+        return record
+
+    def provider_calls(self, job_id: str, method: str = "GET") -> list[dict[str, Any]]:
+        return [e for e in self.provider.log if e["job_id"] == job_id and e["method"] == method]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def demo(clock: FakeClock) -> DemoProvider:
+    return DemoProvider(api_key=PROVIDER_KEY, clock=clock)
+
+
+@pytest.fixture
+async def provider_server(demo: DemoProvider) -> AsyncIterator[TestServer]:
+    server = TestServer(demo.app(), host="127.0.0.1")
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def make_harness(
+    tmp_path: Path,
+    clock: FakeClock,
+    demo: DemoProvider,
+    provider_server: TestServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Callable[..., Any]]:
+    """Build a harness; keyword arguments change policies, config or the store."""
+    monkeypatch.setenv("DEMO_API_KEY", PROVIDER_KEY)
+    clients: list[TestClient[Any, Any]] = []
+
+    async def build(
+        *,
+        policy_changes: dict[str, dict[str, Any]] | None = None,
+        config_changes: dict[str, Any] | None = None,
+        store: Store | None = None,
+        store_url: str = "memory://",
+        upstream: str | None = None,
+    ) -> Harness:
+        url = upstream or str(provider_server.make_url("")).rstrip("/")
+        path = write_config(
+            tmp_path / f"cfg{len(clients)}",
+            url,
+            store=store_url,
+            policy_changes=policy_changes,
+            config_changes=config_changes,
+        )
+        settings = load_settings(path)
+        the_store = store if store is not None else store_from_url(settings.store_url)
+        app: web.Application = create_app(
+            settings, store=the_store, clock=clock, rng=random.Random(7)
+        )
+        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        return Harness(client, demo, clock)
+
+    yield build
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+async def harness(make_harness: Callable[..., Any]) -> Harness:
+    h: Harness = await make_harness()
+    return h
