@@ -9,6 +9,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigError
+from ..units import parse_duration
 from .base import Store
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
@@ -30,7 +31,11 @@ def _sqlite(url: str) -> Store:
     synchronous = options.get("synchronous", ["full"])[0].lower()
     if synchronous not in ("full", "normal"):
         raise ConfigError(["store: synchronous must be full or normal"])
-    return SQLiteStore(path, synchronous=synchronous)
+    try:
+        busy = parse_duration(options.get("busy_timeout", ["2s"])[0])
+    except ValueError as exc:
+        raise ConfigError([f"store: busy_timeout {exc}"]) from None
+    return SQLiteStore(path, synchronous=synchronous, busy_timeout=busy)
 
 
 SCHEMES: dict[str, Callable[[str], Store]] = {"memory": _memory, "sqlite": _sqlite}

@@ -4,7 +4,8 @@ All SQL runs on one dedicated thread with one connection, so the event loop neve
 disk and writes are serialised in this process; every read-modify-write is one
 ``BEGIN IMMEDIATE`` transaction, which also serialises writers from other processes.
 ``?synchronous=normal`` trades durability on power loss for speed (a process crash loses
-nothing either way); the default is ``full``.
+nothing either way); the default is ``full``. ``?busy_timeout=2s`` bounds how long a call
+waits for another process's write lock before the gateway fails closed.
 """
 
 from __future__ import annotations
@@ -220,7 +221,8 @@ class SQLiteStore(Store):
 
     # -- life ---------------------------------------------------------------------------
     async def ping(self) -> None:
-        await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
+        """Ready means writable: the write lock can be taken within the busy timeout."""
+        await self._run(lambda conn: self._write(conn, lambda c: c.execute("SELECT 1")))
 
     async def close(self) -> None:
         def shut(conn: sqlite3.Connection) -> None:
