@@ -80,7 +80,12 @@ def validate(model: type[M], data: dict[str, Any], shown: str) -> M:
 
 
 def _line(shown: str, err: Any) -> str:
-    where = ".".join(str(part) for part in err["loc"] if not str(part).startswith("function-"))
+    where = ""
+    for part in err["loc"]:
+        if isinstance(part, int):
+            where += f"[{part}]"
+        elif not str(part).startswith("function-"):
+            where += f".{part}" if where else str(part)
     kind = err["type"]
     if kind == "extra_forbidden":
         message = "unknown key"

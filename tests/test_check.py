@@ -1,0 +1,153 @@
+"""`statusgate check`: every invalid case of SPEC section 3 gives file: field: message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import ROOT, merge, write_config
+from gateway.cli import main
+
+
+def run_check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["check", "--config", str(config)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def demo_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEMO_API_KEY", "secret-value-never-printed")
+
+
+def test_repository_config_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped config and all shipped policies are valid."""
+    code, out, err = run_check(ROOT / "config/gateway.yaml", capsys)
+    assert code == 0, err
+    assert out.count("\n") == 1
+    assert "3 policies (azure-read, batch-api, demo-jobs)" in out
+
+
+BAD_POLICIES: list[tuple[dict[str, Any], str, str]] = [
+    ({"surprise": 1}, "surprise", "unknown key"),
+    ({"polling": {"base_delay": "5s", "typo_delay": "1s"}}, "polling.typo_delay", "unknown key"),
+    ({"states": {"failure": ["running"]}}, "states.failure[0]", "also listed in states.pending"),
+    ({"polling": {"base_delay": "60s", "max_delay": "30s"}}, "polling.base_delay", "max_delay"),
+    ({"polling": {"jitter": {"min": -0.1, "max": 1}}}, "polling.jitter.min", "greater than"),
+    ({"polling": {"jitter": {"min": 0.5, "max": 1.5}}}, "polling.jitter.max", "less than"),
+    ({"polling": {"jitter": {"min": 0.9, "max": 0.5}}}, "polling.jitter.min", "jitter.max"),
+    ({"upstream": "ftp://files.example"}, "upstream", "http:// or https://"),
+    ({"upstream": "api.example.com"}, "upstream", "http:// or https://"),
+    ({"routes": {"status": {"path": "/v1/jobs/latest"}}}, "routes.status.path", "{job_id}"),
+    ({"polling": {"base_delay": "5 seconds"}}, "polling.base_delay", 'duration like "5s"'),
+    ({"polling": {"max_status_requests": "12"}}, "polling.max_status_requests", "integer"),
+    ({"provider": "Acme_Extract"}, "provider", "[a-z0-9-]+"),
+    (
+        {"credential": {"header": "Authorization", "value": "${NOT_SET_ANYWHERE}"}},
+        "credential.value",
+        "NOT_SET_ANYWHERE is not set",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "field", "message"), BAD_POLICIES)
+def test_invalid_policy_is_rejected_with_file_and_field(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    change: dict[str, Any],
+    field: str,
+    message: str,
+) -> None:
+    config = write_config(tmp_path, "https://api.example.com", policy_changes={"demo-jobs": change})
+    code, out, err = run_check(config, capsys)
+    assert code == 1
+    lines = err.strip().splitlines()
+    matching = [
+        line for line in lines if line.startswith(f"{tmp_path}/policies/demo-jobs.yaml: {field}: ")
+    ]
+    assert matching, err
+    assert message in matching[0]
+    assert "Traceback" not in err + out
+    assert "secret-value-never-printed" not in err + out
+
+
+def test_missing_required_field_and_bad_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "https://api.example.com")
+    policy = tmp_path / "policies/demo-jobs.yaml"
+    data = yaml.safe_load(policy.read_text())
+    del data["states"]
+    policy.write_text(yaml.safe_dump(data))
+    (tmp_path / "policies/broken.yaml").write_text("provider: [unclosed\n")
+    code, _, err = run_check(config, capsys)
+    assert code == 1
+    assert f"{tmp_path}/policies/demo-jobs.yaml: states: is required" in err
+    assert f"{tmp_path}/policies/broken.yaml: line " in err
+
+
+BAD_CONFIGS: list[tuple[dict[str, Any], str, str]] = [
+    ({"limits": {"max_request_body": "lots"}}, "limits.max_request_body", "size like"),
+    ({"limits": {"upstream_timeout": "30"}}, "limits.upstream_timeout", "duration"),
+    (
+        {"accounts": [{"id": "x", "token_sha256": "abc", "providers": ["*"]}]},
+        "accounts[0].token_sha256",
+        "sha256",
+    ),
+    (
+        {"accounts": [{"id": "x", "token_sha256": "a" * 64, "providers": ["nope"]}]},
+        "accounts[0].providers[0]",
+        "no policy for 'nope'",
+    ),
+    ({"listen": {"port": "8080"}}, "listen.port", "integer"),
+    ({"extra": True}, "extra", "unknown key"),
+]
+
+
+@pytest.mark.parametrize(("change", "field", "message"), BAD_CONFIGS)
+def test_invalid_gateway_config(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    change: dict[str, Any],
+    field: str,
+    message: str,
+) -> None:
+    config = write_config(tmp_path, "https://api.example.com")
+    data = merge(yaml.safe_load(config.read_text()), change)
+    if "accounts" in change:
+        data["accounts"] = change["accounts"]
+    config.write_text(yaml.safe_dump(data))
+    code, _, err = run_check(config, capsys)
+    assert code == 1
+    assert f"{config}: {field}: " in err, err
+    assert message in err
+
+
+def test_check_as_a_real_command_prints_no_traceback(tmp_path: Path) -> None:
+    """The installed entry point, given a bad policy, prints lines and exits 1."""
+    config = write_config(tmp_path, "gopher://x", policy_changes={"demo-jobs": {"nope": 1}})
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env={"DEMO_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert f"{tmp_path}/policies/demo-jobs.yaml: upstream: " in done.stderr
+    assert f"{tmp_path}/policies/demo-jobs.yaml: nope: unknown key" in done.stderr
+
+
+def test_token_hash(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("demo-agent-token\n"))
+    assert main(["token", "hash"]) == 0
+    digest = capsys.readouterr().out.strip()
+    assert digest in (ROOT / "config/gateway.yaml").read_text()
