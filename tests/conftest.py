@@ -157,6 +157,33 @@ class Harness:
         return [e for e in self.provider.log if e["job_id"] == job_id and e["method"] == method]
 
 
+async def start_harness(
+    folder: Path,
+    clock: FakeClock,
+    demo: DemoProvider,
+    *,
+    upstream: str,
+    policy_changes: dict[str, dict[str, Any]] | None = None,
+    config_changes: dict[str, Any] | None = None,
+    store: Store | None = None,
+    store_url: str = "memory://",
+) -> Harness:
+    """A started gateway (real aiohttp server) in front of ``upstream``; close its client."""
+    path = write_config(
+        folder,
+        upstream,
+        store=store_url,
+        policy_changes=policy_changes,
+        config_changes=config_changes,
+    )
+    settings = load_settings(path, env={"DEMO_API_KEY": PROVIDER_KEY})
+    the_store = store if store is not None else store_from_url(settings.store_url)
+    app: web.Application = create_app(settings, store=the_store, clock=clock, rng=random.Random(7))
+    client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    return Harness(client, demo, clock)
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -181,37 +208,15 @@ async def make_harness(
     clock: FakeClock,
     demo: DemoProvider,
     provider_server: TestServer,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Callable[..., Any]]:
     """Build a harness; keyword arguments change policies, config or the store."""
-    monkeypatch.setenv("DEMO_API_KEY", PROVIDER_KEY)
     clients: list[TestClient[Any, Any]] = []
 
-    async def build(
-        *,
-        policy_changes: dict[str, dict[str, Any]] | None = None,
-        config_changes: dict[str, Any] | None = None,
-        store: Store | None = None,
-        store_url: str = "memory://",
-        upstream: str | None = None,
-    ) -> Harness:
-        url = upstream or str(provider_server.make_url("")).rstrip("/")
-        path = write_config(
-            tmp_path / f"cfg{len(clients)}",
-            url,
-            store=store_url,
-            policy_changes=policy_changes,
-            config_changes=config_changes,
-        )
-        settings = load_settings(path)
-        the_store = store if store is not None else store_from_url(settings.store_url)
-        app: web.Application = create_app(
-            settings, store=the_store, clock=clock, rng=random.Random(7)
-        )
-        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
-        await client.start_server()
-        clients.append(client)
-        return Harness(client, demo, clock)
+    async def build(**kw: Any) -> Harness:
+        kw.setdefault("upstream", str(provider_server.make_url("")).rstrip("/"))
+        h = await start_harness(tmp_path / f"cfg{len(clients)}", clock, demo, **kw)
+        clients.append(h.client)
+        return h
 
     yield build
     for client in clients:

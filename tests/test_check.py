@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import ROOT, merge, write_config
+
 from gateway.cli import main
 
 

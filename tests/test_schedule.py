@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st

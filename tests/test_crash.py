@@ -1,0 +1,112 @@
+"""A real gateway process killed with SIGKILL between polls loses nothing on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from conftest import AGENT_TOKEN, PROVIDER_KEY, write_config
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_up(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.fixture
+def provider_process() -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    process = start(["demo-provider", "--port", str(port)], env)
+    wait_until_up(port, process)
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(5)
+
+
+async def test_sigkill_between_polls_keeps_counters_deadline_and_next_poll(
+    tmp_path: Path, provider_process: str
+) -> None:
+    port = free_port()
+    config = write_config(
+        tmp_path,
+        provider_process,
+        store=f"sqlite:///{tmp_path}/gateway.db",
+        config_changes={"listen": {"port": port}},
+    )
+    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    base = f"http://127.0.0.1:{port}/p/demo-jobs/v1/jobs"
+    auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+    gateway = start(["serve", "--config", str(config)], env)
+    try:
+        wait_until_up(port, gateway)
+        async with aiohttp.ClientSession() as http:
+            payload = {
+                "demo_submit": {"poll_after_seconds": 0},
+                "demo_script": [{"state": "running", "poll_after_seconds": 30}],
+            }
+            async with http.post(
+                base, json=payload, headers={**auth, "Idempotency-Key": "c1"}
+            ) as r:
+                assert r.status == 202
+                job = (await r.json())["id"]
+            await asyncio.sleep(0.6)  # the first poll is due after base_delay x jitter.min = 0.5s
+            async with http.get(f"{base}/{job}", headers=auth) as r:
+                assert r.status == 200, await r.text()
+                before = dict(r.headers)
+        gateway.send_signal(signal.SIGKILL)
+        gateway.wait(5)
+        gateway = start(["serve", "--config", str(config)], env)
+        wait_until_up(port, gateway)
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/{job}", headers=auth) as r:
+            assert r.status == 429
+            after = dict(r.headers)
+            assert (await r.json())["type"] == "/problems/too-early"
+        for name in (
+            "Statusgate-Operation",
+            "Statusgate-Deadline",
+            "Statusgate-Next-Poll-At",
+            "Statusgate-Requests-Remaining",
+            "Statusgate-Provider-State",
+        ):
+            assert after[name] == before[name], name
+        assert before["Statusgate-Requests-Remaining"] == "11"
+        assert 28 <= int(after["Retry-After"]) <= 30
+    finally:
+        gateway.kill()
+        gateway.wait(5)
+        stderr = gateway.stderr.read().decode() if gateway.stderr else ""
+        assert "Traceback" not in stderr
+        assert PROVIDER_KEY not in stderr
