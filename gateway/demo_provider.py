@@ -14,7 +14,8 @@ A job's answers are scripted at submit time with a ``demo_script`` list in the J
 status GET consumes one step and the last step repeats. A step is an object:
 ``{"state": "running"}``, plus any of ``poll_after_seconds``, ``next_check_in`` (seconds),
 ``retry_after`` (header value), ``expires_in`` (seconds, may be negative), ``omit`` (fields to
-leave out, e.g. the result), ``pad`` (bytes of filler), ``http`` (status code, e.g. 503, 429, 404, 401), ``delay``
+leave out, e.g. the result), ``pad`` (bytes of filler), ``echo_auth`` (a careless provider that
+echoes the credential it received), ``http`` (status code, e.g. 503, 429, 404, 401), ``delay``
 (seconds before answering), ``body`` + ``content_type`` (a raw answer). ``demo_submit`` scripts
 the submit answer the same way (``http``, ``delay``, ``retry_after``, ``omit_id``,
 ``poll_after_seconds``). A repeated ``Idempotency-Key`` returns the job it first created.
@@ -239,7 +240,12 @@ class DemoProvider:
         if http != 200:
             body = {"error": {"code": "scripted", "status": http}}
             return web.json_response(body, status=http, headers=headers)
-        return web.json_response(self._status_body(job, step), headers=headers)
+        body = self._status_body(job, step)
+        if step.get("echo_auth"):
+            received = request.headers.get("Authorization", "")
+            body["debug"] = {"authorization": received}
+            headers["X-Debug-Auth"] = received
+        return web.json_response(body, headers=headers)
 
     def _status_body(self, job: Job, step: dict[str, Any]) -> dict[str, Any]:
         family = job.family

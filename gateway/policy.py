@@ -178,6 +178,14 @@ class ProviderPolicy(Strict):
         return _digest(json.dumps(data, sort_keys=True))
 
     @property
+    def secrets(self) -> tuple[str, ...]:
+        """Strings that must never reach an agent: the credential and its token part."""
+        value = self.credential.value
+        scheme, _, token = value.partition(" ")
+        parts = (value, token) if token and scheme.isalpha() else (value,)
+        return tuple(p for p in parts if len(p) >= 6)
+
+    @property
     def credential_fingerprint(self) -> str:
         """Changes whenever the credential changes, without revealing it."""
         return _digest(f"{self.credential.header}\n{self.credential.value}")

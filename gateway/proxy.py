@@ -156,7 +156,7 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         if call.request.rel_url.raw_query_string:
             url += "?" + call.request.rel_url.raw_query_string
         headers = to_provider(call.request.headers.items(), policy)
-        answer, response = await _send(runtime, policy.routes.status.method, url, headers)
+        answer, response = await _send(call, policy.routes.status.method, url, headers)
         done = runtime.clock()
         u = runtime.rng.random()
 
@@ -170,11 +170,13 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
 
 
 async def _send(
-    runtime: Runtime, method: str, url: str, headers: dict[str, str], body: bytes | None = None
+    call: Call, method: str, url: str, headers: dict[str, str]
 ) -> tuple[ProviderAnswer, UpstreamResponse | None]:
     """One upstream request as the core sees it, plus the raw answer when there is one."""
     try:
-        response = await runtime.upstream.send(method, url, headers, body)
+        response = await call.runtime.upstream.send(
+            method, url, headers, secrets=call.policy.secrets
+        )
     except UpstreamTimeout:
         return ProviderAnswer(None, failure=Failure.TIMEOUT), None
     except UpstreamBodyTooLarge:
@@ -320,7 +322,7 @@ async def result(call: Call) -> web.StreamResponse:
     assert route is not None
     url = policy.upstream + fill(route.path, call.job_id)
     sent = to_provider(call.request.headers.items(), policy)
-    answer, response = await _send(runtime, route.method, url, sent)
+    answer, response = await _send(call, route.method, url, sent)
     if response is None:
         return _upstream_problem(answer, record.operation_id, headers)
     return _passthrough(call, response, headers)
@@ -379,7 +381,9 @@ async def submit(call: Call) -> web.StreamResponse:
         url += "?" + request.rel_url.raw_query_string
     headers = to_provider(request.headers.items(), policy, key)
     try:
-        response = await runtime.upstream.send(route.method, url, headers, body)
+        response = await runtime.upstream.send(
+            route.method, url, headers, body, secrets=policy.secrets
+        )
     except UpstreamError as exc:
         return await _submit_failed(call, entry, exc)
     if not 200 <= response.status < 300:

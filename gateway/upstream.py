@@ -18,6 +18,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 
 CHUNK = 64 * 1024
+REDACTED = "[redacted]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +56,19 @@ class Upstream:
             self._session = None
 
     async def send(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None = None,
+        *,
+        secrets: tuple[str, ...] = (),
     ) -> UpstreamResponse:
-        """One request, no redirects; raises only UpstreamError subclasses."""
+        """One request, no redirects; raises only UpstreamError subclasses.
+
+        Any of ``secrets`` that the provider echoes back (in its body or a header) is
+        replaced by ``[redacted]`` before the answer leaves this module.
+        """
         await self.start()
         assert self._session is not None
         headers = {**headers, "Accept-Encoding": "gzip, deflate"}
@@ -66,7 +77,8 @@ class Upstream:
                 method, url, headers=headers, data=body, allow_redirects=False
             ) as response:
                 data = await self._read(response)
-                return UpstreamResponse(response.status, _without_encoding(response.headers), data)
+                kept = _without_encoding(response.headers)
+                return _redacted(UpstreamResponse(response.status, kept, data), secrets)
         except TimeoutError:
             raise UpstreamTimeout(f"no answer within {self._timeout.total}s") from None
         except aiohttp.ClientConnectorError as exc:
@@ -121,6 +133,21 @@ def _inflate(decoder: zlib._Decompress, chunk: bytes, cap: int) -> list[bytes]:
             break
         data = decoder.unconsumed_tail
     return out
+
+
+def _redacted(response: UpstreamResponse, secrets: tuple[str, ...]) -> UpstreamResponse:
+    body, headers = response.body, response.headers
+    for secret in secrets:
+        if secret.encode() in body:
+            body = body.replace(secret.encode(), REDACTED.encode())
+        if any(secret in value for value in headers.values()):
+            copy = CIMultiDict(
+                (name, value.replace(secret, REDACTED)) for name, value in headers.items()
+            )
+            headers = CIMultiDictProxy(copy)
+    if body is response.body and headers is response.headers:
+        return response
+    return UpstreamResponse(response.status, headers, body)
 
 
 def _without_encoding(headers: CIMultiDictProxy[str]) -> CIMultiDictProxy[str]:
