@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, merge, write_config
 
 from gateway.cli import main
+
+from conftest import ROOT, merge, write_config
 
 
 def run_check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from conftest import AGENT_TOKEN, PROVIDER_KEY, write_config
 
 

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestServer
-from conftest import PROVIDER_KEY, FakeClock, start_harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.demo_provider import DemoProvider
 from gateway.models import Outcome
+
+from conftest import PROVIDER_KEY, FakeClock, start_harness
 
 STEPS = st.sampled_from(
     [
