@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from conftest import Harness
@@ -326,3 +327,25 @@ async def test_cancel_route_needs_an_operator(harness: Harness) -> None:
     assert response.status == 403
     assert (await response.json())["type"] == "/problems/approval-required"
     assert not [c for c in harness.provider.log if c["path"].endswith("/cancel")]
+
+
+async def test_concurrent_due_polls_make_one_provider_call(harness: Harness) -> None:
+    """Step 7: twenty agents calling at once while a poll is in flight share its answer."""
+    job = await job_of(await harness.submit([{"state": "running", "delay": 0.3}]))
+    record = await harness.record(job)
+    harness.clock.now = record.next_poll_at
+    responses = await asyncio.gather(*(harness.poll(job) for _ in range(20)))
+    assert [r.status for r in responses] == [200] * 20
+    bodies = {await r.text() for r in responses}
+    assert len(bodies) == 1
+    assert len(harness.provider_calls(job)) == 1
+    assert (await harness.record(job)).status_requests_used == 1
+
+
+async def test_gateway_downtime_does_not_let_agents_catch_up(harness: Harness) -> None:
+    """After a long silence one poll goes out when due, then the schedule applies again."""
+    job = await job_of(await harness.submit([{"state": "running"}]))
+    harness.clock.advance(300)
+    assert (await harness.poll(job)).status == 200
+    assert (await harness.poll(job)).status == 429
+    assert len(harness.provider_calls(job)) == 1
