@@ -84,6 +84,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status >= 400:
             return problem("invalid-request", exc.reason)
         raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return problem("internal-error", "The gateway failed to handle this request.")
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     demo_provider.add_argument("--host", default="127.0.0.1")
     demo_provider.add_argument("--port", type=int, default=8081)
     demo_provider.set_defaults(run=_demo_provider)
+
+    demo = commands.add_parser("demo", help="a self-contained show with looping agents")
+    demo.set_defaults(run=_demo)
     return parser
 
 
@@ -100,3 +103,9 @@ def _demo_provider(args: argparse.Namespace) -> int:
 
     run(args.host, args.port)
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    return run()

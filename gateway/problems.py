@@ -121,6 +121,11 @@ PROBLEMS: Mapping[str, ProblemType] = {
         "Store unavailable",
         "The gateway cannot reach its store and fails closed: nothing was forwarded.",
     ),
+    "internal-error": ProblemType(
+        500,
+        "Internal error",
+        "The gateway hit a bug. It is logged on the gateway; nothing about it is shown here.",
+    ),
 }
 
 
