@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import json
 import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -145,9 +146,11 @@ class DemoProvider:
             job = self.jobs[self._keys[key]]
             self._record(request, job.id)
             return job, {}, None
-        job_id = f"{family.id_prefix}{next(self._ids):06d}"
+        # unique across restarts, so a gateway store that outlives the provider never sees
+        # a job id come back
+        job_id = f"{family.id_prefix}{secrets.token_hex(6)}"
         if family.name == "azure":
-            job_id = f"{next(self._ids):08d}-demo-{job_id}"
+            job_id = f"{next(self._ids):08d}-demo-{secrets.token_hex(6)}"
         script = payload.get("demo_script") or DEFAULT_SCRIPT
         job = Job(job_id, family, list(script), created_at=self.clock())
         submit = payload.get("demo_submit") or {}
