@@ -114,6 +114,22 @@ def admit(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decisi
     return Decision(record, Reply.PROVIDER, forward=True)
 
 
+def take(
+    policy: ProviderPolicy, record: OperationRecord, now: float, refusals: int = 0
+) -> Decision:
+    """Steps 2-6 again under the lease, then step 8's reservation: the record to store next.
+
+    Refusals counted in memory since the last write are folded into whatever is written.
+    """
+    decision = admit(policy, record, now)
+    if decision.forward:
+        return dataclasses.replace(decision, record=reserve(record, now, refusals), changed=True)
+    if decision.changed and refusals:
+        folded = decision.record.evolve(early_refusals=decision.record.early_refusals + refusals)
+        return dataclasses.replace(decision, record=folded)
+    return decision
+
+
 def reserve(record: OperationRecord, now: float, refusals: int = 0) -> OperationRecord:
     """Spend one status request before it is sent; folds in refusals counted meanwhile."""
     return record.evolve(

@@ -93,11 +93,7 @@ async def status(call: Call) -> web.StreamResponse:
         return _unknown_operation()
     now = runtime.clock()
     decision = decide.admit(policy, record, now)
-    if decision.changed:  # escalated on the way in: persist against the freshest record
-        decision = await runtime.store.mutate(
-            record.operation_id, lambda current: _admit_again(policy, current, now)
-        )
-    if not decision.forward:
+    if not decision.forward and not decision.changed:  # answered without any write
         return _refusal(call, decision, now)
     inflight = runtime.inflight.get(record.operation_id)
     if inflight is not None:  # step 7: one provider call, every caller gets its answer
@@ -120,15 +116,14 @@ async def status(call: Call) -> web.StreamResponse:
     return render(call, *outcome, runtime.clock())
 
 
-def _admit_again(
-    policy: ProviderPolicy, current: OperationRecord, now: float
-) -> tuple[OperationRecord | None, Decision]:
-    decision = decide.admit(policy, current, now)
+def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
+    """A decision as a store mutation: write its record only if it changed."""
     return (decision.record if decision.changed else None), decision
 
 
 async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamResponse | None]:
-    """Steps 8 and 9: lease, reserve, send exactly one request, classify, save."""
+    """Steps 8 and 9: lease, re-check and reserve (or escalate), send exactly one request,
+    classify, save. Every write to the record happens under the lease."""
     runtime, policy = call.runtime, call.policy
     lease = f"poll:{operation_id}"
     token = secrets.token_hex(16)
@@ -142,14 +137,9 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
     try:
         now = runtime.clock()
         refusals = runtime.refusals.pop(operation_id, 0)
-
-        def reserve(current: OperationRecord) -> tuple[OperationRecord | None, Decision]:
-            decision = decide.admit(policy, current, now)
-            if decision.forward:
-                return decide.reserve(current, now, refusals), decision
-            return (decision.record if decision.changed else None), decision
-
-        decision = await runtime.store.mutate(operation_id, reserve)
+        decision = await runtime.store.mutate(
+            operation_id, lambda current: _persisting(decide.take(policy, current, now, refusals))
+        )
         if not decision.forward:
             return decision, None
         url = policy.upstream + fill(policy.routes.status.path, call.job_id)
@@ -160,11 +150,11 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         done = runtime.clock()
         u = runtime.rng.random()
 
-        def classify(current: OperationRecord) -> tuple[OperationRecord | None, Decision]:
-            decision = decide.classify(policy, current, answer, done, u)
-            return (decision.record if decision.changed else None), decision
-
-        return await runtime.store.mutate(operation_id, classify), response
+        decided = await runtime.store.mutate(
+            operation_id,
+            lambda current: _persisting(decide.classify(policy, current, answer, done, u)),
+        )
+        return decided, response
     finally:
         await runtime.store.release_lease(lease, token)
 
