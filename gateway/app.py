@@ -1,29 +1,39 @@
 """create_app: the aiohttp application with the outside world injected.
 
-The store, the upstream client, the clock and the random source are parameters, so tests run
-the real handlers against a fake clock and a seeded random source.
+The store, the upstream client, the clock, the random source and the metrics registry are
+parameters, so tests run the real handlers against a fake clock and a seeded random source.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from . import proxy
+from . import admin, proxy
+from .audit import AuditLog, Fsync
 from .config import Settings
+from .effects import Effects
 from .errors import StoreError
-from .problems import explain, problem
-from .runtime import RUNTIME, Clock, Runtime
+from .metrics import Metrics
+from .models import Clock
+from .notify import Notifier
+from .problems import SLUG, explain, problem
+from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from .store import Store, store_from_url
 from .upstream import Upstream
 
 log = logging.getLogger("statusgate")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STORE_RETRY_AFTER = 2.0
+SWEEP_SECONDS = 1.0
+SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
 
 
 def create_app(
@@ -33,8 +43,14 @@ def create_app(
     upstream: Upstream | None = None,
     clock: Clock = time.time,
     rng: random.Random | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> web.Application:
     limits = settings.file.limits
+    audit_path = settings.audit_path
+    audit = None
+    if audit_path is not None:
+        audit = AuditLog(audit_path, key=settings.audit_key, fsync=Fsync(settings.file.audit.fsync))
+    effects = Effects(clock=clock, metrics=Metrics(registry), audit=audit)
     runtime = Runtime(
         settings=settings,
         store=store if store is not None else store_from_url(settings.store_url),
@@ -42,26 +58,88 @@ def create_app(
         or Upstream(timeout=limits.upstream_timeout, max_response_body=limits.max_response_body),
         clock=clock,
         rng=rng if rng is not None else random.Random(),
+        effects=effects,
     )
-    app = web.Application(middlewares=[errors], client_max_size=limits.max_request_body)
+    app = web.Application(middlewares=[observe, errors], client_max_size=limits.max_request_body)
     app[RUNTIME] = runtime
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/problems/{slug}", explain)
+    admin.routes(app)
     app.router.add_route("*", "/p/{provider}/{tail:.*}", proxy.handle)
     app.on_startup.append(_start)
+    app.on_shutdown.append(_drain)
     app.on_cleanup.append(_stop)
     return app
 
 
 async def _start(app: web.Application) -> None:
-    await app[RUNTIME].upstream.start()
+    runtime = app[RUNTIME]
+    await runtime.upstream.start()
+    effects = runtime.effects
+    if effects.audit is not None:
+        effects.audit.open()
+    hook = runtime.settings.file.escalation
+    if hook.webhook_url is not None:
+        effects.notifier = Notifier(
+            hook.webhook_url,
+            on_outcome=effects.notified,
+            attempts=hook.webhook_attempts,
+            timeout=hook.webhook_timeout,
+            backoff=hook.webhook_backoff,
+        )
+        effects.notifier.start()
+    app[SWEEPER] = asyncio.create_task(_sweep(runtime))
+
+
+async def _sweep(runtime: Runtime) -> None:
+    """Close refusal windows whose poll time has come, so counts reach the audit log and
+    the record even when the agent never calls again."""
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        with contextlib.suppress(StoreError):
+            await proxy.close_refusal_windows(
+                runtime, runtime.effects.refusals.ended(runtime.clock())
+            )
+
+
+async def _drain(app: web.Application) -> None:
+    runtime = app[RUNTIME]
+    app[SWEEPER].cancel()
+    with contextlib.suppress(StoreError):
+        await proxy.close_refusal_windows(runtime, runtime.effects.refusals.all())
 
 
 async def _stop(app: web.Application) -> None:
     runtime = app[RUNTIME]
+    effects = runtime.effects
+    if effects.notifier is not None:
+        await effects.notifier.close()
+    if effects.audit is not None:
+        await effects.audit.close()
     await runtime.upstream.close()
     await runtime.store.close()
+
+
+def _route(request: web.Request) -> str:
+    return str(request.get(ROUTE, "other"))
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Duration of every answer; agent requests by provider, route and outcome."""
+    started = time.perf_counter()
+    response = await handler(request)
+    route = _route(request)
+    runtime = request.app[RUNTIME]
+    metrics = runtime.effects.metrics
+    metrics.request_duration.labels(route).observe(time.perf_counter() - started)
+    provider = request.get(PROVIDER)
+    if provider is not None:
+        outcome = response.get(SLUG) or request.get(OUTCOME, "forwarded")
+        metrics.agent_requests.labels(provider, route, outcome).inc()
+    return response
 
 
 @web.middleware
@@ -71,6 +149,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except StoreError as exc:
         log.warning("store unavailable: %s", exc)
+        request.app[RUNTIME].effects.metrics.store_errors.labels(exc.operation).inc()
         return problem(
             "store-unavailable",
             "The gateway cannot reach its store; nothing was forwarded.",
@@ -97,6 +176,22 @@ async def readyz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     try:
         await runtime.store.ping()
-    except StoreError:
+    except StoreError as exc:
+        runtime.effects.metrics.store_errors.labels(exc.operation).inc()
         return web.json_response({"status": "not ready", "store": "unreachable"}, status=503)
     return web.json_response({"status": "ready", "policies": sorted(runtime.settings.policies)})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text format; the active-operations gauge is read from the store."""
+    runtime = request.app[RUNTIME]
+    registry = runtime.effects.metrics
+    try:
+        counts = await runtime.store.active_counts()
+        registry.set_active(counts, sorted(runtime.settings.policies))
+    except StoreError as exc:
+        registry.store_errors.labels(exc.operation).inc()
+    body = generate_latest(registry.registry)
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response

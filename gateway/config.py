@@ -10,9 +10,9 @@ import hmac
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import pydantic
@@ -49,6 +49,7 @@ class Listen(Strict):
 class AuditSettings(Strict):
     path: str | None = None
     hmac_key_env: str | None = None
+    fsync: Literal["always", "batch", "never"] = "batch"
 
 
 class Account(Strict):
@@ -73,6 +74,16 @@ class Limits(Strict):
 
 class EscalationSettings(Strict):
     webhook_url: str | None = None
+    webhook_timeout: Duration = 5.0
+    webhook_attempts: Annotated[int, Field(ge=1, le=10)] = 4
+    webhook_backoff: Duration = 1.0
+
+    @pydantic.field_validator("webhook_url")
+    @classmethod
+    def _webhook(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("http", "https"):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
 
 
 class GatewayFile(Strict):
@@ -105,6 +116,12 @@ class Settings:
     file: GatewayFile
     base_dir: Path
     policies: Mapping[str, ProviderPolicy]
+    audit_key: bytes | None = field(default=None, repr=False)
+
+    @property
+    def audit_path(self) -> Path | None:
+        path = self.file.audit.path
+        return None if path is None else (self.base_dir / path).resolve()
 
     @property
     def store_url(self) -> str:
@@ -145,9 +162,13 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     shown_dir = os.path.normpath(Path(path.parent, gateway.policies_dir))
     policies = load_policies(policies_dir, shown_dir, env)
     problems = _account_problems(gateway, policies, shown)
+    key_env = gateway.audit.hmac_key_env
+    if key_env is not None and not env.get(key_env):
+        problems.append(f"{shown}: audit.hmac_key_env: environment variable {key_env} is not set")
     if problems:
         raise ConfigError(problems)
-    return Settings(file=gateway, base_dir=base_dir, policies=policies)
+    key = env[key_env].encode() if key_env is not None else None
+    return Settings(file=gateway, base_dir=base_dir, policies=policies, audit_key=key)
 
 
 def _account_problems(

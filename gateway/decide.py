@@ -30,7 +30,8 @@ from .schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
 class Failure(enum.Enum):
     """Why a provider request produced no usable HTTP answer."""
 
-    CONNECTION = "connection"
+    CONNECTION = "connection"  # failed after the request may have reached the provider
+    UNREACHABLE = "unreachable"  # failed before anything was sent
     TIMEOUT = "timeout"
     TOO_LARGE = "too_large"
 

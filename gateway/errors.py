@@ -27,7 +27,12 @@ class ConfigError(StatusgateError):
 
 
 class StoreError(StatusgateError):
-    """The store could not be reached or refused the operation."""
+    """The store could not be reached or refused the operation; ``operation`` names the
+    store call (a metric label)."""
+
+    def __init__(self, message: str, *, operation: str = "unknown") -> None:
+        super().__init__(message)
+        self.operation = operation
 
 
 class UpstreamError(StatusgateError):

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+Clock = Callable[[], float]  # seconds since the epoch; injected everywhere time is read
 
 
 class Outcome(enum.StrEnum):
@@ -92,6 +95,8 @@ class OperationRecord:
     last_polled_at: float | None = None
     final_response: FinalResponse | None = None
     escalation: Escalation | None = None
+    extended_seconds: float = 0.0  # operator extensions so far, bounded by the policy
+    extended_requests: int = 0
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:

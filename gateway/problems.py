@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 CONTENT_TYPE = "application/problem+json"
+SLUG = web.ResponseKey("slug", str)  # read by the agent_requests metric
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,12 @@ PROBLEMS: Mapping[str, ProblemType] = {
         "Store unavailable",
         "The gateway cannot reach its store and fails closed: nothing was forwarded.",
     ),
+    "action-not-permitted": ProblemType(
+        409,
+        "Action not permitted",
+        "The operator action is not among the escalation's permitted actions, or it is over "
+        "the policy's bounds; the detail names the rule or the limit.",
+    ),
     "internal-error": ProblemType(
         500,
         "Internal error",
@@ -160,6 +167,7 @@ def problem(
         content_type=CONTENT_TYPE,
         headers=headers,
     )
+    response[SLUG] = slug
     if retry_after is not None:
         response.headers["Retry-After"] = retry_after_value(retry_after)
     if kind.status == 401:

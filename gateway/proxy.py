@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +21,15 @@ from aiohttp import web
 from . import decide
 from .config import Account
 from .decide import Decision, Failure, ProviderAnswer, Reply
-from .errors import UpstreamBodyTooLarge, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from .escalation import problem_members, rfc3339
 from .headers import to_provider, valid_job_id
+from .metrics import status_class
 from .models import IdempotencyEntry, IdemState, OperationRecord, Outcome, StoredResponse
 from .policy import ProviderPolicy
 from .problems import problem, retry_after_value
 from .routing import Match, fill
-from .runtime import RUNTIME, Runtime
+from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from .upstream import UpstreamResponse
 
 LEASE_MARGIN = 5.0
@@ -62,6 +64,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return problem("unknown-provider", f"No provider named {name!r} is configured.")
     if not account.allows(name):
         return problem("forbidden", f"This account may not use provider {name!r}.")
+    request[PROVIDER] = name
     raw_path = request.rel_url.raw_path.removeprefix(f"/p/{name}")
     match = runtime.routes[name].match(request.method, raw_path)
     if match is None:
@@ -69,6 +72,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return problem("route-not-allowed", detail)
     if match.job_id is not None and not valid_job_id(match.job_id):
         return problem("invalid-request", "The job id must match [A-Za-z0-9._~-]{1,200}.")
+    request[ROUTE] = match.kind
     call = Call(request, runtime, account, policy, match)
     if match.kind == "submit":
         return await submit(call)
@@ -98,6 +102,7 @@ async def status(call: Call) -> web.StreamResponse:
     inflight = runtime.inflight.get(record.operation_id)
     if inflight is not None:  # step 7: one provider call, every caller gets its answer
         shared_decision, shared_answer = await asyncio.shield(inflight)
+        call.request[OUTCOME] = "cached"
         return render(call, shared_decision, shared_answer, runtime.clock())
     future: asyncio.Future[tuple[Decision, UpstreamResponse | None]] = (
         asyncio.get_running_loop().create_future()
@@ -136,43 +141,66 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         return busy, None
     try:
         now = runtime.clock()
-        refusals = runtime.refusals.pop(operation_id, 0)
+        effects = runtime.effects
+        window = effects.refusals.close(operation_id)
+        refusals = window.count if window is not None else 0
         decision = await runtime.store.mutate(
             operation_id, lambda current: _persisting(decide.take(policy, current, now, refusals))
         )
+        if window is not None:
+            await effects.refused(decision.record, window)
         if not decision.forward:
+            await effects.decided(policy, decision)
             return decision, None
         url = policy.upstream + fill(policy.routes.status.path, call.job_id)
         if call.request.rel_url.raw_query_string:
             url += "?" + call.request.rel_url.raw_query_string
         headers = to_provider(call.request.headers.items(), policy)
-        answer, response = await _send(call, policy.routes.status.method, url, headers)
+        method = policy.routes.status.method
+        answer, response = await send_upstream(runtime, policy, "status", method, url, headers)
         done = runtime.clock()
         u = runtime.rng.random()
-
         decided = await runtime.store.mutate(
             operation_id,
             lambda current: _persisting(decide.classify(policy, current, answer, done, u)),
+        )
+        await effects.decided(
+            policy, decided, http_status=answer.status, detail=_answer_detail(answer, decided)
         )
         return decided, response
     finally:
         await runtime.store.release_lease(lease, token)
 
 
-async def _send(
-    call: Call, method: str, url: str, headers: dict[str, str]
+async def send_upstream(
+    runtime: Runtime,
+    policy: ProviderPolicy,
+    route: str,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    body: bytes | None = None,
 ) -> tuple[ProviderAnswer, UpstreamResponse | None]:
-    """One upstream request as the core sees it, plus the raw answer when there is one."""
+    """One upstream request as the core sees it (plus the raw answer when there is one),
+    counted and timed. ``headers`` come from headers.to_provider (credential included)."""
+    metrics = runtime.effects.metrics
+    started = time.perf_counter()
+    failure: Failure | None = None
+    response: UpstreamResponse | None = None
     try:
-        response = await call.runtime.upstream.send(
-            method, url, headers, secrets=call.policy.secrets
-        )
+        response = await runtime.upstream.send(method, url, headers, body, secrets=policy.secrets)
     except UpstreamTimeout:
-        return ProviderAnswer(None, failure=Failure.TIMEOUT), None
+        failure = Failure.TIMEOUT
     except UpstreamBodyTooLarge:
-        return ProviderAnswer(None, failure=Failure.TOO_LARGE), None
-    except UpstreamError:
-        return ProviderAnswer(None, failure=Failure.CONNECTION), None
+        failure = Failure.TOO_LARGE
+    except UpstreamUnavailable as exc:
+        failure = Failure.CONNECTION if exc.sent else Failure.UNREACHABLE
+    metrics.upstream_duration.labels(policy.provider, route).observe(time.perf_counter() - started)
+    status = response.status if response is not None else None
+    label = status_class(status, failure.value if failure is not None else None)
+    metrics.upstream_requests.labels(policy.provider, route, label).inc()
+    if response is None:
+        return ProviderAnswer(None, failure=failure), None
     answer = ProviderAnswer(
         status=response.status,
         body=response.body,
@@ -182,11 +210,42 @@ async def _send(
     return answer, response
 
 
+def _answer_detail(answer: ProviderAnswer, decision: Decision) -> str | None:
+    """What the audit line says about the answer besides its status: for the story."""
+    parts = []
+    if answer.failure is not None:
+        parts.append(answer.failure.value)
+    if answer.retry_after is not None:
+        parts.append(f"Retry-After {_header_safe(answer.retry_after[:40])}")
+    if decision.plan is not None and decision.plan.hint_rejected:
+        parts.append("hint rejected")
+    return ", ".join(parts) or None
+
+
 def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
     if decision.problem == "too-early":
-        operation_id = decision.record.operation_id
-        call.runtime.refusals[operation_id] = call.runtime.refusals.get(operation_id, 0) + 1
+        call.runtime.effects.refusals.note(decision.record, now)
+    elif decision.reply is Reply.FINAL:
+        call.request[OUTCOME] = "cached"
     return render(call, decision, None, now)
+
+
+async def close_refusal_windows(runtime: Runtime, operation_ids: list[str]) -> None:
+    """Fold the refusals counted in memory into their records and the audit log."""
+    effects = runtime.effects
+    for operation_id in operation_ids:
+        window = effects.refusals.close(operation_id)
+        if window is None:
+            continue
+
+        def fold(
+            current: OperationRecord, count: int = window.count
+        ) -> tuple[OperationRecord | None, OperationRecord]:
+            folded = current.evolve(early_refusals=current.early_refusals + count)
+            return folded, folded
+
+        record = await runtime.store.mutate(operation_id, fold)
+        await effects.refused(record, window)
 
 
 # -- answers ------------------------------------------------------------------------------
@@ -312,7 +371,7 @@ async def result(call: Call) -> web.StreamResponse:
     assert route is not None
     url = policy.upstream + fill(route.path, call.job_id)
     sent = to_provider(call.request.headers.items(), policy)
-    answer, response = await _send(call, route.method, url, sent)
+    answer, response = await send_upstream(runtime, policy, "result", route.method, url, sent)
     if response is None:
         return _upstream_problem(answer, record.operation_id, headers)
     return _passthrough(call, response, headers)
@@ -370,12 +429,11 @@ async def submit(call: Call) -> web.StreamResponse:
     if request.rel_url.raw_query_string:
         url += "?" + request.rel_url.raw_query_string
     headers = to_provider(request.headers.items(), policy, key)
-    try:
-        response = await runtime.upstream.send(
-            route.method, url, headers, body, secrets=policy.secrets
-        )
-    except UpstreamError as exc:
-        return await _submit_failed(call, entry, exc)
+    answer, response = await send_upstream(
+        runtime, policy, "submit", route.method, url, headers, body
+    )
+    if response is None:
+        return await _submit_failed(call, entry, answer.failure)
     if not 200 <= response.status < 300:
         if entry is not None:
             await runtime.store.drop_idempotency(entry.key)
@@ -384,7 +442,7 @@ async def submit(call: Call) -> web.StreamResponse:
         for name, value in rewriter.response_headers(response.headers.items(), policy):
             passed.headers.add(name, value)
         return passed
-    return await _open(call, entry, fingerprint, key, response)
+    return await _open(call, entry, fingerprint, key, answer, response)
 
 
 async def _open(
@@ -392,6 +450,7 @@ async def _open(
     entry: IdempotencyEntry | None,
     fingerprint: str,
     key: str | None,
+    answer: ProviderAnswer,
     response: UpstreamResponse,
 ) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
@@ -402,12 +461,6 @@ async def _open(
         detail = "The provider accepted the submission but gave no valid job id to track."
         return problem("integration-failure", detail)
     now = runtime.clock()
-    answer = ProviderAnswer(
-        response.status,
-        response.body,
-        response.content_type,
-        response.headers.get("Retry-After"),
-    )
     decision = decide.open_operation(
         policy,
         operation_id=new_operation_id(now),
@@ -438,6 +491,11 @@ async def _open(
             response=stored,
         )
     record = await runtime.store.create(decision.record, completed)
+    if record.operation_id == decision.record.operation_id:  # new, not a known job
+        opened = dataclasses.replace(decision, event="submitted")
+        await runtime.effects.decided(policy, opened, http_status=response.status)
+        if record.outcome is Outcome.ESCALATED:
+            await runtime.effects.decided(policy, decision)
     return _stored_answer(stored, record, runtime.clock())
 
 
@@ -504,20 +562,18 @@ async def _replay(
 
 
 async def _submit_failed(
-    call: Call, entry: IdempotencyEntry | None, exc: UpstreamError
+    call: Call, entry: IdempotencyEntry | None, failure: Failure | None
 ) -> web.StreamResponse:
     store = call.runtime.store
-    safe_to_retry = isinstance(exc, UpstreamUnavailable) and not exc.sent
     provider_dedups = call.policy.routes.submit.idempotency.forward_header is not None
     if entry is not None:
-        if safe_to_retry or provider_dedups:
+        if failure is Failure.UNREACHABLE or provider_dedups:
             await store.drop_idempotency(entry.key)
-        else:
+        else:  # it may have reached the provider: never let a retry submit it again
             await store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
-    if isinstance(exc, UpstreamBodyTooLarge):
+    if failure is Failure.TOO_LARGE:
         detail = "The provider's submit answer is larger than limits.max_response_body."
         return problem("integration-failure", detail)
-    failure = Failure.TIMEOUT if isinstance(exc, UpstreamTimeout) else Failure.CONNECTION
     return _upstream_problem(ProviderAnswer(None, failure=failure), None)
 
 

@@ -1,5 +1,5 @@
-"""What every handler shares: settings, store, upstream, clock, random source, and the few
-per-process tables (polls in flight, refusals not yet folded into a record).
+"""What every handler shares: settings, store, upstream, clock, random source, effects
+(audit, metrics, webhook), and the table of polls in flight in this process.
 
 Built once by app.create_app; handlers reach it through ``request.app[RUNTIME]``.
 """
@@ -9,22 +9,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from .config import Account, Operator, Settings
+from .effects import Effects
 from .headers import Rewriter
+from .models import Clock
 from .routing import RouteTable
 from .store.base import Store
 from .upstream import Upstream, UpstreamResponse
 
 if TYPE_CHECKING:
     from .decide import Decision
-
-Clock = Callable[[], float]
 
 
 @dataclass
@@ -34,12 +33,12 @@ class Runtime:
     upstream: Upstream
     clock: Clock
     rng: random.Random
+    effects: Effects
     routes: dict[str, RouteTable] = field(init=False)
     rewriters: dict[str, Rewriter] = field(init=False)
     inflight: dict[str, asyncio.Future[tuple[Decision, UpstreamResponse | None]]] = field(
         default_factory=dict
     )
-    refusals: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         base = self.settings.file.public_base_url
@@ -69,3 +68,7 @@ def bearer_digest(authorization: str | None) -> str | None:
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
+# What a handler learned about a request, for the metrics middleware.
+PROVIDER = web.RequestKey("provider", str)
+ROUTE = web.RequestKey("route", str)
+OUTCOME = web.RequestKey("outcome", str)

@@ -46,6 +46,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def list(self, where: OperationFilter) -> list[OperationRecord]: ...
 
+    @abc.abstractmethod
+    async def active_counts(self) -> dict[str, int]:
+        """Pending operations per provider, across everything the store holds."""
+
     async def mutate(self, operation_id: str, change: Mutation[T]) -> T:
         """Read-modify-write one record; ``change`` may run again if another writer won.
 
@@ -56,11 +60,11 @@ class Store(abc.ABC):
         for _ in range(CAS_ATTEMPTS):
             current = await self.get(operation_id)
             if current is None:
-                raise StoreError(f"operation {operation_id} vanished from the store")
+                raise StoreError(f"{operation_id} vanished from the store", operation="mutate")
             new, result = change(current)
             if new is None or await self.save(new):
                 return result
-        raise StoreError(f"operation {operation_id}: too many concurrent writers")
+        raise StoreError(f"{operation_id}: too many concurrent writers", operation="mutate")
 
     # -- idempotency --------------------------------------------------------------------
     @abc.abstractmethod

@@ -6,7 +6,7 @@ on the event loop without locks.
 
 from __future__ import annotations
 
-from ..models import IdempotencyEntry, OperationFilter, OperationRecord
+from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from .base import Store, matches
 
 
@@ -47,6 +47,13 @@ class MemoryStore(Store):
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found = [r for r in self._records.values() if matches(r, where)]
         return sorted(found, key=lambda r: r.started_at, reverse=True)[: where.limit]
+
+    async def active_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for record in self._records.values():
+            if record.outcome is Outcome.PENDING:
+                counts[record.provider] = counts.get(record.provider, 0) + 1
+        return counts
 
     async def claim_idempotency(
         self, entry: IdempotencyEntry, now: float

@@ -76,14 +76,14 @@ class SQLiteStore(Store):
         self._conn: sqlite3.Connection | None = None
 
     # -- plumbing -----------------------------------------------------------------------
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, self._call, work)
         except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc}") from exc
+            raise StoreError(f"sqlite {operation}: {exc}", operation=operation) from exc
         except RuntimeError as exc:  # executor shut down
-            raise StoreError("sqlite store is closed") from exc
+            raise StoreError("sqlite store is closed", operation=operation) from exc
 
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None:
@@ -134,33 +134,35 @@ class SQLiteStore(Store):
                 _put_idem(conn, idempotency)
             return record
 
-        return await self._run(lambda conn: self._write(conn, work))
+        return await self._run("create", lambda conn: self._write(conn, work))
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        return await self._run(lambda conn: _get(conn, operation_id))
+        return await self._run("get", lambda conn: _get(conn, operation_id))
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         sql = (
             "SELECT data FROM operations WHERE account = ? AND provider = ? AND provider_job_id = ?"
         )
         return await self._run(
-            lambda conn: _load(conn.execute(sql, (account, provider, job_id)).fetchone())
+            "find", lambda conn: _load(conn.execute(sql, (account, provider, job_id)).fetchone())
         )
 
     async def save(self, record: OperationRecord) -> bool:
-        return await self._run(lambda conn: self._write(conn, lambda c: _cas(c, record)))
+        return await self._run("save", lambda conn: self._write(conn, lambda c: _cas(c, record)))
 
     async def mutate(self, operation_id: str, change: Mutation[T]) -> T:
         def work(conn: sqlite3.Connection) -> T:
             current = _get(conn, operation_id)
             if current is None:
-                raise StoreError(f"operation {operation_id} vanished from the store")
+                raise StoreError(f"{operation_id} vanished from the store", operation="mutate")
             new, result = change(current)
             if new is not None and not _cas(conn, new):
-                raise StoreError(f"operation {operation_id}: version moved inside a transaction")
+                raise StoreError(
+                    f"{operation_id}: version moved in a transaction", operation="mutate"
+                )
             return result
 
-        return await self._run(lambda conn: self._write(conn, work))
+        return await self._run("mutate", lambda conn: self._write(conn, work))
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         clauses, args = [], []
@@ -181,7 +183,14 @@ class SQLiteStore(Store):
             rows = conn.execute(sql, (*args, where.limit)).fetchall()
             return [OperationRecord.from_dict(json.loads(row[0])) for row in rows]
 
-        return await self._run(work)
+        return await self._run("list", work)
+
+    async def active_counts(self) -> dict[str, int]:
+        sql = (
+            "SELECT provider, count(*) FROM operations WHERE outcome = 'pending' GROUP BY provider"
+        )
+        rows = await self._run("active_counts", lambda conn: conn.execute(sql).fetchall())
+        return {str(provider): int(count) for provider, count in rows}
 
     # -- idempotency --------------------------------------------------------------------
     async def claim_idempotency(
@@ -196,13 +205,18 @@ class SQLiteStore(Store):
             _put_idem(conn, entry)
             return None
 
-        return await self._run(lambda conn: self._write(conn, work))
+        return await self._run("claim_idempotency", lambda conn: self._write(conn, work))
 
     async def put_idempotency(self, entry: IdempotencyEntry) -> None:
-        await self._run(lambda conn: self._write(conn, lambda c: _put_idem(c, entry)))
+        await self._run(
+            "put_idempotency", lambda conn: self._write(conn, lambda c: _put_idem(c, entry))
+        )
 
     async def drop_idempotency(self, key: str) -> None:
-        await self._run(lambda conn: conn.execute("DELETE FROM idempotency WHERE key = ?", (key,)))
+        await self._run(
+            "drop_idempotency",
+            lambda conn: conn.execute("DELETE FROM idempotency WHERE key = ?", (key,)),
+        )
 
     # -- leases -------------------------------------------------------------------------
     async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
@@ -212,17 +226,18 @@ class SQLiteStore(Store):
             " WHERE leases.token = excluded.token OR leases.expires_at <= ?"
         )
         return await self._run(
-            lambda conn: conn.execute(sql, (name, token, now + ttl, now)).rowcount == 1
+            "acquire_lease",
+            lambda conn: conn.execute(sql, (name, token, now + ttl, now)).rowcount == 1,
         )
 
     async def release_lease(self, name: str, token: str) -> None:
         sql = "DELETE FROM leases WHERE name = ? AND token = ?"
-        await self._run(lambda conn: conn.execute(sql, (name, token)))
+        await self._run("release_lease", lambda conn: conn.execute(sql, (name, token)))
 
     # -- life ---------------------------------------------------------------------------
     async def ping(self) -> None:
         """Ready means writable: the write lock can be taken within the busy timeout."""
-        await self._run(lambda conn: self._write(conn, lambda c: c.execute("SELECT 1")))
+        await self._run("ping", lambda conn: self._write(conn, lambda c: c.execute("SELECT 1")))
 
     async def close(self) -> None:
         def shut(conn: sqlite3.Connection) -> None:
@@ -230,7 +245,7 @@ class SQLiteStore(Store):
             self._conn = None
 
         if self._conn is not None:
-            await self._run(shut)
+            await self._run("close", shut)
         self._executor.shutdown(wait=True)
 
 

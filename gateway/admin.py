@@ -1,0 +1,183 @@
+"""The operator API under ``/admin`` (SPEC section 6): list, show, extend, cancel, abandon,
+resume. Operator tokens only; an agent token is ``forbidden``.
+
+Each action is a pure function of actions.py applied to the freshest record inside one
+compare-and-set, and audited with the operator's id before the answer goes back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from . import actions
+from .audit import iso, records
+from .config import Operator
+from .decide import Decision, Reply
+from .escalation import message, problem_members
+from .headers import to_provider
+from .models import OperationFilter, OperationRecord, Outcome
+from .problems import problem
+from .proxy import send_upstream
+from .routing import fill
+from .runtime import ROUTE, RUNTIME, Runtime
+from .story import story
+from .units import parse_duration
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_LIST = 500
+
+
+def routes(app: web.Application) -> None:
+    app.router.add_get("/admin/operations", list_operations)
+    app.router.add_get("/admin/operations/{operation_id}", show_operation)
+    app.router.add_post("/admin/operations/{operation_id}/{action}", act)
+
+
+def _operator(request: web.Request) -> Operator | web.Response:
+    runtime = request.app[RUNTIME]
+    request[ROUTE] = "admin"
+    header = request.headers.get("Authorization")
+    operator = runtime.operator(header)
+    if operator is not None:
+        return operator
+    if runtime.agent(header) is not None:
+        return problem("forbidden", "Agent tokens cannot use the operator API.")
+    return problem("unauthenticated", "Send 'Authorization: Bearer <operator token>'.")
+
+
+def view(record: OperationRecord) -> dict[str, Any]:
+    """A record as operators read it: instants in RFC 3339, the final body as text."""
+    data = record.to_dict()
+    for name in ("started_at", "deadline_at", "next_poll_at", "last_polled_at"):
+        data[name] = iso(data[name])
+    if record.final_response is not None:
+        data["final_response"]["body"] = record.final_response.body.decode("utf-8", "replace")
+    if record.escalation is not None:
+        data["escalation"]["at"] = iso(record.escalation.at)
+    return data
+
+
+async def list_operations(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    query = request.query
+    try:
+        outcome = Outcome(query["outcome"]) if query.get("outcome") else None
+        limit = min(MAX_LIST, int(query.get("limit", "100")))
+    except ValueError:
+        return problem("invalid-request", "outcome must be an outcome name; limit a number.")
+    where = OperationFilter(
+        outcome=outcome,
+        provider=query.get("provider") or None,
+        account=query.get("account") or None,
+        limit=limit,
+    )
+    found = await request.app[RUNTIME].store.list(where)
+    return web.json_response({"operations": [view(r) for r in found]})
+
+
+async def show_operation(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    runtime = request.app[RUNTIME]
+    record = await _record(runtime, request.match_info["operation_id"])
+    if isinstance(record, web.Response):
+        return record
+    policy = runtime.settings.policies.get(record.provider)
+    body: dict[str, Any] = {"record": view(record), "escalation": None, "message": None}
+    if record.escalation is not None and policy is not None:
+        body["escalation"] = problem_members(record, policy)
+        body["message"] = message(record, policy)
+    audit = runtime.effects.audit
+    lines = records(audit.path) if audit is not None and audit.path.exists() else ()
+    body["story"] = story(lines, record.operation_id)
+    return web.json_response(body)
+
+
+async def _record(runtime: Runtime, operation_id: str) -> OperationRecord | web.Response:
+    record = await runtime.store.get(operation_id)
+    if record is None:
+        return problem("unknown-operation", f"No operation {operation_id!r}.")
+    return record
+
+
+async def act(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    action = request.match_info["action"]
+    if action not in ("extend", "cancel", "abandon", "resume"):
+        return problem("route-not-allowed", "Actions are extend, cancel, abandon and resume.")
+    runtime = request.app[RUNTIME]
+    record = await _record(runtime, request.match_info["operation_id"])
+    if isinstance(record, web.Response):
+        return record
+    policy = runtime.settings.policies.get(record.provider)
+    if policy is None:
+        return problem("action-not-permitted", f"No policy is loaded for {record.provider!r}.")
+    try:
+        body = await _json_body(request)
+        reason = str(body.get("reason", ""))[:500]
+        seconds = parse_duration(body["time"]) if "time" in body else 0.0
+        requests = body.get("requests", 0)
+        if not isinstance(requests, int) or isinstance(requests, bool):
+            raise ValueError("requests must be a whole number")
+    except ValueError as exc:
+        return problem("invalid-request", f"Bad request body: {exc}.")
+    now = runtime.clock()
+    answer = None
+    if action == "cancel":
+        why = actions.may_cancel(policy, record)
+        if why is not None:
+            return _not_permitted(record, why)
+        assert policy.routes.cancel is not None
+        route = policy.routes.cancel
+        url = policy.upstream + fill(route.path, record.provider_job_id)
+        headers = to_provider([], policy)
+        answer, _ = await send_upstream(runtime, policy, "cancel", route.method, url, headers)
+
+    def change(current: OperationRecord) -> tuple[OperationRecord | None, actions.ActionResult]:
+        if action == "extend":
+            done = actions.extend(
+                policy, current, now, seconds=seconds, requests=requests, reason=reason
+            )
+        elif action == "resume":
+            done = actions.resume(policy, current, now)
+        elif action == "abandon":
+            done = actions.abandon(policy, current, now, reason)
+        else:
+            assert answer is not None
+            done = actions.cancelled(policy, current, answer, reason)
+        return done.record, done
+
+    result = await runtime.store.mutate(record.operation_id, change)
+    if result.record is None:
+        return _not_permitted(record, result.refusal or "not permitted")
+    decision = Decision(result.record, Reply.PROVIDER, changed=True, event=result.event)
+    await runtime.effects.decided(
+        policy, decision, detail=result.detail, actor=operator.id, http_status=None
+    )
+    return web.json_response({"action": action, "record": view(result.record)})
+
+
+def _not_permitted(record: OperationRecord, why: str) -> web.Response:
+    return problem("action-not-permitted", f"Refused: {why}.", operation_id=record.operation_id)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ValueError("not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data

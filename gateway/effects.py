@@ -1,0 +1,171 @@
+"""Carrying out what a persisted decision says besides the answer: audit line, metrics,
+escalation webhook; and the per-operation windows that aggregate too-early refusals.
+
+The audit line is written before the caller answers the agent. Nothing here decides
+anything: the event, the record and the plan come from decide.py or actions.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .audit import AuditLog, iso, line_fields
+from .decide import Decision, Reply
+from .escalation import message, problem_members
+from .metrics import Metrics
+from .models import Clock, DelaySource, OperationRecord, Outcome
+from .policy import ProviderPolicy
+
+ENDED = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.CANCELLED, Outcome.EXPIRED})
+ENDED_BY_OPERATOR = frozenset({Outcome.ABANDONED, Outcome.CANCELLED})
+
+
+@dataclass
+class Window:
+    """Too-early refusals of one operation while it waited for one next_poll_at."""
+
+    count: int
+    first_at: float
+    ends_at: float
+
+
+class RefusalWindows:
+    def __init__(self) -> None:
+        self._open: dict[str, Window] = {}
+
+    def note(self, record: OperationRecord, now: float) -> None:
+        window = self._open.get(record.operation_id)
+        if window is None or window.ends_at != record.next_poll_at:
+            if window is not None:  # the schedule moved under us: keep counting, new end
+                window.ends_at = record.next_poll_at
+            else:
+                self._open[record.operation_id] = Window(0, now, record.next_poll_at)
+            window = self._open[record.operation_id]
+        window.count += 1
+
+    def close(self, operation_id: str) -> Window | None:
+        return self._open.pop(operation_id, None)
+
+    def ended(self, now: float) -> list[str]:
+        return [op for op, window in self._open.items() if window.ends_at <= now]
+
+    def all(self) -> list[str]:
+        return list(self._open)
+
+
+class Effects:
+    def __init__(
+        self, *, clock: Clock, metrics: Metrics, audit: AuditLog | None, notify: Any = None
+    ) -> None:
+        self._clock = clock
+        self.metrics = metrics
+        self.audit = audit
+        self.notifier = notify
+        self.refusals = RefusalWindows()
+
+    async def decided(
+        self,
+        policy: ProviderPolicy,
+        decision: Decision,
+        *,
+        event: str | None = None,
+        http_status: int | None = None,
+        detail: str | None = None,
+        actor: str = "gateway",
+    ) -> None:
+        """Audit, count and notify one persisted decision (no-op when it has no event)."""
+        event = event or decision.event
+        if event is None:
+            return
+        record = decision.record
+        if event == "escalated" and record.escalation is not None:
+            detail = record.escalation.detail if detail is None else detail
+        if self.audit is not None:
+            await self.audit.append(
+                line_fields(
+                    record,
+                    event=event,
+                    at=self._clock(),
+                    decision=_decision_word(decision, record),
+                    http_status=http_status,
+                    detail=detail,
+                    actor=actor,
+                )
+            )
+        self._count(policy, decision, event)
+        if event == "escalated" and self.notifier is not None:
+            self.notifier.submit(self._notice(policy, record))
+
+    async def refused(self, record: OperationRecord, window: Window) -> None:
+        """One line for a closed refusal window, with its count."""
+        if self.audit is None:
+            return
+        await self.audit.append(
+            line_fields(
+                record.evolve(next_poll_at=window.ends_at),
+                event="refused",
+                at=self._clock(),
+                decision="too-early",
+                detail=f"first at {iso(window.first_at)}",
+                count=window.count,
+            )
+        )
+
+    async def notified(self, notice: dict[str, Any], outcome: str) -> None:
+        """The webhook's delivery outcome, as an audit line of its own."""
+        if self.audit is None:
+            return
+        await self.audit.append(
+            {
+                "at": iso(self._clock()),
+                "operation_id": notice["operation_id"],
+                "provider": notice["provider"],
+                "account": notice["account"],
+                "event": "notified",
+                "decision": "webhook",
+                "reason": notice["reason"],
+                "detail": outcome,
+                "actor": "gateway",
+            }
+        )
+
+    def _count(self, policy: ProviderPolicy, decision: Decision, event: str) -> None:
+        record, m = decision.record, self.metrics
+        provider = record.provider
+        if event == "submitted":
+            m.operations_started.labels(provider).inc()
+        if event == "escalated" and record.escalation is not None:
+            m.escalations.labels(provider, record.escalation.reason.value).inc()
+        if record.outcome in ENDED or (
+            record.outcome in ENDED_BY_OPERATOR and event in ("abandoned", "cancelled")
+        ):
+            m.operations_finished.labels(provider, record.outcome.value).inc()
+            m.requests_per_operation.labels(provider).observe(record.status_requests_used)
+        plan = decision.plan
+        if plan is not None:
+            if plan.source in (DelaySource.PROVIDER_RETRY_AFTER, DelaySource.PROVIDER_POLL_HINT):
+                m.provider_guidance.labels(provider, plan.source.value).inc()
+            if plan.hint_rejected:
+                m.provider_guidance.labels(provider, "hint_rejected").inc()
+
+    def _notice(self, policy: ProviderPolicy, record: OperationRecord) -> dict[str, Any]:
+        members = problem_members(record, policy)
+        return {
+            "operation_id": record.operation_id,
+            "provider": record.provider,
+            "account": record.account,
+            "provider_job_id": record.provider_job_id,
+            "reason": members["reason"],
+            "escalated_at": members.get("escalated_at"),
+            "permitted_actions": members["permitted_actions"],
+            "message": message(record, policy),
+        }
+
+
+def _decision_word(decision: Decision, record: OperationRecord) -> str:
+    if decision.problem is not None:
+        return decision.problem
+    if decision.reply is Reply.FINAL:
+        return "answer-from-record"
+    return record.outcome.value

@@ -1,0 +1,89 @@
+"""The escalation webhook: one POST per escalation, delivered off the request path.
+
+A bounded queue feeds one worker; each delivery gets a few attempts with backoff and a
+timeout. A dead or slow receiver never slows a status call: when the queue is full the
+newest notice is dropped and counted. Outcomes are reported through ``on_outcome``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("statusgate.webhook")
+Outcome = Callable[[dict[str, Any], str], Awaitable[None]]
+
+
+class Notifier:
+    def __init__(
+        self,
+        url: str,
+        *,
+        on_outcome: Outcome,
+        attempts: int = 4,
+        timeout: float = 5.0,
+        backoff: float = 1.0,
+        queue_size: int = 1000,
+    ) -> None:
+        self._url = url
+        self._on_outcome = on_outcome
+        self._attempts = attempts
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._backoff = backoff
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(queue_size)
+        self._worker: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.dropped = 0
+
+    def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        self._worker = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def submit(self, notice: dict[str, Any]) -> None:
+        """Queue one notice; never blocks, never raises."""
+        try:
+            self._queue.put_nowait(notice)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            log.warning("escalation webhook queue full; notice dropped")
+
+    async def drain(self) -> None:
+        """Wait until every queued notice has been delivered or given up (tests, shutdown)."""
+        await self._queue.join()
+
+    async def _run(self) -> None:
+        while True:
+            notice = await self._queue.get()
+            try:
+                outcome = await self._deliver(notice)
+                await self._on_outcome(notice, outcome)
+            except Exception:
+                log.exception("escalation webhook worker failed on one notice")
+            finally:
+                self._queue.task_done()
+
+    async def _deliver(self, notice: dict[str, Any]) -> str:
+        assert self._session is not None
+        problem = "not attempted"
+        for attempt in range(1, self._attempts + 1):
+            try:
+                async with self._session.post(self._url, json=notice) as response:
+                    if response.status < 300:
+                        return f"delivered (attempt {attempt}, HTTP {response.status})"
+                    problem = f"HTTP {response.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                problem = type(exc).__name__
+            if attempt < self._attempts:
+                await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
+        return f"failed after {self._attempts} attempts ({problem})"
