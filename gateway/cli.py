@@ -54,6 +54,17 @@ def _parser() -> argparse.ArgumentParser:
     demo_provider.add_argument("--port", type=int, default=8081)
     demo_provider.set_defaults(run=_demo_provider)
 
+    audit = commands.add_parser("audit", help="verify audit logs, tell an operation's story")
+    audit_commands = audit.add_subparsers(required=True, metavar="ACTION")
+    verify = audit_commands.add_parser("verify", help="recompute the hash chain of audit files")
+    verify.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    verify.add_argument("--key-env", help="environment variable holding the HMAC key")
+    verify.set_defaults(run=_audit_verify)
+    story = audit_commands.add_parser("story", help="one operation's events, one line each")
+    story.add_argument("--config", type=Path, required=True)
+    story.add_argument("operation_id")
+    story.set_defaults(run=_audit_story)
+
     demo = commands.add_parser("demo", help="a self-contained show with looping agents")
     demo.set_defaults(run=_demo)
     return parser
@@ -109,3 +120,56 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run
 
     return run()
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    import os
+
+    from .audit import read_lines, verify
+
+    key = None
+    if args.key_env:
+        value = os.environ.get(args.key_env)
+        if not value:
+            print(f"statusgate audit verify: {args.key_env} is not set", file=sys.stderr)
+            return 1
+        key = value.encode()
+    failed = False
+    for path in args.paths:
+        try:
+            verdict = verify(read_lines(path), key)
+        except OSError as exc:
+            print(f"{path}: cannot read ({exc.strerror})", file=sys.stderr)
+            failed = True
+            continue
+        if not verdict.intact:
+            print(f"{path}: chain broken at seq {verdict.bad_seq}: {verdict.problem}")
+            failed = True
+            continue
+        tail = ""
+        if verdict.torn_tail:
+            tail = f"; torn final line after seq {verdict.records} (an interrupted write)"
+        print(f"{path}: {verdict.records} records, chain intact{tail}")
+    return 1 if failed else 0
+
+
+def _audit_story(args: argparse.Namespace) -> int:
+    from .audit import records
+    from .config import load_gateway_file
+    from .story import story
+
+    audit_path = load_gateway_file(args.config).audit.path
+    path = None if audit_path is None else (args.config.parent / audit_path).resolve()
+    if path is None:
+        print(f"{args.config}: audit.path: no audit log is configured", file=sys.stderr)
+        return 1
+    if not path.exists():
+        print(f"{path}: no audit log yet", file=sys.stderr)
+        return 1
+    lines = story(records(path), args.operation_id)
+    if not lines:
+        print(f"{path}: no events for {args.operation_id}", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
+    return 0

@@ -148,15 +148,21 @@ def _match(holders: list[H], token_hash: str) -> H | None:
     return found
 
 
+def load_gateway_file(path: Path, env: Mapping[str, str] | None = None) -> GatewayFile:
+    """The gateway config alone, without its policies (enough for the audit tools)."""
+    env = load_env() if env is None else env
+    shown = str(path)
+    data, problems = interpolate(read_yaml(path, shown), shown, env)
+    if problems:
+        raise ConfigError(problems)
+    return validate(GatewayFile, data, shown)
+
+
 def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     """Read the gateway config and every policy; ConfigError lists all problems found."""
     env = load_env() if env is None else env
     shown = str(path)
-    raw = read_yaml(path, shown)
-    data, problems = interpolate(raw, shown, env)
-    if problems:
-        raise ConfigError(problems)
-    gateway = validate(GatewayFile, data, shown)
+    gateway = load_gateway_file(path, env)
     base_dir = path.parent.resolve()
     policies_dir = (base_dir / gateway.policies_dir).resolve()
     shown_dir = os.path.normpath(Path(path.parent, gateway.policies_dir))

@@ -7,6 +7,8 @@ sleeps to wait for a poll window; HTTP still goes over real sockets.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -86,6 +88,7 @@ def write_config(
         ],
         "operators": [{"id": "alice", "token_sha256": sha(OPERATOR_TOKEN)}],
         "limits": {"max_request_body": "64KiB", "max_response_body": "64KiB"},
+        "audit": {"path": "audit.jsonl"},
     }
     config = merge(config, config_changes or {})
     path = folder / "gateway.yaml"
@@ -153,6 +156,15 @@ class Harness:
         assert record is not None
         return record
 
+    @property
+    def audit_path(self) -> Path:
+        path = self.client.app[RUNTIME].settings.audit_path
+        assert path is not None
+        return path
+
+    def audit_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines()]
+
     def provider_calls(self, job_id: str, method: str = "GET") -> list[dict[str, Any]]:
         return [e for e in self.provider.log if e["job_id"] == job_id and e["method"] == method]
 
@@ -176,7 +188,7 @@ async def start_harness(
         policy_changes=policy_changes,
         config_changes=config_changes,
     )
-    settings = load_settings(path, env={"DEMO_API_KEY": PROVIDER_KEY})
+    settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY})
     the_store = store if store is not None else store_from_url(settings.store_url)
     app: web.Application = create_app(settings, store=the_store, clock=clock, rng=random.Random(7))
     client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))

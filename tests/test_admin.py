@@ -1,0 +1,206 @@
+"""The operator API: bounded decisions on escalated operations, audited with the operator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gateway import decide
+from gateway.models import Reason
+from gateway.policy import load_policy
+
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_KEY, Harness
+
+ROOT = Path(__file__).resolve().parent.parent
+OPS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+
+def test_each_reason_offers_exactly_its_permitted_actions() -> None:
+    with_cancel = load_policy(ROOT / "policies/demo-jobs.yaml", "d", {"DEMO_API_KEY": "k"})
+    without = load_policy(ROOT / "policies/azure-read.yaml", "a", {"DEMO_API_KEY": "k"})
+    expected = {
+        Reason.DEADLINE_EXCEEDED: ("extend", "cancel_at_provider", "abandon"),
+        Reason.REQUEST_BUDGET_EXHAUSTED: ("extend", "cancel_at_provider", "abandon"),
+        Reason.PROVIDER_FAILURE: ("extend", "cancel_at_provider", "abandon"),
+        Reason.RATE_LIMITED: ("extend", "abandon"),
+        Reason.UNKNOWN_STATE: ("resume", "abandon"),
+        Reason.INTEGRATION_FAILURE: ("resume", "abandon"),
+        Reason.AUTHORIZATION_DENIED: ("resume", "abandon"),
+    }
+    assert set(expected) == set(Reason)
+    for reason, actions in expected.items():
+        assert decide.permitted_actions(reason, with_cancel) == actions
+        assert decide.permitted_actions(reason, without) == tuple(
+            a for a in actions if a != "cancel_at_provider"
+        )
+
+
+async def escalate_budget(harness: Harness, key: str = "key-1") -> tuple[str, str]:
+    response = await harness.submit([{"state": "running"}], key=key)
+    job, operation = (await response.json())["id"], response.headers["Statusgate-Operation"]
+    harness.clock.advance(601)
+    escalated = await harness.poll(job)
+    assert escalated.status == 409
+    return job, operation
+
+
+async def act(harness: Harness, operation: str, action: str, body: Any = None, **kw: Any) -> Any:
+    return await harness.client.post(
+        f"/admin/operations/{operation}/{action}", json=body or {}, headers=kw.get("headers", OPS)
+    )
+
+
+async def test_agent_tokens_and_strangers_are_refused(harness: Harness) -> None:
+    _, operation = await escalate_budget(harness)
+    agent = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+    for path in ("/admin/operations", f"/admin/operations/{operation}"):
+        forbidden = await harness.client.get(path, headers=agent)
+        assert forbidden.status == 403
+        assert (await forbidden.json())["type"] == "/problems/forbidden"
+        assert (await harness.client.get(path)).status == 401
+    refused = await act(harness, operation, "extend", {"time": "5m"}, headers=agent)
+    assert refused.status == 403
+
+
+async def test_list_and_show(harness: Harness) -> None:
+    job, operation = await escalate_budget(harness)
+    listed = await harness.client.get("/admin/operations?outcome=escalated", headers=OPS)
+    assert [o["operation_id"] for o in (await listed.json())["operations"]] == [operation]
+    none = await harness.client.get("/admin/operations?outcome=succeeded", headers=OPS)
+    assert (await none.json())["operations"] == []
+    shown = await (await harness.client.get(f"/admin/operations/{operation}", headers=OPS)).json()
+    assert shown["record"]["provider_job_id"] == job
+    assert shown["escalation"]["reason"] == "deadline_exceeded"
+    assert shown["escalation"]["permitted_actions"] == ["extend", "cancel_at_provider", "abandon"]
+    assert "Safe options: extend by 15 minutes with 4 additional checks" in shown["message"]
+    assert shown["story"][0].split(" ", 1)[1].startswith("submitted")
+    assert "escalated: deadline_exceeded" in shown["story"][-1]
+    missing = await harness.client.get("/admin/operations/op_nope", headers=OPS)
+    assert missing.status == 404
+
+
+async def test_extend_within_bounds_reactivates_and_the_next_poll_goes_out(
+    harness: Harness,
+) -> None:
+    job, operation = await escalate_budget(harness)
+    response = await act(
+        harness, operation, "extend", {"time": "15m", "requests": 4, "reason": "big file"}
+    )
+    assert response.status == 200, await response.text()
+    record = await harness.record(job)
+    assert record.outcome == "pending"
+    assert record.delay_source == "manual_extension"
+    assert record.deadline_at == harness.clock.now + 900
+    polled = await harness.poll(job)
+    assert polled.status == 200
+    assert len(harness.provider_calls(job)) == 1
+    extended = [line for line in harness.audit_lines() if line["event"] == "extended"]
+    assert extended[0]["actor"] == "alice"
+    assert extended[0]["detail"] == "+15m, +4 requests: big file"
+
+
+async def test_extend_over_bounds_is_refused_naming_the_limit(harness: Harness) -> None:
+    _, operation = await escalate_budget(harness)
+    over = await act(harness, operation, "extend", {"time": "31m", "requests": 1})
+    assert over.status == 409
+    body = await over.json()
+    assert body["type"] == "/problems/action-not-permitted"
+    assert "max_extension of 30m and 8 requests" in body["detail"]
+    assert (await act(harness, operation, "extend", {"time": "20m"})).status == 200
+    # the bound is for the operation's whole life: 10 minutes are left
+    harness.clock.advance(1300)
+    job_record = await harness.client.get(f"/admin/operations/{operation}", headers=OPS)
+    assert (await job_record.json())["record"]["extended_seconds"] == 1200
+    await harness.poll((await job_record.json())["record"]["provider_job_id"])
+    again = await act(harness, operation, "extend", {"time": "15m"})
+    assert again.status == 409
+    assert "10m and 8 requests left" in (await again.json())["detail"]
+
+
+async def test_actions_not_permitted_for_the_reason_are_refused(harness: Harness) -> None:
+    job = (await (await harness.submit([{"state": "paused"}])).json())["id"]
+    await harness.poll_when_due(job)
+    operation = (await harness.record(job)).operation_id
+    refused = await act(harness, operation, "extend", {"time": "5m"})
+    assert refused.status == 409
+    assert "extend is not permitted for unknown_state" in (await refused.json())["detail"]
+    refused = await act(harness, operation, "cancel")
+    assert refused.status == 409
+
+
+async def test_resume_needs_a_changed_policy(harness: Harness, make_harness: Any) -> None:
+    """Resume without a policy change is refused; after the policy learns the state, a
+    gateway with the new policy on the same store may resume and polls again."""
+    job = (await (await harness.submit([{"state": "paused"}, {"state": "succeeded"}])).json())["id"]
+    await harness.poll_when_due(job)
+    operation = (await harness.record(job)).operation_id
+    refused = await act(harness, operation, "resume")
+    assert refused.status == 409
+    assert "policy has not changed" in (await refused.json())["detail"]
+    fixed = await make_harness(
+        store=_store(harness),
+        policy_changes={"demo-jobs": {"states": {"pending": ["queued", "running", "paused"]}}},
+    )
+    resumed = await act(fixed, operation, "resume")
+    assert resumed.status == 200, await resumed.text()
+    polled = await fixed.poll(job)
+    assert polled.status == 200
+    assert polled.headers["Statusgate-Outcome"] == "succeeded"
+
+
+def _store(harness: Harness) -> Any:
+    from gateway.runtime import RUNTIME
+
+    return harness.client.app[RUNTIME].store
+
+
+async def test_resume_after_authorization_denied_needs_a_new_credential(
+    harness: Harness, make_harness: Any
+) -> None:
+    """The same credential under another config spelling is no change; a rotated key is."""
+    job = (await (await harness.submit([{"state": "running"}])).json())["id"]
+    harness.provider.api_key = "rotated-key-7781"  # the provider revoked our key
+    await harness.poll_when_due(job)
+    operation = (await harness.record(job)).operation_id
+    refused = await act(harness, operation, "resume")
+    assert "credential has not changed" in (await refused.json())["detail"]
+    same = {"credential": {"header": "Authorization", "value": f"Bearer {PROVIDER_KEY}"}}
+    respelled = await make_harness(store=_store(harness), policy_changes={"demo-jobs": same})
+    assert (await act(respelled, operation, "resume")).status == 409
+    new = {"credential": {"header": "Authorization", "value": "Bearer rotated-key-7781"}}
+    rotated = await make_harness(store=_store(harness), policy_changes={"demo-jobs": new})
+    assert (await act(rotated, operation, "resume")).status == 200
+    polled = await rotated.poll(job)
+    assert polled.status == 200
+    assert polled.headers["Statusgate-Provider-State"] == "running"
+
+
+async def test_abandon_and_cancel_at_provider(harness: Harness) -> None:
+    job, operation = await escalate_budget(harness)
+    cancelled = await act(harness, operation, "cancel", {"reason": "not needed"})
+    assert cancelled.status == 200, await cancelled.text()
+    assert (await cancelled.json())["record"]["outcome"] == "cancelled"
+    assert [c["path"] for c in harness.provider.log if c["path"].endswith("/cancel")] == [
+        f"/v1/jobs/{job}/cancel"
+    ]
+    assert (await harness.poll(job)).status == 200
+    other, operation2 = await escalate_budget(harness, key="key-2")
+    abandoned = await act(harness, operation2, "abandon", {"reason": "gave up"})
+    assert abandoned.status == 200
+    answer = await harness.poll(other)
+    assert answer.status == 409
+    assert answer.headers["Statusgate-Outcome"] == "abandoned"
+    events = [(line["event"], line["actor"]) for line in harness.audit_lines()]
+    assert ("cancelled", "alice") in events and ("abandoned", "alice") in events
+
+
+async def test_bad_action_bodies(harness: Harness) -> None:
+    _, operation = await escalate_budget(harness)
+    for body in ({"time": "soon"}, {"requests": "4"}, {"requests": True}):
+        response = await act(harness, operation, "extend", body)
+        assert response.status == 400, body
+    response = await harness.client.post(
+        f"/admin/operations/{operation}/extend", data=b"[1,", headers=OPS
+    )
+    assert response.status == 400
+    assert (await act(harness, operation, "explode")).status == 404

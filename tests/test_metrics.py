@@ -1,0 +1,120 @@
+"""/metrics after a scripted mix of jobs: every SPEC section 9 metric with expected counts."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import Harness
+
+
+async def scrape(harness: Harness) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = await harness.client.get("/metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(await response.text()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics_after_a_scripted_mix(harness: Harness) -> None:
+    ok = (
+        await (
+            await harness.submit(
+                [{"state": "running", "poll_after_seconds": 3}, {"state": "succeeded"}], key="a"
+            )
+        ).json()
+    )["id"]
+    bad = (await (await harness.submit([{"state": "mystery"}], key="b")).json())["id"]
+    flaky = (
+        await (
+            await harness.submit(
+                [
+                    {"http": 503, "retry_after": "30"},
+                    {"state": "running", "poll_after_seconds": -1},
+                ],
+                key="c",
+            )
+        ).json()
+    )["id"]
+    waiting = (await (await harness.submit([{"state": "running"}], key="d")).json())["id"]
+    await harness.poll(ok)  # too early
+    await harness.poll(ok)  # too early
+    for _ in range(2):
+        await harness.poll_when_due(ok)
+    await harness.poll(ok)  # cached
+    await harness.poll_when_due(bad)
+    await harness.poll_when_due(flaky)
+    await harness.poll_when_due(flaky)
+    await harness.client.get("/p/demo-jobs/v1/nothing", headers=harness.auth())
+    del waiting
+
+    s = await scrape(harness)
+    agent = "statusgate_agent_requests_total"
+    assert value(s, agent, provider="demo-jobs", route="submit", outcome="forwarded") == 4
+    assert value(s, agent, provider="demo-jobs", route="status", outcome="too-early") == 2
+    assert value(s, agent, provider="demo-jobs", route="status", outcome="forwarded") == 3
+    assert value(s, agent, provider="demo-jobs", route="status", outcome="cached") == 1
+    assert value(s, agent, provider="demo-jobs", route="status", outcome="operation-escalated") == 1
+    assert (
+        value(s, agent, provider="demo-jobs", route="status", outcome="provider-unavailable") == 1
+    )
+    up = "statusgate_upstream_requests_total"
+    assert value(s, up, provider="demo-jobs", route="submit", status_class="2xx") == 4
+    assert value(s, up, provider="demo-jobs", route="status", status_class="2xx") == 4
+    assert value(s, up, provider="demo-jobs", route="status", status_class="5xx") == 1
+    assert (
+        value(
+            s,
+            "statusgate_upstream_request_duration_seconds_count",
+            provider="demo-jobs",
+            route="status",
+        )
+        == 5
+    )
+    assert value(s, "statusgate_request_duration_seconds_count", route="status") == 8
+    assert value(s, "statusgate_operations_started_total", provider="demo-jobs") == 4
+    assert (
+        value(s, "statusgate_operations_finished_total", provider="demo-jobs", outcome="succeeded")
+        == 1
+    )
+    assert (
+        value(s, "statusgate_escalations_total", provider="demo-jobs", reason="unknown_state") == 1
+    )
+    assert value(s, "statusgate_operations_active", provider="demo-jobs") == 2
+    assert value(s, "statusgate_operations_active", provider="batch-api") == 0
+    guidance = "statusgate_provider_guidance_total"
+    assert value(s, guidance, provider="demo-jobs", source="provider_poll_hint") == 1
+    assert value(s, guidance, provider="demo-jobs", source="provider_retry_after") == 1
+    assert value(s, guidance, provider="demo-jobs", source="hint_rejected") == 1
+    assert value(s, "statusgate_status_requests_per_operation_count", provider="demo-jobs") == 1
+    assert value(s, "statusgate_status_requests_per_operation_sum", provider="demo-jobs") == 2
+    assert ("statusgate_store_errors_total", ()) not in s or value(
+        s, "statusgate_store_errors_total"
+    ) == 0
+    text = await (await harness.client.get("/metrics")).text()
+    for job in (ok, bad, flaky):
+        assert job not in text
+    assert "op_" not in text
+
+
+async def test_store_errors_are_counted(make_harness, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import sqlite3
+
+    db = tmp_path / "m.db"
+    harness = await make_harness(store_url=f"sqlite:///{db}?busy_timeout=100ms")
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        response = await harness.submit([{"state": "running"}])
+        assert response.status == 503
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    s = await scrape(harness)
+    assert value(s, "statusgate_store_errors_total", operation="claim_idempotency") == 1
