@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-dev
 CONFIG ?= config/gateway.yaml
 export DEMO_API_KEY ?= demo-provider-key
 
-.PHONY: install run test lint check clean
+.PHONY: install run test lint check clean bench-audit
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ lint: $(STAMP)
 
 test: lint
 	$(VENV)/bin/pytest
+
+bench-audit: $(STAMP)
+	$(PY) bench/audit_verify.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,8 +1,9 @@
 """``statusgate demo``: a self-contained show of what the gateway does for looping agents.
 
-Starts the demo provider and a gateway (memory store) on free loopback ports, lets a few
-agents submit scripted jobs and poll in tight loops, then prints what the gateway refused,
-what reached the provider, and the escalations. Bounded: every agent stops after its job
+Starts the demo provider and a gateway (memory store, audit log in a temporary folder) on
+free loopback ports, lets a few agents submit scripted jobs and poll in tight loops, then
+prints what the gateway refused, what reached the provider, the escalations and one
+operation's audit story. Bounded: every agent stops after its job
 ends or after ``AGENT_LIMIT`` seconds.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +21,11 @@ import aiohttp
 from aiohttp import web
 
 from .app import create_app
+from .audit import records
 from .config import GatewayFile, Settings
 from .demo_provider import DemoProvider
 from .policy import ProviderPolicy
+from .story import story
 
 TOKEN = "demo-agent-token"  # noqa: S105 (the demo's own throwaway token)
 KEY = "demo-show-key"  # a stand-in provider key that exists only in this process
@@ -78,6 +82,7 @@ def demo_policy(upstream: str) -> ProviderPolicy:
 class AgentReport:
     scene: str
     job_id: str
+    operation_id: str
     calls: int = 0
     refused: int = 0
     answered: int = 0
@@ -106,7 +111,7 @@ async def _agent(
         f"{base}/v1/jobs", json={"demo_script": script}, headers=submit_headers
     ) as r:
         job_id = (await r.json())["id"]
-    report = AgentReport(scene, job_id)
+        report = AgentReport(scene, job_id, r.headers["Statusgate-Operation"])
     stop = time.monotonic() + AGENT_LIMIT
     while time.monotonic() < stop:
         async with http.get(f"{base}/v1/jobs/{job_id}", headers=auth) as r:
@@ -131,28 +136,38 @@ async def show() -> list[str]:
     provider_runner, provider_port = await _start(provider.app())
     policy = demo_policy(f"http://127.0.0.1:{provider_port}")
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
-    gateway_file = GatewayFile.model_validate(
-        {
-            "store": "memory://",
-            "accounts": [{"id": "demo-team", "token_sha256": [digest]}],
-            "limits": {"upstream_timeout": "5s"},
-        }
-    )
-    settings = Settings(file=gateway_file, base_dir=Path.cwd(), policies={policy.provider: policy})
-    gateway_runner, gateway_port = await _start(create_app(settings))
-    base = f"http://127.0.0.1:{gateway_port}/p/demo-jobs"
-    try:
-        async with aiohttp.ClientSession() as http:
-            reports = await asyncio.gather(
-                *(_agent(http, base, scene, script, n) for n, (scene, script) in enumerate(SCENES))
-            )
-    finally:
-        await gateway_runner.cleanup()
-        await provider_runner.cleanup()
-    return _render(reports, provider)
+    with tempfile.TemporaryDirectory() as folder:
+        gateway_file = GatewayFile.model_validate(
+            {
+                "store": "memory://",
+                "accounts": [{"id": "demo-team", "token_sha256": [digest]}],
+                "limits": {"upstream_timeout": "5s"},
+                "audit": {"path": "audit.jsonl"},
+            }
+        )
+        settings = Settings(
+            file=gateway_file, base_dir=Path(folder), policies={policy.provider: policy}
+        )
+        gateway_runner, gateway_port = await _start(create_app(settings))
+        base = f"http://127.0.0.1:{gateway_port}/p/demo-jobs"
+        try:
+            async with aiohttp.ClientSession() as http:
+                reports = await asyncio.gather(
+                    *(
+                        _agent(http, base, scene, script, n)
+                        for n, (scene, script) in enumerate(SCENES)
+                    )
+                )
+        finally:
+            await gateway_runner.cleanup()
+            await provider_runner.cleanup()
+        audit = list(records(Path(folder) / "audit.jsonl"))
+    return _render(reports, provider, audit)
 
 
-def _render(reports: list[AgentReport], provider: DemoProvider) -> list[str]:
+def _render(
+    reports: list[AgentReport], provider: DemoProvider, audit: list[dict[str, Any]]
+) -> list[str]:
     lines = [
         "Statusgate demo: four agents poll every 50 ms until their job ends.",
         "",
@@ -178,6 +193,9 @@ def _render(reports: list[AgentReport], provider: DemoProvider) -> list[str]:
     for report in reports:
         if report.escalation is not None:
             lines += ["", *("  " + line for line in report.escalation["message"].splitlines())]
+    outage = reports[-1]
+    lines += ["", f"Audit story of '{outage.scene}' ({outage.operation_id}):"]
+    lines += ["  " + line for line in story(audit, outage.operation_id)]
     return lines
 
 

@@ -46,7 +46,9 @@ def tell(line: dict[str, Any]) -> str:
     elif event == "finished":
         text = f"{_answer(line)}, finished: {line.get('decision')}"
     elif event == "refused":
-        text = f"refused {line.get('count', 1)} early calls{_next(line)}"
+        text = (
+            f"refused {line.get('count', 1)} early calls before {_clock(line.get('next_poll_at'))}"
+        )
     elif event == "escalated":
         polled = line.get("actor") == "gateway" and line.get("http_status") is not None
         cause = f"{_answer(line)}; " if polled else ""
