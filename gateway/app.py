@@ -41,7 +41,7 @@ def create_app(
     *,
     store: Store | None = None,
     upstream: Upstream | None = None,
-    clock: Clock = time.time,
+    clock: Clock | None = None,
     rng: random.Random | None = None,
     registry: CollectorRegistry | None = None,
 ) -> web.Application:
@@ -50,10 +50,12 @@ def create_app(
     audit = None
     if audit_path is not None:
         audit = AuditLog(audit_path, key=settings.audit_key, fsync=Fsync(settings.file.audit.fsync))
+    store = store if store is not None else store_from_url(settings.store_url)
+    clock = clock if clock is not None else store.clock
     effects = Effects(clock=clock, metrics=Metrics(registry), audit=audit)
     runtime = Runtime(
         settings=settings,
-        store=store if store is not None else store_from_url(settings.store_url),
+        store=store,
         upstream=upstream
         or Upstream(timeout=limits.upstream_timeout, max_response_body=limits.max_response_body),
         clock=clock,
@@ -76,6 +78,7 @@ def create_app(
 
 async def _start(app: web.Application) -> None:
     runtime = app[RUNTIME]
+    await runtime.store.open()
     await runtime.upstream.start()
     effects = runtime.effects
     if effects.audit is not None:

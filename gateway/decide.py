@@ -140,6 +140,29 @@ def reserve(record: OperationRecord, now: float, refusals: int = 0) -> Operation
     )
 
 
+def still_ours(reserved: OperationRecord, current: OperationRecord) -> bool:
+    """Fencing: a poll's answer applies only while no later poll has been reserved.
+
+    A replica paused past its lease finds another reservation on the record when it wakes;
+    its answer is then stale and is dropped rather than written over a newer record.
+    """
+    return (
+        current.status_requests_used == reserved.status_requests_used
+        and current.last_polled_at == reserved.last_polled_at
+    )
+
+
+def superseded(record: OperationRecord, now: float) -> Decision:
+    """The answer to give when this poll's answer was dropped: the record as it stands."""
+    if record.outcome.terminal:
+        return Decision(record, Reply.FINAL)
+    if record.outcome is not Outcome.PENDING:
+        return Decision(record, Reply.PROBLEM, problem="operation-escalated")
+    wait = max(1.0, record.next_poll_at - now)
+    detail = "A later status request superseded this one; its answer was not recorded."
+    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
+
+
 def open_operation(
     policy: ProviderPolicy,
     *,

@@ -93,6 +93,8 @@ class DemoProvider:
     log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20000))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _keys: dict[str, str] = field(default_factory=dict)  # Idempotency-Key -> job id
+    in_flight: dict[str, int] = field(default_factory=dict)  # status calls being answered
+    most_in_flight: dict[str, int] = field(default_factory=dict)  # the most at once, per job
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -228,6 +230,18 @@ class DemoProvider:
         if not self._authorised(request, job.family):
             return self._denied()
         step = job.next_step()
+        self.in_flight[job_id] = self.in_flight.get(job_id, 0) + 1
+        self.most_in_flight[job_id] = max(
+            self.most_in_flight.get(job_id, 0), self.in_flight[job_id]
+        )
+        try:
+            return await self._answer(request, job, step)
+        finally:
+            self.in_flight[job_id] -= 1
+
+    async def _answer(
+        self, request: web.Request, job: Job, step: dict[str, Any]
+    ) -> web.Response:
         if step.get("delay"):
             await asyncio.sleep(float(step["delay"]))
         headers = {"Retry-After": str(step["retry_after"])} if "retry_after" in step else {}

@@ -3,6 +3,7 @@
     StatusgateError
      +-- ConfigError             a config or policy file is wrong: "file: field: message" lines
      +-- StoreError              the store is unreachable or failed; the gateway fails closed (503)
+     +-- NotAdmissible           the store's clock refused to spend a status request now
      +-- UpstreamError           one request to a provider did not produce a usable answer
           +-- UpstreamTimeout        no complete answer within limits.upstream_timeout
           +-- UpstreamUnavailable    connection failed; ``sent`` says whether the request may
@@ -33,6 +34,11 @@ class StoreError(StatusgateError):
     def __init__(self, message: str, *, operation: str = "unknown") -> None:
         super().__init__(message)
         self.operation = operation
+
+
+class NotAdmissible(StatusgateError):
+    """A write that spends a status request was refused by the store's own checks (by its
+    clock the poll is not due, or it is past the deadline); the caller answers too-early."""
 
 
 class UpstreamError(StatusgateError):

@@ -21,7 +21,7 @@ from aiohttp import web
 from . import decide
 from .config import Account
 from .decide import Decision, Failure, ProviderAnswer, Reply
-from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
+from .errors import NotAdmissible, UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from .escalation import problem_members, rfc3339
 from .headers import to_provider, valid_job_id
 from .metrics import status_class
@@ -32,7 +32,7 @@ from .routing import Match, fill
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from .upstream import UpstreamResponse
 
-LEASE_MARGIN = 5.0
+LEASE_MARGIN = 1.0  # a lease outlives the upstream timeout by this much
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
@@ -144,9 +144,18 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         effects = runtime.effects
         window = effects.refusals.close(operation_id)
         refusals = window.count if window is not None else 0
-        decision = await runtime.store.mutate(
-            operation_id, lambda current: _persisting(decide.take(policy, current, now, refusals))
-        )
+        try:
+            decision = await runtime.store.mutate(
+                operation_id,
+                lambda current: _persisting(decide.take(policy, current, now, refusals)),
+            )
+        except NotAdmissible as exc:
+            record = await runtime.store.get(operation_id)
+            assert record is not None
+            refused = Decision(
+                record, Reply.PROBLEM, problem="too-early", retry_after=1.0, detail=str(exc)
+            )
+            return refused, None
         if window is not None:
             await effects.refused(decision.record, window)
         if not decision.forward:
@@ -160,9 +169,14 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         answer, response = await send_upstream(runtime, policy, "status", method, url, headers)
         done = runtime.clock()
         u = runtime.rng.random()
+        reserved = decision.record
         decided = await runtime.store.mutate(
             operation_id,
-            lambda current: _persisting(decide.classify(policy, current, answer, done, u)),
+            lambda current: _persisting(
+                decide.classify(policy, current, answer, done, u)
+                if decide.still_ours(reserved, current)
+                else decide.superseded(current, done)
+            ),
         )
         await effects.decided(
             policy, decided, http_status=answer.status, detail=_answer_detail(answer, decided)

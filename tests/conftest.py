@@ -6,11 +6,18 @@ sleeps to wait for a poll window; HTTP still goes over real sockets.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import random
-from collections.abc import AsyncIterator, Callable
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +106,17 @@ def write_config(
 class Harness:
     """A real gateway in front of the real demo provider, both on loopback."""
 
-    def __init__(self, client: TestClient[Any, Any], provider: DemoProvider, clock: FakeClock):
+    def __init__(
+        self, client: TestClient[Any, Any], provider: DemoProvider, clock: FakeClock | None
+    ) -> None:
         self.client = client
         self.provider = provider
-        self.clock = clock
+        self._clock = clock
+
+    @property
+    def clock(self) -> FakeClock:
+        assert self._clock is not None, "this harness runs on real time"
+        return self._clock
 
     def auth(self, token: str = AGENT_TOKEN, **extra: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", **extra}
@@ -144,8 +158,11 @@ class Harness:
     async def poll_when_due(self, job_id: str, **kw: Any) -> Any:
         """Wait (on the fake clock) until the gateway permits the next poll, then poll."""
         record = await self.record(job_id, kw.get("provider", "demo-jobs"))
-        if record.next_poll_at > self.clock.now:
-            self.clock.now = record.next_poll_at
+        if self._clock is None:  # real time: wait for it
+            now = self.client.app[RUNTIME].clock()
+            await asyncio.sleep(max(0.0, record.next_poll_at - now) + 0.01)
+        elif record.next_poll_at > self._clock.now:
+            self._clock.now = record.next_poll_at
         return await self.poll(job_id, **kw)
 
     async def record(
@@ -171,7 +188,7 @@ class Harness:
 
 async def start_harness(
     folder: Path,
-    clock: FakeClock,
+    clock: FakeClock | None,
     demo: DemoProvider,
     *,
     upstream: str,
@@ -180,7 +197,10 @@ async def start_harness(
     store: Store | None = None,
     store_url: str = "memory://",
 ) -> Harness:
-    """A started gateway (real aiohttp server) in front of ``upstream``; close its client."""
+    """A started gateway (real aiohttp server) in front of ``upstream``; close its client.
+
+    With ``clock=None`` the gateway keeps the store's own time (real time; Redis time for
+    a Redis store)."""
     path = write_config(
         folder,
         upstream,
@@ -194,6 +214,85 @@ async def start_harness(
     client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
     return Harness(client, demo, clock)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A private redis-server on a free loopback port, stoppable and restartable."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.1),
+            ):
+                return
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(5)
+            self.process = None
+
+
+@pytest.fixture(scope="session")
+def redis_base_url() -> Iterator[str]:
+    """REDIS_URL if set; else a private redis-server from PATH; else skip with a reason."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    if shutil.which("redis-server") is None:
+        pytest.skip("Redis tests skipped: REDIS_URL is not set and redis-server is not on PATH")
+    server = RedisServer()
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_base_url: str) -> Iterator[str]:
+    """A Redis store URL with a prefix of its own; its keys are deleted afterwards."""
+    import redis
+
+    prefix = f"sgtest-{uuid.uuid4().hex[:12]}"
+    yield f"{redis_base_url}?prefix={prefix}"
+    client = redis.Redis.from_url(redis_base_url)
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=500))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture

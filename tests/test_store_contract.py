@@ -1,37 +1,53 @@
-"""One contract for every store: memory and SQLite pass the same tests, races included."""
+"""One contract for every store: memory, SQLite and Redis pass the same tests, races included.
+
+Times are real (now, and a fraction of a second later): a Redis store keeps time by Redis's
+clock, not by an argument, so expiry tests sleep briefly instead of moving a fake clock.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from gateway.errors import StoreError
+from gateway.errors import ConfigError, StoreError
 from gateway.models import (
     DelaySource,
+    Escalation,
+    FinalResponse,
     IdempotencyEntry,
     IdemState,
     OperationFilter,
     OperationRecord,
     Outcome,
+    Reason,
     StoredResponse,
 )
 from gateway.store import Store, store_from_url
 
-NOW = 1_800_000_000.0
+EXPIRY = 0.2  # seconds, for lease and idempotency expiry
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    url = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/contract.db"}[request.param]
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/contract.db"
+    else:
+        url = "memory://"
     the_store = store_from_url(url)
+    await the_store.open()
     yield the_store
     await the_store.close()
 
 
 def record(op: str = "op_1", job: str = "job_1", account: str = "team-a") -> OperationRecord:
+    """A pending record whose next poll is due now."""
+    now = time.time()
     return OperationRecord(
         operation_id=op,
         provider="demo-jobs",
@@ -39,20 +55,21 @@ def record(op: str = "op_1", job: str = "job_1", account: str = "team-a") -> Ope
         provider_job_id=job,
         request_fingerprint="fp",
         idempotency_key=None,
-        started_at=NOW,
-        deadline_at=NOW + 600,
+        started_at=now,
+        deadline_at=now + 600,
         max_status_requests=12,
         max_transport_failures=3,
         max_rate_limited=3,
-        next_poll_at=NOW + 1,
+        next_poll_at=now - 1,
         delay_source=DelaySource.LOCAL_BACKOFF,
         credential_fingerprint="c",
         policy_fingerprint="p",
     )
 
 
-def idem(key: str = "k", fingerprint: str = "f", expires_at: float = NOW + 60) -> IdempotencyEntry:
-    return IdempotencyEntry(key, fingerprint, IdemState.IN_FLIGHT, NOW, expires_at)
+def idem(key: str = "k", fingerprint: str = "f", ttl: float = 60) -> IdempotencyEntry:
+    now = time.time()
+    return IdempotencyEntry(key, fingerprint, IdemState.IN_FLIGHT, now, now + ttl)
 
 
 async def test_create_get_find(store: Store) -> None:
@@ -74,7 +91,7 @@ async def test_create_twice_for_one_job_returns_the_first(store: Store) -> None:
 async def test_create_stores_the_idempotency_entry_with_the_record(store: Store) -> None:
     entry = idem()
     await store.create(record(), entry)
-    assert await store.claim_idempotency(idem(fingerprint="other"), NOW) == entry
+    assert await store.claim_idempotency(idem(fingerprint="other"), time.time()) == entry
 
 
 async def test_save_is_compare_and_set_on_version(store: Store) -> None:
@@ -83,21 +100,23 @@ async def test_save_is_compare_and_set_on_version(store: Store) -> None:
     assert await store.save(base.evolve(status_requests_used=1))
     stored = await store.get("op_1")
     assert stored is not None and stored.version == base.version + 1
-    assert not await store.save(base.evolve(status_requests_used=99))
+    assert not await store.save(base.evolve(early_refusals=99))
     stored = await store.get("op_1")
     assert stored is not None and stored.status_requests_used == 1
+    assert stored.early_refusals == 0
 
 
 async def test_records_round_trip_every_field(store: Store) -> None:
-    from gateway.models import Escalation, FinalResponse, Reason
-
+    now = time.time()
     full = record().evolve(
         outcome=Outcome.ESCALATED,
         final_response=FinalResponse(200, "application/json", b'{"a": "\\u00e9"}\xff'),
-        escalation=Escalation(Reason.UNKNOWN_STATE, NOW, "d", ("resume", "abandon")),
+        escalation=Escalation(Reason.UNKNOWN_STATE, now, "d", ("resume", "abandon")),
         last_known_state="running",
         last_http_status=200,
-        last_polled_at=NOW + 3,
+        last_polled_at=now + 3.25,
+        extended_seconds=60.0,
+        extended_requests=2,
     )
     await store.create(full)
     assert await store.get("op_1") == full
@@ -105,10 +124,8 @@ async def test_records_round_trip_every_field(store: Store) -> None:
 
 async def test_mutate_applies_a_pure_change(store: Store) -> None:
     await store.create(record())
-    result = await store.mutate(
-        "op_1", lambda r: (r.evolve(early_refusals=r.early_refusals + 2), "x")
-    )
-    assert result == "x"
+    bump = await store.mutate("op_1", lambda r: (r.evolve(early_refusals=2), "x"))
+    assert bump == "x"
     assert (await store.get("op_1")).early_refusals == 2  # type: ignore[union-attr]
     assert await store.mutate("op_1", lambda r: (None, r.version)) == 2
 
@@ -118,14 +135,12 @@ async def test_concurrent_mutations_lose_no_update(store: Store) -> None:
     await store.create(record())
 
     async def bump() -> None:
-        await store.mutate(
-            "op_1", lambda r: (r.evolve(status_requests_used=r.status_requests_used + 1), None)
-        )
+        await store.mutate("op_1", lambda r: (r.evolve(early_refusals=r.early_refusals + 1), None))
 
     await asyncio.gather(*(bump() for _ in range(50)))
     stored = await store.get("op_1")
     assert stored is not None
-    assert stored.status_requests_used == 50
+    assert stored.early_refusals == 50
     assert stored.version == 51
 
 
@@ -148,53 +163,65 @@ async def test_list_filters(store: Store) -> None:
     pending = await store.list(OperationFilter(outcome=Outcome.PENDING))
     assert [r.operation_id for r in pending] == ["op_1"]
     assert await store.list(OperationFilter(provider="other")) == []
+    assert len(await store.list(OperationFilter(limit=1))) == 1
 
 
 async def test_idempotency_first_writer_wins_until_expiry(store: Store) -> None:
-    assert await store.claim_idempotency(idem(fingerprint="a"), NOW) is None
-    seen = await store.claim_idempotency(idem(fingerprint="b"), NOW)
+    assert await store.claim_idempotency(idem(fingerprint="a", ttl=EXPIRY), time.time()) is None
+    seen = await store.claim_idempotency(idem(fingerprint="b"), time.time())
     assert seen is not None and seen.fingerprint == "a"
-    assert (
-        await store.claim_idempotency(idem(fingerprint="c", expires_at=NOW + 200), NOW + 61) is None
-    )
+    await asyncio.sleep(EXPIRY + 0.05)
+    assert await store.claim_idempotency(idem(fingerprint="c"), time.time()) is None
 
 
 async def test_idempotency_claim_race_has_one_winner(store: Store) -> None:
+    now = time.time()
     results = await asyncio.gather(
-        *(store.claim_idempotency(idem(fingerprint=str(i)), NOW) for i in range(20))
+        *(store.claim_idempotency(idem(fingerprint=str(i)), now) for i in range(20))
     )
     assert results.count(None) == 1
 
 
 async def test_idempotency_put_and_drop(store: Store) -> None:
-    await store.claim_idempotency(idem(), NOW)
-    done = IdempotencyEntry(
-        "k",
-        "f",
-        IdemState.COMPLETED,
-        NOW,
-        NOW + 60,
-        "op_1",
-        StoredResponse(202, (("Location", "/x"),), b"{}"),
-    )
+    now = time.time()
+    await store.claim_idempotency(idem(), now)
+    response = StoredResponse(202, (("Location", "/x"),), b"{}")
+    done = IdempotencyEntry("k", "f", IdemState.COMPLETED, now, now + 60, "op_1", response)
     await store.put_idempotency(done)
-    assert await store.claim_idempotency(idem(), NOW) == done
+    assert await store.claim_idempotency(idem(), now) == done
     await store.drop_idempotency("k")
-    assert await store.claim_idempotency(idem(), NOW) is None
+    assert await store.claim_idempotency(idem(), now) is None
 
 
 async def test_leases_are_exclusive_until_expiry_and_released_by_owner_only(store: Store) -> None:
-    assert await store.acquire_lease("poll:op_1", "t1", NOW, 10)
-    assert not await store.acquire_lease("poll:op_1", "t2", NOW + 5, 10)
+    assert await store.acquire_lease("poll:op_1", "t1", time.time(), EXPIRY)
+    assert not await store.acquire_lease("poll:op_1", "t2", time.time(), EXPIRY)
     await store.release_lease("poll:op_1", "t2")
-    assert not await store.acquire_lease("poll:op_1", "t2", NOW + 5, 10)
-    assert await store.acquire_lease("poll:op_1", "t2", NOW + 10, 10)
+    assert not await store.acquire_lease("poll:op_1", "t2", time.time(), EXPIRY)
+    await asyncio.sleep(EXPIRY + 0.05)
+    assert await store.acquire_lease("poll:op_1", "t2", time.time(), 10)
     await store.release_lease("poll:op_1", "t2")
-    assert await store.acquire_lease("poll:op_1", "t3", NOW + 11, 10)
+    assert await store.acquire_lease("poll:op_1", "t3", time.time(), 10)
 
 
-async def test_ping(store: Store) -> None:
+async def test_lease_race_has_one_winner(store: Store) -> None:
+    now = time.time()
+    won = await asyncio.gather(*(store.acquire_lease("l", f"t{i}", now, 5) for i in range(20)))
+    assert won.count(True) == 1
+
+
+async def test_ping_and_active_counts(store: Store) -> None:
     await store.ping()
+    await store.create(record("op_1", "j1"))
+    done = await store.create(record("op_2", "j2"))
+    await store.create(record("op_3", "j3").evolve(provider="other"))
+    assert await store.active_counts() == {"demo-jobs": 2, "other": 1}
+    await store.save(done.evolve(outcome=Outcome.SUCCEEDED))
+    assert (await store.active_counts())["demo-jobs"] == 1
+
+
+async def test_clock_is_close_to_real_time(store: Store) -> None:
+    assert abs(store.clock() - time.time()) < 1.0
 
 
 async def test_sqlite_survives_reopen(tmp_path: Path) -> None:
@@ -218,8 +245,10 @@ async def test_closed_sqlite_store_raises_store_error(tmp_path: Path) -> None:
         await closed.get("op_1")
 
 
-def test_unknown_scheme_is_a_clear_error() -> None:
-    from gateway.errors import ConfigError
-
+def test_unknown_scheme_and_bad_options_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="scheme 'postgres' is not supported"):
         store_from_url("postgres://x")
+    with pytest.raises(ConfigError, match="unknown option"):
+        store_from_url("redis://127.0.0.1:6379/0?prefx=a")
+    with pytest.raises(ConfigError, match="prefix"):
+        store_from_url("redis://127.0.0.1:6379/0?prefix={x}")

@@ -1,4 +1,4 @@
-"""Stores chosen by URL: ``memory://``, ``sqlite:///path``.
+"""Stores chosen by URL: ``memory://``, ``sqlite:///path``, ``redis://host:port/db``.
 
 ``store_from_url`` is the only constructor callers use; an unknown scheme is a clear error.
 """
@@ -38,7 +38,17 @@ def _sqlite(url: str) -> Store:
     return SQLiteStore(path, synchronous=synchronous, busy_timeout=busy)
 
 
-SCHEMES: dict[str, Callable[[str], Store]] = {"memory": _memory, "sqlite": _sqlite}
+def _redis(url: str) -> Store:
+    from .redis import from_url
+
+    return from_url(url)
+
+
+SCHEMES: dict[str, Callable[[str], Store]] = {
+    "memory": _memory,
+    "sqlite": _sqlite,
+    "redis": _redis,
+}
 
 
 def store_from_url(url: str) -> Store:

@@ -9,6 +9,9 @@ translate their driver errors into StoreError; nothing above this layer sees a d
 from __future__ import annotations
 
 import abc
+import asyncio
+import random
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -17,7 +20,7 @@ from ..models import IdempotencyEntry, OperationFilter, OperationRecord
 
 T = TypeVar("T")
 Mutation = Callable[[OperationRecord], tuple[OperationRecord | None, T]]
-CAS_ATTEMPTS = 8
+CAS_ATTEMPTS = 100
 
 
 class Store(abc.ABC):
@@ -57,13 +60,15 @@ class Store(abc.ABC):
         the version it was derived from. Backends that can do this in one transaction
         override it; the default is a compare-and-set loop.
         """
-        for _ in range(CAS_ATTEMPTS):
+        for attempt in range(CAS_ATTEMPTS):
             current = await self.get(operation_id)
             if current is None:
                 raise StoreError(f"{operation_id} vanished from the store", operation="mutate")
             new, result = change(current)
             if new is None or await self.save(new):
                 return result
+            # lost a race: back off a little, with jitter, so contenders spread out
+            await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
         raise StoreError(f"{operation_id}: too many concurrent writers", operation="mutate")
 
     # -- idempotency --------------------------------------------------------------------
@@ -89,6 +94,14 @@ class Store(abc.ABC):
         """Release ``name`` only if ``token`` still holds it."""
 
     # -- life ---------------------------------------------------------------------------
+    def clock(self) -> float:
+        """The time decisions should use with this store; shared stores use their own."""
+        return time.time()
+
+    async def open(self) -> None:
+        """Start background work (clock sync); the default store has none."""
+        return None
+
     @abc.abstractmethod
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""

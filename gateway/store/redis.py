@@ -1,0 +1,318 @@
+"""``redis://host:port/db?prefix=NAME``: one store shared by several gateway replicas.
+
+Key layout (every key starts with the prefix; ``{...}`` is the Redis Cluster hash tag, so
+each key's slot is fixed by one operation, job, idempotency key or lease alone):
+
+    PREFIX:op:{OPERATION_ID}          hash: v (version), d (record JSON), o (outcome)
+    PREFIX:job:{SHA1(account, provider, job id)}   string: operation id
+    PREFIX:idem:{SHA1(scope)}         string: idempotency entry JSON, expires at its retention
+    PREFIX:lease:{NAME}               string: the holder's random token, PX = lease time
+    PREFIX:ops                        sorted set: operation ids by start time (operator list)
+    PREFIX:active:PROVIDER            set: pending operation ids (the active gauge)
+    PREFIX:providers                  set: providers seen
+
+Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
+a status request, also checks outcome, deadline, budget and next_poll_at against Redis
+``TIME``, the one clock all replicas share. The gateway's own clock for a Redis store is
+Redis time too (an offset refreshed in the background), so replicas' clock skew never opens
+a gap. Scripts are registered, so a Redis restart (NOSCRIPT) reloads them. Redis errors
+become StoreError after at most one quick retry: the gateway fails closed within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from ..errors import NotAdmissible, StoreError
+from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
+from .base import Store, matches
+
+# Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
+SYNC_TOLERANCE = 0.05
+CLOCK_RESYNC = 10.0
+SCAN_PAGE = 500
+
+CAS = """
+local stored = redis.call('HGET', KEYS[1], 'v')
+if not stored then return -1 end
+if tonumber(stored) ~= tonumber(ARGV[1]) then return 0 end
+local new = cjson.decode(ARGV[2])
+local old = cjson.decode(redis.call('HGET', KEYS[1], 'd'))
+if new.status_requests_used > old.status_requests_used then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  if old.outcome ~= 'pending' or now >= old.deadline_at
+     or old.status_requests_used >= old.max_status_requests
+     or now < old.next_poll_at - tonumber(ARGV[3])
+     or new.status_requests_used ~= old.status_requests_used + 1 then
+    return -2
+  end
+end
+redis.call('HSET', KEYS[1], 'v', tonumber(ARGV[1]) + 1, 'd', ARGV[2], 'o', new.outcome)
+return 1
+"""
+
+CLAIM = """
+local seen = redis.call('GET', KEYS[1])
+if seen then return seen end
+redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
+return false
+"""
+
+ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _tag(*parts: str) -> str:
+    return hashlib.sha1("\0".join(parts).encode(), usedforsecurity=False).hexdigest()
+
+
+class RedisStore(Store):
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "statusgate",
+        max_connections: int = 50,
+        timeout: float = 0.3,
+    ) -> None:
+        self.prefix = prefix
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._cas = self._redis.register_script(CAS)
+        self._claim = self._redis.register_script(CLAIM)
+        self._acquire = self._redis.register_script(ACQUIRE)
+        self._release = self._redis.register_script(RELEASE)
+        self._offset = 0.0
+        self._resync: asyncio.Task[None] | None = None
+
+    # -- keys ---------------------------------------------------------------------------
+    def _op(self, operation_id: str) -> str:
+        return f"{self.prefix}:op:{{{operation_id}}}"
+
+    def _job(self, account: str, provider: str, job_id: str) -> str:
+        return f"{self.prefix}:job:{{{_tag(account, provider, job_id)}}}"
+
+    def _idem(self, key: str) -> str:
+        return f"{self.prefix}:idem:{{{_tag(key)}}}"
+
+    def _lease(self, name: str) -> str:
+        return f"{self.prefix}:lease:{{{name}}}"
+
+    # -- plumbing -----------------------------------------------------------------------
+    async def _call(self, operation: str, work: Any) -> Any:
+        try:
+            return await work
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreError(
+                f"redis {operation}: {type(exc).__name__}", operation=operation
+            ) from exc
+
+    def clock(self) -> float:
+        """Redis time as seen from here: local time plus the last measured offset."""
+        return time.time() + self._offset
+
+    async def _sync_clock(self) -> None:
+        before = time.time()
+        seconds, micros = await self._call("time", self._redis.time())
+        after = time.time()
+        self._offset = seconds + micros / 1e6 - (before + after) / 2
+
+    async def _keep_synced(self) -> None:
+        while True:
+            with contextlib.suppress(StoreError):
+                await self._sync_clock()
+            await asyncio.sleep(CLOCK_RESYNC)
+
+    async def open(self) -> None:
+        with contextlib.suppress(StoreError):
+            await self._sync_clock()
+        self._resync = asyncio.create_task(self._keep_synced())
+
+    async def close(self) -> None:
+        if self._resync is not None:
+            self._resync.cancel()
+            await asyncio.gather(self._resync, return_exceptions=True)
+        await self._redis.aclose()
+
+    # -- operations ---------------------------------------------------------------------
+    async def create(
+        self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
+    ) -> OperationRecord:
+        job = self._job(record.account, record.provider, record.provider_job_id)
+        claimed = await self._call("create", self._redis.set(job, record.operation_id, nx=True))
+        if not claimed:
+            existing_id = await self._call("create", self._redis.get(job))
+            existing = await self.get(existing_id.decode()) if existing_id else None
+            if existing is not None:
+                return existing
+            await self._call("create", self._redis.set(job, record.operation_id))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(self._op(record.operation_id), items=_fields(record))
+        pipe.zadd(f"{self.prefix}:ops", {record.operation_id: record.started_at})
+        pipe.sadd(f"{self.prefix}:providers", record.provider)
+        self._track(pipe, record)
+        if idempotency is not None:
+            self._put_idem(pipe, idempotency)
+        await self._call("create", pipe.execute())
+        return record
+
+    def _track(self, pipe: Any, record: OperationRecord) -> None:
+        active = f"{self.prefix}:active:{record.provider}"
+        if record.outcome is Outcome.PENDING:
+            pipe.sadd(active, record.operation_id)
+        else:
+            pipe.srem(active, record.operation_id)
+
+    async def get(self, operation_id: str) -> OperationRecord | None:
+        data = await self._call("get", self._redis.hget(self._op(operation_id), "d"))
+        return None if data is None else OperationRecord.from_dict(json.loads(data))
+
+    async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        operation_id = await self._call(
+            "find", self._redis.get(self._job(account, provider, job_id))
+        )
+        return None if operation_id is None else await self.get(operation_id.decode())
+
+    async def save(self, record: OperationRecord) -> bool:
+        written = record.evolve(version=record.version + 1)
+        data = json.dumps(written.to_dict(), separators=(",", ":"))
+        keys = [self._op(record.operation_id)]
+        args: list[str | int | float] = [record.version, data, SYNC_TOLERANCE]
+        result = await self._call("save", self._cas(keys=keys, args=args))
+        if result == -2:
+            raise NotAdmissible("by Redis time this status request is not permitted now")
+        if result != 1:
+            return False
+        pipe = self._redis.pipeline(transaction=False)
+        self._track(pipe, record)
+        await self._call("save", pipe.execute())
+        return True
+
+    async def list(self, where: OperationFilter) -> list[OperationRecord]:
+        found: list[OperationRecord] = []
+        start = 0
+        while len(found) < where.limit:
+            ids = await self._call(
+                "list", self._redis.zrevrange(f"{self.prefix}:ops", start, start + SCAN_PAGE - 1)
+            )
+            if not ids:
+                break
+            pipe = self._redis.pipeline(transaction=False)
+            for operation_id in ids:
+                pipe.hget(self._op(operation_id.decode()), "d")
+            for data in await self._call("list", pipe.execute()):
+                if data is not None:
+                    record = OperationRecord.from_dict(json.loads(data))
+                    if matches(record, where):
+                        found.append(record)
+            start += SCAN_PAGE
+        return found[: where.limit]
+
+    async def active_counts(self) -> dict[str, int]:
+        providers = await self._call(
+            "active_counts", self._redis.smembers(f"{self.prefix}:providers")
+        )
+        counts = {}
+        for raw in providers:
+            provider = raw.decode()
+            key = f"{self.prefix}:active:{provider}"
+            counts[provider] = int(await self._call("active_counts", self._redis.scard(key)))
+        return counts
+
+    # -- idempotency --------------------------------------------------------------------
+    async def claim_idempotency(
+        self, entry: IdempotencyEntry, now: float
+    ) -> IdempotencyEntry | None:
+        data = json.dumps(entry.to_dict(), separators=(",", ":"))
+        seen = await self._call(
+            "claim_idempotency",
+            self._claim(keys=[self._idem(entry.key)], args=[data, _millis(entry.expires_at)]),
+        )
+        return None if seen is None else IdempotencyEntry.from_dict(json.loads(seen))
+
+    def _put_idem(self, pipe: Any, entry: IdempotencyEntry) -> None:
+        data = json.dumps(entry.to_dict(), separators=(",", ":"))
+        pipe.set(self._idem(entry.key), data, pxat=_millis(entry.expires_at))
+
+    async def put_idempotency(self, entry: IdempotencyEntry) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        self._put_idem(pipe, entry)
+        await self._call("put_idempotency", pipe.execute())
+
+    async def drop_idempotency(self, key: str) -> None:
+        await self._call("drop_idempotency", self._redis.delete(self._idem(key)))
+
+    # -- leases -------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
+        """Expiry runs on Redis time; ``now`` is not needed here."""
+        args: list[str | int] = [token, max(1, int(ttl * 1000))]
+        held = await self._call("acquire_lease", self._acquire(keys=[self._lease(name)], args=args))
+        return bool(held)
+
+    async def release_lease(self, name: str, token: str) -> None:
+        await self._call("release_lease", self._release(keys=[self._lease(name)], args=[token]))
+
+    async def ping(self) -> None:
+        await self._call("ping", self._redis.ping())
+
+
+def _fields(record: OperationRecord) -> list[str | int]:
+    data = json.dumps(record.to_dict(), separators=(",", ":"))
+    return ["v", record.version, "d", data, "o", record.outcome.value]
+
+
+def _millis(instant: float) -> int:
+    return max(1, int(instant * 1000))
+
+
+def from_url(url: str) -> RedisStore:
+    """``redis://host:port/db?prefix=NAME&max_connections=50&timeout=300ms``."""
+    from ..errors import ConfigError
+    from ..units import parse_duration
+
+    parts = urlsplit(url)
+    options = parse_qs(parts.query)
+    prefix = options.pop("prefix", ["statusgate"])[0]
+    if not prefix or any(c in prefix for c in "{}: "):
+        raise ConfigError(["store: prefix must be non-empty, without braces, colons or spaces"])
+    try:
+        connections = int(options.pop("max_connections", ["50"])[0])
+        timeout = parse_duration(options.pop("timeout", ["300ms"])[0])
+    except ValueError as exc:
+        raise ConfigError([f"store: {exc}"]) from None
+    if options:
+        raise ConfigError([f"store: unknown option(s) {', '.join(sorted(options))}"])
+    plain = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    return RedisStore(plain, prefix=prefix, max_connections=connections, timeout=timeout)
