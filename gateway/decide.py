@@ -212,6 +212,8 @@ def classify(
     u: float,
 ) -> Decision:
     """Step 9: what one provider answer to a status request means (SPEC table)."""
+    if record.outcome is not Outcome.PENDING:  # decided meanwhile: the answer changes nothing
+        return superseded(record, now)
     seen = {"last_http_status": answer.status, "last_polled_at": now}
     status = answer.status
     if answer.failure is Failure.TOO_LARGE:

@@ -15,6 +15,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -222,11 +223,35 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_until_up(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def start_statusgate(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``python -m gateway ARGS`` as a real process; stderr is kept for the test to read."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 class RedisServer:
     """A private redis-server on a free loopback port, stoppable and restartable."""
 
-    def __init__(self) -> None:
+    def __init__(self, data_dir: Path | None = None) -> None:
         self.port = free_port()
+        self.data_dir = data_dir
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -234,18 +259,14 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        persistence = ["--appendonly", "no"]
+        if self.data_dir is not None:  # keep data across a stop and start
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            persistence = ["--appendonly", "yes", "--appendfsync", "always"]
+            persistence += ["--dir", str(self.data_dir)]
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
+            [*command, "--save", "", *persistence],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -5,52 +5,27 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, write_config
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until_up(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"process exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port}")
-
-
-def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gateway", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+from conftest import (
+    AGENT_TOKEN,
+    PROVIDER_KEY,
+    free_port,
+    start_statusgate,
+    wait_until_up,
+    write_config,
+)
 
 
 @pytest.fixture
 def provider_process() -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
-    process = start(["demo-provider", "--port", str(port)], env)
+    process = start_statusgate(["demo-provider", "--port", str(port)], env)
     wait_until_up(port, process)
     yield f"http://127.0.0.1:{port}"
     process.terminate()
@@ -70,7 +45,7 @@ async def test_sigkill_between_polls_keeps_counters_deadline_and_next_poll(
     env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
     base = f"http://127.0.0.1:{port}/p/demo-jobs/v1/jobs"
     auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
-    gateway = start(["serve", "--config", str(config)], env)
+    gateway = start_statusgate(["serve", "--config", str(config)], env)
     try:
         wait_until_up(port, gateway)
         async with aiohttp.ClientSession() as http:
@@ -89,7 +64,7 @@ async def test_sigkill_between_polls_keeps_counters_deadline_and_next_poll(
                 before = dict(r.headers)
         gateway.send_signal(signal.SIGKILL)
         gateway.wait(5)
-        gateway = start(["serve", "--config", str(config)], env)
+        gateway = start_statusgate(["serve", "--config", str(config)], env)
         wait_until_up(port, gateway)
         async with aiohttp.ClientSession() as http, http.get(f"{base}/{job}", headers=auth) as r:
             assert r.status == 429

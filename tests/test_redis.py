@@ -1,0 +1,206 @@
+"""Redis-only guarantees: reservations checked on Redis time, scripts surviving a Redis
+restart, and an in-process gateway that fails closed while Redis is down or stalled."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from aiohttp.test_utils import TestServer
+
+from gateway.demo_provider import DemoProvider
+from gateway.errors import NotAdmissible
+from gateway.models import DelaySource, OperationRecord
+from gateway.store import store_from_url
+from gateway.store.redis import RedisStore
+
+from conftest import PROVIDER_KEY, Harness, RedisServer, start_harness
+
+
+def record(**changes: Any) -> OperationRecord:
+    now = time.time()
+    base = OperationRecord(
+        operation_id="op_r",
+        provider="demo-jobs",
+        account="team-a",
+        provider_job_id="job_r",
+        request_fingerprint="fp",
+        idempotency_key=None,
+        started_at=now,
+        deadline_at=now + 600,
+        max_status_requests=3,
+        max_transport_failures=3,
+        max_rate_limited=3,
+        next_poll_at=now - 1,
+        delay_source=DelaySource.LOCAL_BACKOFF,
+        credential_fingerprint="c",
+        policy_fingerprint="p",
+    )
+    return base.evolve(**changes)
+
+
+async def test_spending_a_request_is_checked_on_redis_time(redis_url: str) -> None:
+    """A write that spends a status request is refused when, by Redis TIME, the poll is not
+    due, the deadline has passed or the budget is spent; other writes are not checked."""
+    store = store_from_url(redis_url)
+    try:
+        early = await store.create(record(next_poll_at=time.time() + 30))
+        with pytest.raises(NotAdmissible):
+            await store.save(early.evolve(status_requests_used=1))
+        assert await store.save(early.evolve(early_refusals=1))
+        late = await store.create(
+            record(operation_id="op_late", provider_job_id="j2", deadline_at=time.time() - 1)
+        )
+        with pytest.raises(NotAdmissible):
+            await store.save(late.evolve(status_requests_used=1))
+        spent = await store.create(
+            record(operation_id="op_spent", provider_job_id="j3", status_requests_used=3)
+        )
+        with pytest.raises(NotAdmissible):
+            await store.save(spent.evolve(status_requests_used=4))
+        due = await store.create(record(operation_id="op_due", provider_job_id="j4"))
+        with pytest.raises(NotAdmissible):
+            await store.save(due.evolve(status_requests_used=2))  # one at a time only
+        assert await store.save(due.evolve(status_requests_used=1))
+    finally:
+        await store.close()
+
+
+async def test_scripts_survive_a_script_flush(redis_url: str) -> None:
+    """After SCRIPT FLUSH (what a Redis restart does to the script cache) writes still work."""
+    store = store_from_url(redis_url)
+    try:
+        created = await store.create(record())
+        client = sync_redis.Redis.from_url(redis_url.split("?")[0])
+        client.script_flush()
+        client.close()
+        assert await store.save(created.evolve(early_refusals=1))
+        assert await store.acquire_lease("x", "t", time.time(), 1)
+    finally:
+        await store.close()
+
+
+async def test_keys_are_hash_tagged_and_prefixed(redis_url: str) -> None:
+    store = store_from_url(redis_url)
+    assert isinstance(store, RedisStore)
+    try:
+        await store.create(record())
+        client = sync_redis.Redis.from_url(redis_url.split("?")[0])
+        keys = sorted(k.decode() for k in client.scan_iter(match=f"{store.prefix}:*"))
+        client.close()
+        assert f"{store.prefix}:op:{{op_r}}" in keys
+        assert all(k.startswith(store.prefix + ":") for k in keys)
+        tagged = [k for k in keys if ":op:" in k or ":job:" in k]
+        assert all("{" in k and k.endswith("}") for k in tagged)
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, with an append-only file so a restart keeps data."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH: cannot stop and restart a private Redis")
+    server = RedisServer(data_dir=tmp_path / "redis")
+    server.start()
+    yield server
+    if server.process is not None:
+        os.kill(server.process.pid, signal.SIGCONT)
+    server.stop()
+
+
+async def test_fail_closed_while_redis_is_down_or_stalled(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Redis stalled (SIGSTOP) or stopped: every call answers 503 store-unavailable within a
+    second and nothing reaches the provider; /readyz is not ready; after Redis is back the
+    next due poll goes through."""
+    demo = DemoProvider(api_key=PROVIDER_KEY)
+    provider = TestServer(demo.app(), host="127.0.0.1")
+    await provider.start_server()
+    harness: Harness = await start_harness(
+        tmp_path / "cfg",
+        None,
+        demo,
+        upstream=str(provider.make_url("")).rstrip("/"),
+        store_url=f"{private_redis.url}?prefix=failclosed",
+        policy_changes={"demo-jobs": {"polling": {"base_delay": "200ms", "jitter": {"min": 1}}}},
+    )
+    try:
+        job = (await (await harness.submit([{"state": "running"}])).json())["id"]
+        assert (await harness.poll_when_due(job)).status == 200
+        assert private_redis.process is not None
+        for phase in ("stalled", "stopped"):
+            if phase == "stalled":
+                os.kill(private_redis.process.pid, signal.SIGSTOP)
+            else:
+                private_redis.stop()
+            await asyncio.sleep(0.3)
+            seen = len(demo.log)
+            for call in range(4):
+                started = time.perf_counter()
+                if call == 3:
+                    response = await harness.submit([{"state": "running"}], key=f"new-{phase}")
+                else:
+                    response = await harness.poll(job)
+                took = time.perf_counter() - started
+                assert response.status == 503, phase
+                assert (await response.json())["type"] == "/problems/store-unavailable"
+                assert "Retry-After" in response.headers
+                assert took < 1.0, (phase, took)
+            assert len(demo.log) == seen
+            assert (await harness.client.get("/readyz")).status == 503
+            if phase == "stalled":
+                os.kill(private_redis.process.pid, signal.SIGCONT)
+                await asyncio.sleep(0.2)
+                assert (await harness.client.get("/readyz")).status == 200
+        private_redis.start()
+        await asyncio.sleep(0.2)
+        response = await harness.poll_when_due(job)
+        assert response.status == 200, await response.text()
+        assert len(harness.provider_calls(job)) == 2
+        assert (await harness.client.get("/readyz")).status == 200
+        metrics = await (await harness.client.get("/metrics")).text()
+        assert 'statusgate_store_errors_total{operation="find"}' in metrics
+    finally:
+        await harness.client.close()
+        await provider.close()
+
+
+async def test_gateway_flow_on_redis(redis_url: str, tmp_path: Path) -> None:
+    """The ordinary flow on a Redis store with real time: refuse, poll, finish, cache."""
+    demo = DemoProvider(api_key=PROVIDER_KEY)
+    provider = TestServer(demo.app(), host="127.0.0.1")
+    await provider.start_server()
+    harness: Harness = await start_harness(
+        tmp_path / "cfg",
+        None,
+        demo,
+        upstream=str(provider.make_url("")).rstrip("/"),
+        store_url=redis_url,
+        policy_changes={"demo-jobs": {"polling": {"base_delay": "100ms"}}},
+    )
+    try:
+        job = (await (await harness.submit([{"state": "running"}, {"state": "succeeded"}])).json())[
+            "id"
+        ]
+        assert (await harness.poll(job)).status == 429
+        assert (await harness.poll_when_due(job)).status == 200
+        done = await harness.poll_when_due(job)
+        assert done.headers["Statusgate-Outcome"] == "succeeded"
+        assert (await harness.poll(job)).status == 200
+        assert len(harness.provider_calls(job)) == 2
+        record = await harness.record(job)
+        assert record.status_requests_used == 2 and record.early_refusals == 1
+    finally:
+        await harness.client.close()
+        await provider.close()
