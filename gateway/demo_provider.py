@@ -239,9 +239,7 @@ class DemoProvider:
         finally:
             self.in_flight[job_id] -= 1
 
-    async def _answer(
-        self, request: web.Request, job: Job, step: dict[str, Any]
-    ) -> web.Response:
+    async def _answer(self, request: web.Request, job: Job, step: dict[str, Any]) -> web.Response:
         if step.get("delay"):
             await asyncio.sleep(float(step["delay"]))
         headers = {"Retry-After": str(step["retry_after"])} if "retry_after" in step else {}

@@ -16,7 +16,7 @@ import redis as sync_redis
 from aiohttp.test_utils import TestServer
 
 from gateway.demo_provider import DemoProvider
-from gateway.errors import NotAdmissible
+from gateway.errors import NotAdmissible, StoreError
 from gateway.models import DelaySource, OperationRecord
 from gateway.store import store_from_url
 from gateway.store.redis import RedisStore
@@ -204,3 +204,13 @@ async def test_gateway_flow_on_redis(redis_url: str, tmp_path: Path) -> None:
     finally:
         await harness.client.close()
         await provider.close()
+
+
+async def test_wait_replicas_fails_closed_without_enough_replicas(redis_url: str) -> None:
+    """With wait_replicas=1 on a Redis without replicas, writes are not trusted: StoreError."""
+    store = store_from_url(f"{redis_url}&wait_replicas=1")
+    try:
+        with pytest.raises(StoreError, match="0 of 1 replicas"):
+            await store.create(record())
+    finally:
+        await store.close()

@@ -99,8 +99,11 @@ class RedisStore(Store):
         prefix: str = "statusgate",
         max_connections: int = 50,
         timeout: float = 0.3,
+        wait_replicas: int = 0,
     ) -> None:
         self.prefix = prefix
+        self._wait_replicas = wait_replicas
+        self._timeout = timeout
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -186,6 +189,7 @@ class RedisStore(Store):
         if idempotency is not None:
             self._put_idem(pipe, idempotency)
         await self._call("create", pipe.execute())
+        await self._replicated("create")
         return record
 
     def _track(self, pipe: Any, record: OperationRecord) -> None:
@@ -215,10 +219,24 @@ class RedisStore(Store):
             raise NotAdmissible("by Redis time this status request is not permitted now")
         if result != 1:
             return False
+        await self._replicated("save")
         pipe = self._redis.pipeline(transaction=False)
         self._track(pipe, record)
         await self._call("save", pipe.execute())
         return True
+
+    async def _replicated(self, operation: str) -> None:
+        """With ``wait_replicas`` set, a write counts only once that many replicas have it,
+        so a failover cannot forget a spent status request."""
+        if self._wait_replicas <= 0:
+            return
+        millis = max(1, int(self._timeout * 500))  # half the socket timeout: WAIT answers first
+        acked = await self._call(operation, self._redis.wait(self._wait_replicas, millis))
+        if int(acked) < self._wait_replicas:
+            raise StoreError(
+                f"redis {operation}: {acked} of {self._wait_replicas} replicas acknowledged",
+                operation=operation,
+            )
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found: list[OperationRecord] = []
@@ -298,7 +316,7 @@ def _millis(instant: float) -> int:
 
 
 def from_url(url: str) -> RedisStore:
-    """``redis://host:port/db?prefix=NAME&max_connections=50&timeout=300ms``."""
+    """``redis://host:port/db?prefix=NAME&max_connections=50&timeout=300ms&wait_replicas=0``."""
     from ..errors import ConfigError
     from ..units import parse_duration
 
@@ -310,9 +328,16 @@ def from_url(url: str) -> RedisStore:
     try:
         connections = int(options.pop("max_connections", ["50"])[0])
         timeout = parse_duration(options.pop("timeout", ["300ms"])[0])
+        wait_replicas = int(options.pop("wait_replicas", ["0"])[0])
     except ValueError as exc:
         raise ConfigError([f"store: {exc}"]) from None
     if options:
         raise ConfigError([f"store: unknown option(s) {', '.join(sorted(options))}"])
     plain = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    return RedisStore(plain, prefix=prefix, max_connections=connections, timeout=timeout)
+    return RedisStore(
+        plain,
+        prefix=prefix,
+        max_connections=connections,
+        timeout=timeout,
+        wait_replicas=wait_replicas,
+    )
