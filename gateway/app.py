@@ -44,6 +44,7 @@ def create_app(
     clock: Clock | None = None,
     rng: random.Random | None = None,
     registry: CollectorRegistry | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> web.Application:
     limits = settings.file.limits
     audit_path = settings.audit_path
@@ -61,6 +62,7 @@ def create_app(
         clock=clock,
         rng=rng if rng is not None else random.Random(),
         effects=effects,
+        sleep=sleep if sleep is not None else asyncio.sleep,
     )
     app = web.Application(middlewares=[observe, errors], client_max_size=limits.max_request_body)
     app[RUNTIME] = runtime
@@ -108,7 +110,9 @@ async def _sweep(runtime: Runtime) -> None:
 
 
 async def _drain(app: web.Application) -> None:
+    """Shutdown: held calls answer now; refusal counts reach the record and the log."""
     runtime = app[RUNTIME]
+    runtime.stopping.set()
     app[SWEEPER].cancel()
     with contextlib.suppress(StoreError):
         await proxy.close_refusal_windows(runtime, runtime.effects.refusals.all())

@@ -96,7 +96,14 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     listen = settings.file.listen
     print(f"statusgate listening on http://{listen.host}:{listen.port}", flush=True)
-    web.run_app(app, host=listen.host, port=listen.port, print=None, access_log=None)
+    web.run_app(
+        app,
+        host=listen.host,
+        port=listen.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,  # a held call whose client left stops waiting
+    )
     return 0
 
 

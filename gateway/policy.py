@@ -103,6 +103,23 @@ class Jitter(Strict):
     max: Annotated[float, Field(ge=0, le=1)] = 1.0
 
 
+def _rate(value: object) -> float | None:
+    if value is None:
+        return None
+    match = RATE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError('must be a rate like "20/s" or "600/m"')
+    per = {"s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+    rate = float(match.group(1)) / per
+    if rate <= 0:
+        raise ValueError("must be more than 0")
+    return rate
+
+
+RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m|h)")
+Rate = Annotated[float | None, BeforeValidator(_rate)]
+
+
 class Polling(Strict):
     base_delay: Duration = 5.0
     max_delay: Duration = 120.0
@@ -115,6 +132,7 @@ class Polling(Strict):
     not_found_grace: Duration = 30.0
     final_poll_margin: Duration = 1.0
     max_hold: Duration = 60.0
+    provider_rate: Rate = None  # status calls per second to this provider, all replicas
 
 
 class Extension(Strict):

@@ -23,16 +23,18 @@ from .config import Account
 from .decide import Decision, Failure, ProviderAnswer, Reply
 from .errors import NotAdmissible, UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from .escalation import problem_members, rfc3339
-from .headers import to_provider, valid_job_id
+from .headers import format_wait, prefer_wait, to_provider, valid_job_id
 from .metrics import status_class
 from .models import IdempotencyEntry, IdemState, OperationRecord, Outcome, StoredResponse
 from .policy import ProviderPolicy
 from .problems import problem, retry_after_value
 from .routing import Match, fill
-from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
+from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, PollTask, Runtime
+from .schedule import provider_limit
 from .upstream import UpstreamResponse
 
 LEASE_MARGIN = 1.0  # a lease outlives the upstream timeout by this much
+MIN_HOLD_STEP = 0.005  # a held call never wakes more often than this
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
@@ -95,30 +97,71 @@ async def status(call: Call) -> web.StreamResponse:
     record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return _unknown_operation()
+    wait = prefer_wait(call.request.headers.getall("Prefer", []))
+    if wait is not None:
+        return await _hold(call, record, min(wait, policy.polling.max_hold))
     now = runtime.clock()
     decision = decide.admit(policy, record, now)
     if not decision.forward and not decision.changed:  # answered without any write
         return _refusal(call, decision, now)
-    inflight = runtime.inflight.get(record.operation_id)
-    if inflight is not None:  # step 7: one provider call, every caller gets its answer
-        shared_decision, shared_answer = await asyncio.shield(inflight)
-        call.request[OUTCOME] = "cached"
-        return render(call, shared_decision, shared_answer, runtime.clock())
-    future: asyncio.Future[tuple[Decision, UpstreamResponse | None]] = (
-        asyncio.get_running_loop().create_future()
-    )
-    runtime.inflight[record.operation_id] = future
-    try:
-        outcome = await _poll(call, record.operation_id)
-    except BaseException as exc:
-        future.set_exception(exc)
-        future.exception()  # retrieved: waiters re-raise it, nobody logs it twice
-        raise
+    decision, response = await _shared_poll(call, record.operation_id, pace=decision.forward)
+    return render(call, decision, response, runtime.clock())
+
+
+async def _hold(call: Call, record: OperationRecord, wait: float) -> web.StreamResponse:
+    """``Prefer: wait=N``: wait for the next permitted poll, poll for the agent, and keep
+    waiting through pending answers until the job ends, waiting must end, N seconds pass,
+    the deadline comes or the gateway stops. A held call costs only timers."""
+    runtime = call.runtime
+    end = min(runtime.clock() + wait, record.deadline_at)
+    decision, response = await _step(call, record)
+    while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
+        now = runtime.clock()
+        wake = now + max(decision.retry_after, MIN_HOLD_STEP)
+        if wake > end or _gone(call.request) or not await runtime.pause(wake - now):
+            break
+        current = await runtime.store.get(record.operation_id)
+        assert current is not None
+        decision, response = await _step(call, current)
+    answer = render(call, decision, response, runtime.clock())
+    answer.headers["Preference-Applied"] = f"wait={format_wait(wait)}"
+    return answer
+
+
+async def _step(call: Call, record: OperationRecord) -> tuple[Decision, UpstreamResponse | None]:
+    """One look at the operation: the answer from the record, or one shared poll."""
+    decision = decide.admit(call.policy, record, call.runtime.clock())
+    if not decision.forward and not decision.changed:
+        return decision, None
+    return await _shared_poll(call, record.operation_id, pace=decision.forward)
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _shared_poll(
+    call: Call, operation_id: str, *, pace: bool
+) -> tuple[Decision, UpstreamResponse | None]:
+    """Step 7: one poll per operation in this process at a time; every caller gets its
+    answer. The poll is a task of its own, so a caller that goes away never cuts it short."""
+    runtime = call.runtime
+    task = runtime.inflight.get(operation_id)
+    if task is None:
+        task = asyncio.create_task(_poll(call, operation_id, pace=pace))
+        runtime.inflight[operation_id] = task
+        task.add_done_callback(lambda done: _forget(runtime, operation_id, done))
     else:
-        future.set_result(outcome)
-    finally:
-        del runtime.inflight[record.operation_id]
-    return render(call, *outcome, runtime.clock())
+        call.request[OUTCOME] = "cached"
+    return await asyncio.shield(task)
+
+
+def _forget(runtime: Runtime, operation_id: str, task: PollTask) -> None:
+    if runtime.inflight.get(operation_id) is task:
+        del runtime.inflight[operation_id]
+    if not task.cancelled():
+        task.exception()  # retrieved here, raised to every caller still waiting
 
 
 def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
@@ -126,7 +169,9 @@ def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
     return (decision.record if decision.changed else None), decision
 
 
-async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamResponse | None]:
+async def _poll(
+    call: Call, operation_id: str, *, pace: bool
+) -> tuple[Decision, UpstreamResponse | None]:
     """Steps 8 and 9: lease, re-check and reserve (or escalate), send exactly one request,
     classify, save. Every write to the record happens under the lease."""
     runtime, policy = call.runtime, call.policy
@@ -141,6 +186,10 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         return busy, None
     try:
         now = runtime.clock()
+        if pace:
+            wait = await runtime.store.pace(policy.provider, policy.polling.provider_rate, now)
+            if wait > 0:
+                return await _deferred(runtime, operation_id, wait), None
         effects = runtime.effects
         window = effects.refusals.close(operation_id)
         refusals = window.count if window is not None else 0
@@ -168,6 +217,9 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         method = policy.routes.status.method
         answer, response = await send_upstream(runtime, policy, "status", method, url, headers)
         done = runtime.clock()
+        limit = provider_limit(answer.status, response.headers if response else {}, done)
+        if limit is not None:
+            await runtime.store.tighten(policy.provider, *limit)
         u = runtime.rng.random()
         reserved = decision.record
         decided = await runtime.store.mutate(
@@ -184,6 +236,13 @@ async def _poll(call: Call, operation_id: str) -> tuple[Decision, UpstreamRespon
         return decided, response
     finally:
         await runtime.store.release_lease(lease, token)
+
+
+async def _deferred(runtime: Runtime, operation_id: str, wait: float) -> Decision:
+    record = await runtime.store.get(operation_id)
+    assert record is not None
+    detail = "The provider's ceiling on status calls is reached; this poll waits its turn."
+    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
 
 
 async def send_upstream(

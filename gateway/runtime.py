@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from .upstream import Upstream, UpstreamResponse
 if TYPE_CHECKING:
     from .decide import Decision
 
+PollTask = asyncio.Task[tuple["Decision", UpstreamResponse | None]]
+
 
 @dataclass
 class Runtime:
@@ -36,14 +39,27 @@ class Runtime:
     effects: Effects
     routes: dict[str, RouteTable] = field(init=False)
     rewriters: dict[str, Rewriter] = field(init=False)
-    inflight: dict[str, asyncio.Future[tuple[Decision, UpstreamResponse | None]]] = field(
-        default_factory=dict
-    )
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    inflight: dict[str, PollTask] = field(default_factory=dict)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         base = self.settings.file.public_base_url
         self.routes = {name: RouteTable(p) for name, p in self.settings.policies.items()}
         self.rewriters = {name: Rewriter(p, base) for name, p in self.settings.policies.items()}
+
+    async def pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` on the injected sleeper; False at once if the gateway stops."""
+        if self.stopping.is_set():
+            return False
+        sleeper = asyncio.ensure_future(self.sleep(seconds))
+        stopper = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            stopper.cancel()
+        return not self.stopping.is_set()
 
     def agent(self, authorization: str | None) -> Account | None:
         """The account whose agent bearer token this is; None if unknown."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -170,3 +171,36 @@ def plan(
         # The final poll goes out at the margin; once that has passed, the deadline is next.
         at = last_poll if last_poll > now else deadline_at
     return Plan(at, source, hint.rejected, beyond_deadline=False)
+
+
+_RL_MEMBER = re.compile(r"\b(limit|remaining|reset|r|t)\s*=\s*\"?(\d{1,12})\"?", re.IGNORECASE)
+
+
+def provider_limit(
+    status: int | None, headers: Mapping[str, str], now: float
+) -> tuple[float, float] | None:
+    """(rate per second, until) a provider asked its client to keep to, or None.
+
+    Reads a 429's Retry-After (pause until then) and the IETF RateLimit fields in the
+    forms providers send: ``RateLimit-Remaining`` + ``RateLimit-Reset``,
+    ``RateLimit: limit=100, remaining=0, reset=30`` and ``RateLimit: "q";r=0;t=30``.
+    """
+    if status == 429:
+        retry_after = headers.get("Retry-After")
+        seconds = parse_retry_after(retry_after, now) if retry_after is not None else None
+        if seconds:
+            return 0.0, now + seconds
+    values: dict[str, int] = {}
+    combined = headers.get("RateLimit")
+    if combined is not None:
+        for name, number in _RL_MEMBER.findall(combined[:500]):
+            key = {"r": "remaining", "t": "reset"}.get(name.lower(), name.lower())
+            values.setdefault(key, int(number))
+    for key in ("remaining", "reset"):
+        raw = headers.get(f"RateLimit-{key.capitalize()}")
+        if raw is not None and _DIGITS.fullmatch(raw.strip()):
+            values.setdefault(key, int(raw.strip()))
+    remaining, reset = values.get("remaining"), values.get("reset")
+    if remaining is None or not reset or reset > MAX_GUIDANCE:
+        return None
+    return remaining / reset, now + reset

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from ..errors import StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord
+from ..pacing import Pacer
 
 T = TypeVar("T")
 Mutation = Callable[[OperationRecord], tuple[OperationRecord | None, T]]
@@ -24,6 +25,8 @@ CAS_ATTEMPTS = 100
 
 
 class Store(abc.ABC):
+    _pacer: Pacer | None = None
+
     # -- operations ---------------------------------------------------------------------
     @abc.abstractmethod
     async def create(
@@ -92,6 +95,20 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def release_lease(self, name: str, token: str) -> None:
         """Release ``name`` only if ``token`` still holds it."""
+
+    # -- pacing -------------------------------------------------------------------------
+    async def pace(self, provider: str, rate: float | None, now: float) -> float:
+        """0 if a status call to ``provider`` may go now (it is counted), else seconds to
+        wait. The default keeps the window in this process; shared stores share it."""
+        if self._pacer is None:
+            self._pacer = Pacer()
+        return self._pacer.pace(provider, rate, now)
+
+    async def tighten(self, provider: str, rate: float, until: float) -> None:
+        """Lower ``provider``'s ceiling to ``rate`` per second (0 pauses it) until ``until``."""
+        if self._pacer is None:
+            self._pacer = Pacer()
+        self._pacer.tighten(provider, rate, until)
 
     # -- life ---------------------------------------------------------------------------
     def clock(self) -> float:

@@ -10,6 +10,8 @@ each key's slot is fixed by one operation, job, idempotency key or lease alone):
     PREFIX:ops                        sorted set: operation ids by start time (operator list)
     PREFIX:active:PROVIDER            set: pending operation ids (the active gauge)
     PREFIX:providers                  set: providers seen
+    PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
+    PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
 
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import secrets
 import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -36,6 +39,7 @@ from redis.exceptions import RedisError
 
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
+from ..pacing import GUARD
 from .base import Store, matches
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
@@ -81,6 +85,41 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
+# KEYS: window zset, tightening hash. ARGV: rate (0 = none), guard, unique member.
+PACE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rate = tonumber(ARGV[1])
+local tight = redis.call('HMGET', KEYS[2], 'rate', 'until')
+if tight[2] and tonumber(tight[2]) > now then
+  local trate = tonumber(tight[1])
+  if trate <= 0 then return tostring(tonumber(tight[2]) - now) end
+  if rate <= 0 or trate < rate then rate = trate end
+end
+if rate <= 0 then return '0' end
+local limit = math.max(1, math.floor(rate))
+local window = limit / rate * tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) < limit then
+  redis.call('ZADD', KEYS[1], now, ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000) + 1000)
+  return '0'
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return tostring(tonumber(oldest[2]) + window - now)
+"""
+
+TIGHTEN = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local current = redis.call('HMGET', KEYS[1], 'rate', 'until')
+local rate, untl = tonumber(ARGV[1]), tonumber(ARGV[2])
+if current[2] and tonumber(current[2]) > untl and tonumber(current[1]) <= rate then return 0 end
+redis.call('HSET', KEYS[1], 'rate', rate, 'until', untl)
+redis.call('PEXPIREAT', KEYS[1], math.ceil(untl * 1000) + 1000)
+return 1
+"""
+
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -117,6 +156,8 @@ class RedisStore(Store):
         self._claim = self._redis.register_script(CLAIM)
         self._acquire = self._redis.register_script(ACQUIRE)
         self._release = self._redis.register_script(RELEASE)
+        self._pace = self._redis.register_script(PACE)
+        self._tighten = self._redis.register_script(TIGHTEN)
         self._offset = 0.0
         self._resync: asyncio.Task[None] | None = None
 
@@ -301,6 +342,22 @@ class RedisStore(Store):
 
     async def release_lease(self, name: str, token: str) -> None:
         await self._call("release_lease", self._release(keys=[self._lease(name)], args=[token]))
+
+    # -- pacing -------------------------------------------------------------------------
+    def _pace_keys(self, provider: str) -> tuple[str, str]:
+        tag = f"{{pace:{provider}}}"
+        return f"{self.prefix}:pace:{tag}", f"{self.prefix}:tight:{tag}"
+
+    async def pace(self, provider: str, rate: float | None, now: float) -> float:
+        """The shared sliding window of pacing.py, on Redis time, for all replicas."""
+        member = f"{time.time()}:{secrets.token_hex(4)}"
+        args = (rate or 0.0, GUARD, member)
+        wait = await self._call("pace", self._pace(keys=self._pace_keys(provider), args=args))
+        return max(0.0, float(wait))
+
+    async def tighten(self, provider: str, rate: float, until: float) -> None:
+        keys = self._pace_keys(provider)[1:]
+        await self._call("tighten", self._tighten(keys=keys, args=(rate, until)))
 
     async def ping(self) -> None:
         await self._call("ping", self._redis.ping())

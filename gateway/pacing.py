@@ -1,0 +1,51 @@
+"""Fleet pacing: a per-provider ceiling on status calls per second (SPEC issue 5).
+
+Pure bookkeeping with ``now`` passed in. A sliding window allows ``limit`` calls per
+``window`` seconds, the window stretched by GUARD so that calls bunched by network jitter
+still arrive at the provider under the ceiling. A provider's own signals (RateLimit headers,
+429 with Retry-After) tighten its ceiling until their reset; a tightened rate of 0 pauses the
+provider. The Redis store runs the same rules in one Lua script on Redis time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+GUARD = 1.05
+
+
+def window_for(rate: float) -> tuple[int, float]:
+    """(calls, seconds) of the sliding window that keeps under ``rate`` per second."""
+    limit = max(1, math.floor(rate))
+    return limit, limit / rate * GUARD
+
+
+@dataclass
+class Pacer:
+    calls: dict[str, deque[float]] = field(default_factory=dict)
+    tightened: dict[str, tuple[float, float]] = field(default_factory=dict)  # rate, until
+
+    def pace(self, provider: str, rate: float | None, now: float) -> float:
+        """0 if a status call to ``provider`` may go now (and count it), else seconds to wait."""
+        tight = self.tightened.get(provider)
+        if tight is not None and tight[1] > now:
+            if tight[0] <= 0:
+                return tight[1] - now
+            rate = tight[0] if rate is None else min(rate, tight[0])
+        if rate is None:
+            return 0.0
+        limit, window = window_for(rate)
+        calls = self.calls.setdefault(provider, deque())
+        while calls and calls[0] <= now - window:
+            calls.popleft()
+        if len(calls) < limit:
+            calls.append(now)
+            return 0.0
+        return calls[0] + window - now
+
+    def tighten(self, provider: str, rate: float, until: float) -> None:
+        current = self.tightened.get(provider)
+        if current is None or current[1] <= until or rate < current[0]:
+            self.tightened[provider] = (rate, until)
