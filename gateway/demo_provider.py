@@ -11,15 +11,20 @@ Three route families, each shaped after a public API style:
   ``GET .../analyzeResults/{id}`` -> ``{"status": "running", ...}``.
 
 A job's answers are scripted at submit time with a ``demo_script`` list in the JSON body; each
-status GET consumes one step and the last step repeats. A step is an object:
-``{"state": "running"}``, plus any of ``poll_after_seconds``, ``next_check_in`` (seconds),
-``retry_after`` (header value), ``expires_in`` (seconds, may be negative), ``omit`` (fields to
-leave out, e.g. the result), ``pad`` (bytes of filler), ``echo_auth`` (a careless provider that
-echoes the credential it received), ``http`` (status code, e.g. 503, 429, 404, 401), ``delay``
-(seconds before answering), ``body`` + ``content_type`` (a raw answer). ``demo_submit`` scripts
-the submit answer the same way (``http``, ``delay``, ``retry_after``, ``omit_id``,
-``poll_after_seconds``). A repeated ``Idempotency-Key`` returns the job it first created.
-Every request is logged; ``GET /_demo/log[?job=ID]`` returns the log as JSON.
+status GET consumes one step and the last step repeats. A step is an object such as
+``{"state": "running"}``, with any of:
+
+- ``poll_after_seconds``, ``next_check_in`` (seconds), ``retry_after`` (header value),
+  ``expires_in`` (seconds, may be negative): timing guidance and contradictions;
+- ``omit`` (fields to leave out, e.g. the result), ``pad`` (bytes of filler), ``echo_auth``
+  (a careless provider that echoes the credential it received);
+- ``until`` (seconds since submit during which this step repeats), ``delay`` (seconds before
+  answering), ``headers`` (extra answer headers, e.g. RateLimit fields);
+- ``http`` (a status code such as 503, 429, 404, 401), or ``body`` + ``content_type``.
+
+``demo_submit`` scripts the submit answer the same way (``http``, ``delay``, ``retry_after``,
+``omit_id``, ``poll_after_seconds``). A repeated ``Idempotency-Key`` returns the job it first
+created. Every request is logged; ``GET /_demo/log[?job=ID]`` returns the log as JSON.
 """
 
 from __future__ import annotations
@@ -78,9 +83,20 @@ class Job:
     polls: int = 0
     created_at: float = 0.0
     cancelled: bool = False
+    index: int = 0
 
-    def next_step(self) -> dict[str, Any]:
-        step = self.script[min(self.polls, len(self.script) - 1)]
+    def next_step(self, now: float) -> dict[str, Any]:
+        """Each step answers once, the last forever; a step with ``until`` answers every
+        poll until that many seconds have passed since submit."""
+        last = len(self.script) - 1
+        while self.index < last:
+            until = self.script[self.index].get("until")
+            if until is None or now - self.created_at < float(until):
+                break
+            self.index += 1
+        step = self.script[self.index]
+        if "until" not in step and self.index < last:
+            self.index += 1
         self.polls += 1
         return step
 
@@ -229,7 +245,7 @@ class DemoProvider:
             return web.json_response({"error": {"code": "not_found"}}, status=404)
         if not self._authorised(request, job.family):
             return self._denied()
-        step = job.next_step()
+        step = job.next_step(self.clock())
         self.in_flight[job_id] = self.in_flight.get(job_id, 0) + 1
         self.most_in_flight[job_id] = max(
             self.most_in_flight.get(job_id, 0), self.in_flight[job_id]
@@ -243,6 +259,7 @@ class DemoProvider:
         if step.get("delay"):
             await asyncio.sleep(float(step["delay"]))
         headers = {"Retry-After": str(step["retry_after"])} if "retry_after" in step else {}
+        headers.update({str(k): str(v) for k, v in step.get("headers", {}).items()})
         if "body" in step:
             content_type = step.get("content_type", "application/json")
             raw = step["body"] if isinstance(step["body"], str) else json.dumps(step["body"])
@@ -307,7 +324,7 @@ class DemoProvider:
         job.cancelled = True
         final = "cancelling" if job.family.name == "batches" else "cancelled"
         job.script = [{"state": "cancelled"}]
-        job.polls = 0
+        job.index = 0
         return web.json_response({"id": job_id, job.family.state_field: final})
 
     async def _log(self, request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 GUARD = 1.05
+MIN_WAIT = 0.001
 
 
 def window_for(rate: float) -> tuple[int, float]:
@@ -43,7 +44,7 @@ class Pacer:
         if len(calls) < limit:
             calls.append(now)
             return 0.0
-        return calls[0] + window - now
+        return max(calls[0] + window - now, MIN_WAIT)  # a refusal is never "wait 0"
 
     def tighten(self, provider: str, rate: float, until: float) -> None:
         current = self.tightened.get(provider)

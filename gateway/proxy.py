@@ -114,15 +114,19 @@ async def _hold(call: Call, record: OperationRecord, wait: float) -> web.StreamR
     the deadline comes or the gateway stops. A held call costs only timers."""
     runtime = call.runtime
     end = min(runtime.clock() + wait, record.deadline_at)
-    decision, response = await _step(call, record)
-    while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
-        now = runtime.clock()
-        wake = now + max(decision.retry_after, MIN_HOLD_STEP)
-        if wake > end or _gone(call.request) or not await runtime.pause(wake - now):
-            break
-        current = await runtime.store.get(record.operation_id)
-        assert current is not None
-        decision, response = await _step(call, current)
+    runtime.holding += 1
+    try:
+        decision, response = await _step(call, record)
+        while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
+            now = runtime.clock()
+            wake = now + max(decision.retry_after, MIN_HOLD_STEP)
+            if wake > end or _gone(call.request) or not await runtime.pause(wake - now):
+                break
+            current = await runtime.store.get(record.operation_id)
+            assert current is not None
+            decision, response = await _step(call, current)
+    finally:
+        runtime.holding -= 1
     answer = render(call, decision, response, runtime.clock())
     answer.headers["Preference-Applied"] = f"wait={format_wait(wait)}"
     return answer

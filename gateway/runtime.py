@@ -42,6 +42,7 @@ class Runtime:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     inflight: dict[str, PollTask] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    holding: int = 0  # status calls held for Prefer: wait right now
 
     def __post_init__(self) -> None:
         base = self.settings.file.public_base_url

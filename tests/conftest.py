@@ -54,6 +54,11 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
+    async def sleep(self, seconds: float) -> None:
+        """The gateway's sleeper in tests: time passes at once."""
+        self.advance(seconds)
+        await asyncio.sleep(0)
+
 
 def sha(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -151,7 +156,7 @@ class Harness:
         path: str = "/v1/jobs/{job_id}",
         **kw: Any,
     ) -> Any:
-        headers = self.auth(kw.pop("token", AGENT_TOKEN))
+        headers = {**self.auth(kw.pop("token", AGENT_TOKEN)), **kw.pop("headers", {})}
         return await self.client.get(
             f"/p/{provider}{path.format(job_id=job_id)}", headers=headers, **kw
         )
@@ -211,7 +216,13 @@ async def start_harness(
     )
     settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY})
     the_store = store if store is not None else store_from_url(settings.store_url)
-    app: web.Application = create_app(settings, store=the_store, clock=clock, rng=random.Random(7))
+    app: web.Application = create_app(
+        settings,
+        store=the_store,
+        clock=clock,
+        rng=random.Random(7),
+        sleep=clock.sleep if clock is not None else None,
+    )
     client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
     return Harness(client, demo, clock)

@@ -39,7 +39,7 @@ from redis.exceptions import RedisError
 
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from ..pacing import GUARD
+from ..pacing import GUARD, MIN_WAIT
 from .base import Store, matches
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
@@ -85,7 +85,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
-# KEYS: window zset, tightening hash. ARGV: rate (0 = none), guard, unique member.
+# KEYS: window zset, tightening hash. ARGV: rate (0 = none), guard, unique member, min wait.
 PACE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -106,7 +106,7 @@ if redis.call('ZCARD', KEYS[1]) < limit then
   return '0'
 end
 local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return tostring(tonumber(oldest[2]) + window - now)
+return tostring(math.max(tonumber(oldest[2]) + window - now, tonumber(ARGV[4])))
 """
 
 TIGHTEN = """
@@ -351,7 +351,7 @@ class RedisStore(Store):
     async def pace(self, provider: str, rate: float | None, now: float) -> float:
         """The shared sliding window of pacing.py, on Redis time, for all replicas."""
         member = f"{time.time()}:{secrets.token_hex(4)}"
-        args = (rate or 0.0, GUARD, member)
+        args = (rate or 0.0, GUARD, member, MIN_WAIT)
         wait = await self._call("pace", self._pace(keys=self._pace_keys(provider), args=args))
         return max(0.0, float(wait))
 
