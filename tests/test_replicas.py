@@ -174,3 +174,26 @@ async def test_replica_paused_past_its_lease_cannot_write_a_stale_record(
     assert record["status_requests_used"] == 2
     assert record["last_known_state"] == "succeeded"
     assert not [line for line in replicas.audit(0) if line["event"] in ("polled", "finished")]
+
+
+async def test_fifty_calls_across_two_replicas_make_one_provider_call(
+    replicas: Replicas,
+) -> None:
+    """Step 7 across replicas: fifty agents, half on each replica, make one provider call;
+    the other replica's callers are told to come back in a second."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as http:
+        job = await submit(http, replicas.urls[0], "fifty", [{"state": "running", "delay": 0.3}])
+        await asyncio.sleep(BASE_DELAY + 0.02)
+
+        async def call(n: int) -> int:
+            url = replicas.urls[n % 2]
+            async with http.get(f"{url}/p/demo-jobs/v1/jobs/{job}", headers=AUTH) as r:
+                await r.read()
+                return r.status
+
+        statuses = await asyncio.gather(*(call(n) for n in range(50)))
+        assert (
+            len([e for e in replicas.demo.log if e["job_id"] == job and e["method"] == "GET"]) == 1
+        )
+        assert set(statuses) <= {200, 429}
+        assert statuses.count(200) >= 25  # everyone on the polling replica shares its answer
