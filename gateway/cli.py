@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     story.set_defaults(run=_audit_story)
 
     demo = commands.add_parser("demo", help="a self-contained show with looping agents")
+    demo.add_argument("--agents", type=int, default=25, help="agents in the fleet scene")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -126,7 +127,7 @@ def _demo_provider(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run
 
-    return run()
+    return run(max(1, min(args.agents, 500)))
 
 
 def _audit_verify(args: argparse.Namespace) -> int:

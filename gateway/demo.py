@@ -10,9 +10,11 @@ ends or after ``AGENT_LIMIT`` seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ SCENES: list[tuple[str, list[dict[str, Any]]]] = [
 ]
 
 
-def demo_policy(upstream: str) -> ProviderPolicy:
+def demo_policy(upstream: str, polling: dict[str, Any] | None = None) -> ProviderPolicy:
     return ProviderPolicy.model_validate(
         {
             "provider": "demo-jobs",
@@ -72,6 +74,7 @@ def demo_policy(upstream: str) -> ProviderPolicy:
                 "deadline": "10s",
                 "max_status_requests": 6,
                 "final_poll_margin": "100ms",
+                **(polling or {}),
             },
             "escalation": {"max_extension": {"time": "10m", "requests": 4}},
         }
@@ -131,10 +134,14 @@ async def _agent(
     return report
 
 
-async def show() -> list[str]:
+@contextlib.asynccontextmanager
+async def _stack(
+    polling: dict[str, Any] | None = None,
+) -> AsyncIterator[tuple[DemoProvider, str, Path]]:
+    """The demo provider and a gateway in front of it, on free loopback ports."""
     provider = DemoProvider(api_key=KEY)
     provider_runner, provider_port = await _start(provider.app())
-    policy = demo_policy(f"http://127.0.0.1:{provider_port}")
+    policy = demo_policy(f"http://127.0.0.1:{provider_port}", polling)
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     with tempfile.TemporaryDirectory() as folder:
         gateway_file = GatewayFile.model_validate(
@@ -149,19 +156,19 @@ async def show() -> list[str]:
             file=gateway_file, base_dir=Path(folder), policies={policy.provider: policy}
         )
         gateway_runner, gateway_port = await _start(create_app(settings))
-        base = f"http://127.0.0.1:{gateway_port}/p/demo-jobs"
         try:
-            async with aiohttp.ClientSession() as http:
-                reports = await asyncio.gather(
-                    *(
-                        _agent(http, base, scene, script, n)
-                        for n, (scene, script) in enumerate(SCENES)
-                    )
-                )
+            yield provider, f"http://127.0.0.1:{gateway_port}/p/demo-jobs", Path(folder)
         finally:
             await gateway_runner.cleanup()
             await provider_runner.cleanup()
-        audit = list(records(Path(folder) / "audit.jsonl"))
+
+
+async def show() -> list[str]:
+    async with _stack() as (provider, base, folder), aiohttp.ClientSession() as http:
+        reports = await asyncio.gather(
+            *(_agent(http, base, scene, script, n) for n, (scene, script) in enumerate(SCENES))
+        )
+        audit = list(records(folder / "audit.jsonl"))
     return _render(reports, provider, audit)
 
 
@@ -199,7 +206,120 @@ def _render(
     return lines
 
 
-def run() -> int:
-    for line in asyncio.run(show()):
+def run(agents: int = 25) -> int:
+    async def both() -> list[str]:
+        return [*await show(), "", *await fleet(agents)]
+
+    for line in asyncio.run(both()):
         print(line)
     return 0
+
+
+FLEET_SECONDS = 10.0
+
+
+@dataclass
+class FleetResult:
+    agent_calls: int
+    provider_calls: list[int]  # status calls per job
+    peak: int  # most status calls the provider saw in any one second
+    finished: int  # agents that saw their job succeed
+
+    def row(self, name: str) -> str:
+        calls = self.provider_calls
+        mean = sum(calls) / len(calls) if calls else 0.0
+        return (
+            f"{name:<22} {self.agent_calls:>12} {sum(calls):>15} {mean:>13.1f} "
+            f"{max(calls, default=0):>12} {self.peak:>15} {self.finished:>9}"
+        )
+
+
+def peak_per_second(times: list[float]) -> int:
+    times = sorted(times)
+    best = 0
+    for i, start in enumerate(times):
+        best = max(best, sum(1 for t in times[i:] if t < start + 1.0))
+    return best
+
+
+async def _fleet_agent(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str], stop: float
+) -> tuple[int, bool]:
+    calls = 0
+    while time.monotonic() < stop:
+        async with http.get(url, headers=headers) as response:
+            calls += 1
+            body = await response.read()
+            if response.status == 200 and b'"succeeded"' in body:
+                return calls, True
+        await asyncio.sleep(TIGHT_LOOP)
+    return calls, False
+
+
+async def _fleet(
+    base: str, provider: DemoProvider, headers: dict[str, str], agents: int, finish_after: float
+) -> FleetResult:
+    stop = time.monotonic() + FLEET_SECONDS
+    script = [{"state": "running", "until": finish_after}, {"state": "succeeded"}]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        jobs = []
+        for n in range(agents):
+            submit = {**headers, "Idempotency-Key": f"fleet-{n}-{time.time()}"}
+            async with http.post(
+                f"{base}/v1/jobs", json={"demo_script": script}, headers=submit
+            ) as r:
+                jobs.append((await r.json())["id"])
+        results = await asyncio.gather(
+            *(_fleet_agent(http, f"{base}/v1/jobs/{job}", headers, stop) for job in jobs)
+        )
+    status_calls = [e for e in provider.log if e["method"] == "GET" and e["job_id"] in jobs]
+    per_job = [sum(1 for e in status_calls if e["job_id"] == job) for job in jobs]
+    return FleetResult(
+        sum(calls for calls, _ in results),
+        per_job,
+        peak_per_second([e["at"] for e in status_calls]),
+        sum(1 for _, done in results if done),
+    )
+
+
+async def fleet(agents: int = 25, rate: str = "10/s", finish_after: float = 4.0) -> list[str]:
+    """The same fleet twice: straight at the provider, then through the gateway."""
+    provider = DemoProvider(api_key=KEY)
+    runner, port = await _start(provider.app())
+    try:
+        direct = await _fleet(
+            f"http://127.0.0.1:{port}",
+            provider,
+            {"Authorization": f"Bearer {KEY}"},
+            agents,
+            finish_after,
+        )
+    finally:
+        await runner.cleanup()
+    pacing = {
+        "provider_rate": rate,
+        "base_delay": "1s",
+        "max_delay": "4s",
+        "max_status_requests": 12,
+    }
+    async with _stack(pacing) as (paced, base, _):
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        gated = await _fleet(base, paced, auth, agents, finish_after)
+    heading = (
+        "",
+        "agent calls",
+        "provider calls",
+        "per job mean",
+        "per job max",
+        "peak calls/1 s",
+        "finished",
+    )
+    return [
+        f"Fleet: {agents} agents submit in the same second and poll every "
+        f"{TIGHT_LOOP * 1000:.0f} ms; each job finishes after {finish_after:g} s "
+        f"(gateway ceiling {rate}).",
+        "",
+        "{:<22} {:>12} {:>15} {:>13} {:>12} {:>15} {:>9}".format(*heading),
+        direct.row("straight to provider"),
+        gated.row("through Statusgate"),
+    ]
