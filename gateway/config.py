@@ -13,13 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
-from urllib.parse import urlsplit
 
 import pydantic
 from pydantic import BeforeValidator, Field
 
 from .errors import ConfigError
-from .loading import Strict, interpolate, load_env, read_yaml, validate
+from .loading import Strict, http_url, interpolate, load_env, read_yaml, validate
 from .policy import ProviderPolicy, load_policies
 from .units import parse_duration, parse_size
 
@@ -81,9 +80,7 @@ class EscalationSettings(Strict):
     @pydantic.field_validator("webhook_url")
     @classmethod
     def _webhook(cls, value: str | None) -> str | None:
-        if value is not None and urlsplit(value).scheme not in ("http", "https"):
-            raise ValueError("must be an http:// or https:// URL")
-        return value
+        return None if value is None else http_url(value, query=True)
 
 
 class GatewayFile(Strict):
@@ -100,10 +97,7 @@ class GatewayFile(Strict):
     @pydantic.field_validator("public_base_url")
     @classmethod
     def _base_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        return http_url(value)
 
 
 H = TypeVar("H", Account, Operator)

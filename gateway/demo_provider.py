@@ -237,7 +237,8 @@ class DemoProvider:
         return web.Response(status=202, headers=headers)
 
     # -- status -------------------------------------------------------------------------
-    async def _status(self, request: web.Request) -> web.Response:
+    def _job(self, request: web.Request) -> Job | web.Response:
+        """The job a request names (logged), or the 404/401 answer to give instead."""
         job_id = request.match_info["job_id"]
         self._record(request, job_id)
         job = self.jobs.get(job_id)
@@ -245,6 +246,13 @@ class DemoProvider:
             return web.json_response({"error": {"code": "not_found"}}, status=404)
         if not self._authorised(request, job.family):
             return self._denied()
+        return job
+
+    async def _status(self, request: web.Request) -> web.Response:
+        job = self._job(request)
+        if isinstance(job, web.Response):
+            return job
+        job_id = job.id
         step = job.next_step(self.clock())
         self.in_flight[job_id] = self.in_flight.get(job_id, 0) + 1
         self.most_in_flight[job_id] = max(
@@ -304,28 +312,20 @@ class DemoProvider:
         return body
 
     async def _result(self, request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
-        self._record(request, job_id)
-        job = self.jobs.get(job_id)
-        if job is None:
-            return web.json_response({"error": {"code": "not_found"}}, status=404)
-        if not self._authorised(request, job.family):
-            return self._denied()
-        return web.json_response({"id": job_id, "data": job.family.result_value})
+        job = self._job(request)
+        if isinstance(job, web.Response):
+            return job
+        return web.json_response({"id": job.id, "data": job.family.result_value})
 
     async def _cancel(self, request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
-        self._record(request, job_id)
-        job = self.jobs.get(job_id)
-        if job is None:
-            return web.json_response({"error": {"code": "not_found"}}, status=404)
-        if not self._authorised(request, job.family):
-            return self._denied()
+        job = self._job(request)
+        if isinstance(job, web.Response):
+            return job
         job.cancelled = True
         final = "cancelling" if job.family.name == "batches" else "cancelled"
         job.script = [{"state": "cancelled"}]
         job.index = 0
-        return web.json_response({"id": job_id, job.family.state_field: final})
+        return web.json_response({"id": job.id, job.family.state_field: final})
 
     async def _log(self, request: web.Request) -> web.Response:
         wanted = request.query.get("job")

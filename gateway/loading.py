@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import pydantic
 import yaml
@@ -95,6 +96,16 @@ def _line(shown: str, err: Any) -> str:
         message = str(err["msg"]).removeprefix("Value error, ")
         message = message[:1].lower() + message[1:]
     return f"{shown}: {where or '(top)'}: {message}"
+
+
+def http_url(value: str, *, query: bool = False) -> str:
+    """``value`` if it is an absolute http(s) URL with a host, without a trailing slash."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    if (parts.query and not query) or parts.fragment or parts.username or parts.password:
+        raise ValueError("must not carry a query, fragment or user info")
+    return value if query else value.rstrip("/")
 
 
 def load_env() -> dict[str, str]:

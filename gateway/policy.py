@@ -12,13 +12,12 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
 
 import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from .errors import ConfigError
-from .loading import Strict, interpolate, read_yaml, validate
+from .loading import Strict, http_url, interpolate, read_yaml, validate
 from .units import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -165,12 +164,7 @@ class ProviderPolicy(Strict):
     @pydantic.field_validator("upstream")
     @classmethod
     def _upstream(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        if parts.query or parts.fragment or parts.username or parts.password:
-            raise ValueError("must not carry a query, fragment or user info")
-        return value.rstrip("/")
+        return http_url(value)
 
     def state_class(self, state: str) -> str | None:
         """Which class of the state table ``state`` belongs to, or None when unknown."""

@@ -30,7 +30,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.app import create_app
 from gateway.config import load_settings
 from gateway.demo_provider import DemoProvider
-from gateway.models import OperationRecord
+from gateway.models import DelaySource, OperationRecord
 from gateway.runtime import RUNTIME
 from gateway.store import Store, store_from_url
 
@@ -325,6 +325,44 @@ def redis_url(redis_base_url: str) -> Iterator[str]:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@contextlib.asynccontextmanager
+async def real_time_harness(folder: Path, **kw: Any) -> AsyncIterator[Harness]:
+    """A gateway on real time (the store's clock) in front of its own demo provider."""
+    demo = DemoProvider(api_key=PROVIDER_KEY)
+    provider = TestServer(demo.app(), host="127.0.0.1")
+    await provider.start_server()
+    upstream = str(provider.make_url("")).rstrip("/")
+    harness = await start_harness(folder, None, demo, upstream=upstream, **kw)
+    try:
+        yield harness
+    finally:
+        await harness.client.close()
+        await provider.close()
+
+
+def pending_record(**changes: Any) -> OperationRecord:
+    """An operation record of team-a's demo-jobs job, pending and due now."""
+    now = time.time()
+    record = OperationRecord(
+        operation_id="op_1",
+        provider="demo-jobs",
+        account="team-a",
+        provider_job_id="job_1",
+        request_fingerprint="fp",
+        idempotency_key=None,
+        started_at=now,
+        deadline_at=now + 600,
+        max_status_requests=12,
+        max_transport_failures=3,
+        max_rate_limited=3,
+        next_poll_at=now - 1,
+        delay_source=DelaySource.LOCAL_BACKOFF,
+        credential_fingerprint="c",
+        policy_fingerprint="p",
+    )
+    return record.evolve(**changes)
 
 
 @pytest.fixture

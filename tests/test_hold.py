@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp.test_utils import TestServer
 
-from gateway.demo_provider import DemoProvider
 from gateway.headers import prefer_wait
 from gateway.runtime import RUNTIME
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, Harness, start_harness
+from conftest import AGENT_TOKEN, Harness, real_time_harness
 
 
 def held(wait: int | str) -> dict[str, str]:
@@ -103,23 +101,13 @@ async def test_fifty_concurrent_calls_make_one_provider_call(harness: Harness) -
     assert len(harness.provider_calls(job)) == 1
 
 
-async def real_time_harness(folder: Path, **kw: Any) -> tuple[Harness, TestServer]:
-    demo = DemoProvider(api_key=PROVIDER_KEY)
-    provider = TestServer(demo.app(), host="127.0.0.1")
-    await provider.start_server()
-    harness = await start_harness(
-        folder, None, demo, upstream=str(provider.make_url("")).rstrip("/"), **kw
-    )
-    return harness, provider
-
-
 async def test_client_going_away_leaves_no_task_and_no_lease(tmp_path: Path) -> None:
     """A held call whose client disconnects, mid-poll or mid-wait, leaves no task running
     and no lease held; the poll it had started still completes and is recorded."""
-    harness, provider = await real_time_harness(
-        tmp_path, policy_changes={"demo-jobs": {"polling": {"base_delay": "100ms"}}}
-    )
-    try:
+    polling = {"base_delay": "100ms"}
+    async with real_time_harness(
+        tmp_path, policy_changes={"demo-jobs": {"polling": polling}}
+    ) as harness:
         job = await job_of(await harness.submit([{"state": "running", "delay": 0.4}]))
         await asyncio.sleep(0.15)
         url = harness.client.make_url(f"/p/demo-jobs/v1/jobs/{job}")
@@ -147,14 +135,10 @@ async def test_client_going_away_leaves_no_task_and_no_lease(tmp_path: Path) -> 
             assert runtime.holding == 1
         await asyncio.sleep(0.1)
         assert runtime.holding == 0
-    finally:
-        await harness.client.close()
-        await provider.close()
 
 
 async def test_held_calls_are_answered_at_shutdown(tmp_path: Path) -> None:
-    harness, provider = await real_time_harness(tmp_path)
-    try:
+    async with real_time_harness(tmp_path) as harness:
         job = await job_of(
             await harness.submit([{"state": "running"}], submit={"poll_after_seconds": 60})
         )
@@ -168,6 +152,3 @@ async def test_held_calls_are_answered_at_shutdown(tmp_path: Path) -> None:
             assert answer.status == 429
             assert answer.headers["Preference-Applied"] == "wait=50"
             assert "Retry-After" in answer.headers
-    finally:
-        await harness.client.close()
-        await provider.close()

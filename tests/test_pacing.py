@@ -7,13 +7,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestServer
-
-from gateway.demo_provider import DemoProvider
 from gateway.pacing import Pacer
 from gateway.store import store_from_url
 
-from conftest import PROVIDER_KEY, Harness, start_harness
+from conftest import Harness, real_time_harness
 
 
 def test_sliding_window_keeps_under_the_rate() -> None:
@@ -77,19 +74,10 @@ async def test_ratelimit_fields_pause_until_the_reset(harness: Harness) -> None:
 async def test_two_hundred_operations_under_twenty_a_second(tmp_path: Path) -> None:
     """200 operations submitted within a second, every agent holding its status call: the
     provider never sees more than 20 status calls in any one-second window."""
-    demo = DemoProvider(api_key=PROVIDER_KEY)
-    provider = TestServer(demo.app(), host="127.0.0.1")
-    await provider.start_server()
     polling = {"provider_rate": "20/s", "base_delay": "200ms", "jitter": {"min": 1.0}}
-    harness = await start_harness(
-        tmp_path,
-        None,
-        demo,
-        upstream=str(provider.make_url("")).rstrip("/"),
-        policy_changes={"demo-jobs": {"polling": polling}},
-        config_changes={"limits": {"max_request_body": "64KiB"}},
-    )
-    try:
+    async with real_time_harness(
+        tmp_path, policy_changes={"demo-jobs": {"polling": polling}}
+    ) as harness:
         jobs = await asyncio.gather(
             *(submit(harness, [{"state": "running"}], f"k{i}") for i in range(200))
         )
@@ -97,14 +85,11 @@ async def test_two_hundred_operations_under_twenty_a_second(tmp_path: Path) -> N
             *(harness.poll(job, headers={"Prefer": "wait=3"}) for job in jobs)
         )
         assert {a.status for a in answers} <= {200, 429}
-        times = sorted(e["at"] for e in demo.log if e["method"] == "GET")
+        times = sorted(e["at"] for e in harness.provider.log if e["method"] == "GET")
         assert len(times) >= 40
         for i, start in enumerate(times):
             in_window = [t for t in times[i:] if t < start + 1.0]
             assert len(in_window) <= 20, (start, len(in_window))
-    finally:
-        await harness.client.close()
-        await provider.close()
 
 
 async def test_replicas_share_one_window_on_redis(redis_url: str) -> None:

@@ -13,37 +13,17 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
-from aiohttp.test_utils import TestServer
 
-from gateway.demo_provider import DemoProvider
 from gateway.errors import NotAdmissible, StoreError
-from gateway.models import DelaySource, OperationRecord
+from gateway.models import OperationRecord
 from gateway.store import store_from_url
 from gateway.store.redis import RedisStore
 
-from conftest import PROVIDER_KEY, Harness, RedisServer, start_harness
+from conftest import RedisServer, pending_record, real_time_harness
 
 
 def record(**changes: Any) -> OperationRecord:
-    now = time.time()
-    base = OperationRecord(
-        operation_id="op_r",
-        provider="demo-jobs",
-        account="team-a",
-        provider_job_id="job_r",
-        request_fingerprint="fp",
-        idempotency_key=None,
-        started_at=now,
-        deadline_at=now + 600,
-        max_status_requests=3,
-        max_transport_failures=3,
-        max_rate_limited=3,
-        next_poll_at=now - 1,
-        delay_source=DelaySource.LOCAL_BACKOFF,
-        credential_fingerprint="c",
-        policy_fingerprint="p",
-    )
-    return base.evolve(**changes)
+    return pending_record(**{"operation_id": "op_r", "max_status_requests": 3, **changes})
 
 
 async def test_spending_a_request_is_checked_on_redis_time(redis_url: str) -> None:
@@ -124,18 +104,13 @@ async def test_fail_closed_while_redis_is_down_or_stalled(
     """Redis stalled (SIGSTOP) or stopped: every call answers 503 store-unavailable within a
     second and nothing reaches the provider; /readyz is not ready; after Redis is back the
     next due poll goes through."""
-    demo = DemoProvider(api_key=PROVIDER_KEY)
-    provider = TestServer(demo.app(), host="127.0.0.1")
-    await provider.start_server()
-    harness: Harness = await start_harness(
-        tmp_path / "cfg",
-        None,
-        demo,
-        upstream=str(provider.make_url("")).rstrip("/"),
+    polling = {"base_delay": "200ms", "jitter": {"min": 1}}
+    async with real_time_harness(
+        tmp_path,
         store_url=f"{private_redis.url}?prefix=failclosed",
-        policy_changes={"demo-jobs": {"polling": {"base_delay": "200ms", "jitter": {"min": 1}}}},
-    )
-    try:
+        policy_changes={"demo-jobs": {"polling": polling}},
+    ) as harness:
+        demo = harness.provider
         job = (await (await harness.submit([{"state": "running"}])).json())["id"]
         assert (await harness.poll_when_due(job)).status == 200
         assert private_redis.process is not None
@@ -171,28 +146,17 @@ async def test_fail_closed_while_redis_is_down_or_stalled(
         assert (await harness.client.get("/readyz")).status == 200
         metrics = await (await harness.client.get("/metrics")).text()
         assert 'statusgate_store_errors_total{operation="find"}' in metrics
-    finally:
-        await harness.client.close()
-        await provider.close()
 
 
 async def test_gateway_flow_on_redis(redis_url: str, tmp_path: Path) -> None:
     """The ordinary flow on a Redis store with real time: refuse, poll, finish, cache."""
-    demo = DemoProvider(api_key=PROVIDER_KEY)
-    provider = TestServer(demo.app(), host="127.0.0.1")
-    await provider.start_server()
-    harness: Harness = await start_harness(
-        tmp_path / "cfg",
-        None,
-        demo,
-        upstream=str(provider.make_url("")).rstrip("/"),
+    async with real_time_harness(
+        tmp_path,
         store_url=redis_url,
         policy_changes={"demo-jobs": {"polling": {"base_delay": "100ms"}}},
-    )
-    try:
-        job = (await (await harness.submit([{"state": "running"}, {"state": "succeeded"}])).json())[
-            "id"
-        ]
+    ) as harness:
+        script = [{"state": "running"}, {"state": "succeeded"}]
+        job = (await (await harness.submit(script)).json())["id"]
         assert (await harness.poll(job)).status == 429
         assert (await harness.poll_when_due(job)).status == 200
         done = await harness.poll_when_due(job)
@@ -201,9 +165,6 @@ async def test_gateway_flow_on_redis(redis_url: str, tmp_path: Path) -> None:
         assert len(harness.provider_calls(job)) == 2
         record = await harness.record(job)
         assert record.status_requests_used == 2 and record.early_refusals == 1
-    finally:
-        await harness.client.close()
-        await provider.close()
 
 
 async def test_wait_replicas_fails_closed_without_enough_replicas(redis_url: str) -> None:

@@ -15,7 +15,6 @@ import pytest
 
 from gateway.errors import ConfigError, StoreError
 from gateway.models import (
-    DelaySource,
     Escalation,
     FinalResponse,
     IdempotencyEntry,
@@ -27,6 +26,8 @@ from gateway.models import (
     StoredResponse,
 )
 from gateway.store import Store, store_from_url
+
+from conftest import pending_record
 
 EXPIRY = 0.2  # seconds, for lease and idempotency expiry
 
@@ -47,24 +48,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 def record(op: str = "op_1", job: str = "job_1", account: str = "team-a") -> OperationRecord:
     """A pending record whose next poll is due now."""
-    now = time.time()
-    return OperationRecord(
-        operation_id=op,
-        provider="demo-jobs",
-        account=account,
-        provider_job_id=job,
-        request_fingerprint="fp",
-        idempotency_key=None,
-        started_at=now,
-        deadline_at=now + 600,
-        max_status_requests=12,
-        max_transport_failures=3,
-        max_rate_limited=3,
-        next_poll_at=now - 1,
-        delay_source=DelaySource.LOCAL_BACKOFF,
-        credential_fingerprint="c",
-        policy_fingerprint="p",
-    )
+    return pending_record(operation_id=op, provider_job_id=job, account=account)
 
 
 def idem(key: str = "k", fingerprint: str = "f", ttl: float = 60) -> IdempotencyEntry:
