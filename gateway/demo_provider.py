@@ -20,7 +20,9 @@ status GET consumes one step and the last step repeats. A step is an object such
   (a careless provider that echoes the credential it received);
 - ``until`` (seconds since submit during which this step repeats), ``delay`` (seconds before
   answering), ``headers`` (extra answer headers, e.g. RateLimit fields);
-- ``http`` (a status code such as 503, 429, 404, 401), or ``body`` + ``content_type``.
+- ``http`` (a status code such as 503, 429, 404, 401), or ``body`` + ``content_type``;
+- faults: ``stall_body`` (seconds of silence mid-body), ``reset_body`` (cut mid-body),
+  ``nested`` (JSON nested that deep), ``gzip_bomb`` (MB of JSON, gzip-compressed).
 
 ``demo_submit`` scripts the submit answer the same way (``http``, ``delay``, ``retry_after``,
 ``omit_id``, ``poll_after_seconds``). A repeated ``Idempotency-Key`` returns the job it first
@@ -35,8 +37,9 @@ import json
 import os
 import secrets
 import time
+import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -111,6 +114,9 @@ class DemoProvider:
     _keys: dict[str, str] = field(default_factory=dict)  # Idempotency-Key -> job id
     in_flight: dict[str, int] = field(default_factory=dict)  # status calls being answered
     most_in_flight: dict[str, int] = field(default_factory=dict)  # the most at once, per job
+    # called with the job id just before a status answer is sent (tests use it to act at
+    # the instant the provider has answered)
+    before_answer: Callable[[str], Awaitable[None]] | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -248,7 +254,7 @@ class DemoProvider:
             return self._denied()
         return job
 
-    async def _status(self, request: web.Request) -> web.Response:
+    async def _status(self, request: web.Request) -> web.StreamResponse:
         job = self._job(request)
         if isinstance(job, web.Response):
             return job
@@ -259,13 +265,21 @@ class DemoProvider:
             self.most_in_flight.get(job_id, 0), self.in_flight[job_id]
         )
         try:
-            return await self._answer(request, job, step)
+            answer = await self._answer(request, job, step)
+            if self.before_answer is not None:
+                await self.before_answer(job_id)
+            return answer
         finally:
             self.in_flight[job_id] -= 1
 
-    async def _answer(self, request: web.Request, job: Job, step: dict[str, Any]) -> web.Response:
+    async def _answer(
+        self, request: web.Request, job: Job, step: dict[str, Any]
+    ) -> web.StreamResponse:
         if step.get("delay"):
             await asyncio.sleep(float(step["delay"]))
+        fault = _FAULTS.get(next((name for name in _FAULTS if name in step), ""))
+        if fault is not None:
+            return await fault(request, step)
         headers = {"Retry-After": str(step["retry_after"])} if "retry_after" in step else {}
         headers.update({str(k): str(v) for k, v in step.get("headers", {}).items()})
         if "body" in step:
@@ -331,6 +345,53 @@ class DemoProvider:
         wanted = request.query.get("job")
         entries = [e for e in self.log if wanted is None or e["job_id"] == wanted]
         return web.json_response(entries)
+
+
+async def _stall_body(request: web.Request, step: dict[str, Any]) -> web.StreamResponse:
+    """Headers and half a body, then silence for ``stall_body`` seconds."""
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = 64
+    await response.prepare(request)
+    await response.write(b'{"state": "running", "pad": "')
+    await asyncio.sleep(float(step["stall_body"]))
+    return response
+
+
+async def _reset_body(request: web.Request, step: dict[str, Any]) -> web.StreamResponse:
+    """Headers and half a body, then the connection is cut."""
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = 64
+    await response.prepare(request)
+    await response.write(b'{"state": "running", "pad": "')
+    assert request.transport is not None
+    request.transport.abort()
+    return response
+
+
+async def _nested(request: web.Request, step: dict[str, Any]) -> web.StreamResponse:
+    depth = int(step["nested"])
+    return web.Response(text="[" * depth + "]" * depth, content_type="application/json")
+
+
+async def _gzip_bomb(request: web.Request, step: dict[str, Any]) -> web.StreamResponse:
+    """``gzip_bomb`` MB of spaces inside a JSON string, gzip-compressed (about 1000:1)."""
+    size = int(float(step["gzip_bomb"]) * 1024 * 1024)
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [compressor.compress(b'{"state": "running", "pad": "')]
+    chunk = b" " * (1024 * 1024)
+    for _ in range(size // len(chunk)):
+        parts.append(compressor.compress(chunk))
+    parts.append(compressor.compress(b'"}') + compressor.flush())
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    return web.Response(body=b"".join(parts), headers=headers)
+
+
+_FAULTS = {
+    "stall_body": _stall_body,
+    "reset_body": _reset_body,
+    "nested": _nested,
+    "gzip_bomb": _gzip_bomb,
+}
 
 
 def run(host: str, port: int) -> None:
