@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-dev
 CONFIG ?= config/gateway.yaml
 export DEMO_API_KEY ?= demo-provider-key
 
-.PHONY: install run test lint check clean bench-audit
+.PHONY: install run test lint check clean bench bench-audit
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ lint: $(STAMP)
 
 test: lint
 	$(VENV)/bin/pytest
+
+# Benchmarks, never part of `make test`. wrk measures capacity when installed
+# (apt-get install wrk); nginx adds the B1 row when installed (apt-get install nginx-light).
+bench: $(STAMP)
+	@command -v wrk >/dev/null || echo "wrk not found (apt-get install wrk): using a slower Python closed loop"
+	$(PY) bench/run.py
+	$(PY) bench/audit_verify.py
 
 bench-audit: $(STAMP)
 	$(PY) bench/audit_verify.py

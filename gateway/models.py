@@ -107,11 +107,24 @@ class OperationRecord:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        if self.final_response is not None:
-            data["final_response"]["body"] = self.final_response.body.decode("latin-1")
-        if self.escalation is not None:
-            data["escalation"]["permitted_actions"] = list(self.escalation.permitted_actions)
+        """JSON-ready fields (on the hot path: no deep copies, unlike dataclasses.asdict)."""
+        data = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        final, escalation = self.final_response, self.escalation
+        if final is not None:
+            data["final_response"] = {
+                "status": final.status,
+                "content_type": final.content_type,
+                "body": final.body.decode("latin-1"),
+            }
+        if escalation is not None:
+            data["escalation"] = {
+                "reason": escalation.reason.value,
+                "at": escalation.at,
+                "detail": escalation.detail,
+                "permitted_actions": list(escalation.permitted_actions),
+            }
+        data["outcome"] = self.outcome.value
+        data["delay_source"] = self.delay_source.value
         return data
 
     @classmethod
@@ -135,6 +148,9 @@ class OperationRecord:
         data["outcome"] = Outcome(data["outcome"])
         data["delay_source"] = DelaySource(data["delay_source"])
         return cls(**data)
+
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(OperationRecord))
 
 
 class IdemState(enum.StrEnum):

@@ -26,6 +26,7 @@ CAS_ATTEMPTS = 100
 
 class Store(abc.ABC):
     _pacer: Pacer | None = None
+    _leases: dict[str, tuple[str, float]] | None = None
 
     # -- operations ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -88,13 +89,24 @@ class Store(abc.ABC):
     async def drop_idempotency(self, key: str) -> None: ...
 
     # -- leases -------------------------------------------------------------------------
-    @abc.abstractmethod
     async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
-        """Hold ``name`` until ``now + ttl`` unless another unexpired token holds it."""
+        """Hold ``name`` until ``now + ttl`` unless another unexpired token holds it.
 
-    @abc.abstractmethod
+        The default keeps leases in this process: right for the stores one gateway
+        process owns (memory, SQLite). Shared stores keep them where every replica sees."""
+        if self._leases is None:
+            self._leases = {}
+        held = self._leases.get(name)
+        if held is not None and held[0] != token and held[1] > now:
+            return False
+        self._leases[name] = (token, now + ttl)
+        return True
+
     async def release_lease(self, name: str, token: str) -> None:
         """Release ``name`` only if ``token`` still holds it."""
+        held = (self._leases or {}).get(name)
+        if held is not None and held[0] == token:
+            del self._leases[name]  # type: ignore[union-attr]
 
     # -- pacing -------------------------------------------------------------------------
     async def pace(self, provider: str, rate: float | None, now: float) -> float:

@@ -15,7 +15,6 @@ class MemoryStore(Store):
         self._records: dict[str, OperationRecord] = {}
         self._by_job: dict[tuple[str, str, str], str] = {}
         self._idempotency: dict[str, IdempotencyEntry] = {}
-        self._leases: dict[str, tuple[str, float]] = {}
 
     async def create(
         self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
@@ -69,18 +68,6 @@ class MemoryStore(Store):
 
     async def drop_idempotency(self, key: str) -> None:
         self._idempotency.pop(key, None)
-
-    async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
-        held = self._leases.get(name)
-        if held is not None and held[0] != token and held[1] > now:
-            return False
-        self._leases[name] = (token, now + ttl)
-        return True
-
-    async def release_lease(self, name: str, token: str) -> None:
-        held = self._leases.get(name)
-        if held is not None and held[0] == token:
-            del self._leases[name]
 
     async def ping(self) -> None:
         return None

@@ -1,11 +1,17 @@
-"""``sqlite:///path``: the default store, one file, WAL, one writer.
+"""``sqlite:///path``: the default store, one file, WAL, one writer, group commit.
 
-All SQL runs on one dedicated thread with one connection, so the event loop never blocks on
-disk and writes are serialised in this process; every read-modify-write is one
-``BEGIN IMMEDIATE`` transaction, which also serialises writers from other processes.
-``?synchronous=normal`` trades durability on power loss for speed (a process crash loses
-nothing either way); the default is ``full``. ``?busy_timeout=2s`` bounds how long a call
-waits for another process's write lock before the gateway fails closed.
+Two dedicated threads, each with its own connection: a reader (WAL lets it read while the
+writer writes) and the one writer. Writes queue up while the writer is busy and the next
+batch runs in one ``BEGIN IMMEDIATE`` transaction, each write in a savepoint of its own, so
+concurrent calls share one commit (and one fsync) instead of queueing for one each. Every
+read-modify-write (``mutate``) runs whole inside that transaction. The event loop never
+blocks on disk.
+
+``?synchronous=full`` (default) fsyncs every commit: nothing acknowledged is lost even on
+power loss; ``normal`` survives any process crash but may lose the last commits on power
+loss. ``?busy_timeout=2s`` bounds how long a call waits for another process's write lock
+before the gateway fails closed. One gateway process owns a SQLite file: leases live in its
+memory (base class).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from ..models import IdempotencyEntry, OperationFilter, OperationRecord
 from .base import Mutation, Store
 
 T = TypeVar("T")
+Work = Callable[[sqlite3.Connection], Any]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS operations (
@@ -42,15 +49,11 @@ CREATE TABLE IF NOT EXISTS idempotency (
     expires_at REAL NOT NULL,
     data       TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS leases (
-    name       TEXT PRIMARY KEY,
-    token      TEXT NOT NULL,
-    expires_at REAL NOT NULL
-);
 """
 
 
-def _dump(record: OperationRecord) -> tuple[Any, ...]:
+def dump(record: OperationRecord) -> tuple[Any, ...]:
+    """A record as a row of the operations table."""
     return (
         record.operation_id,
         record.account,
@@ -67,88 +70,130 @@ def _load(row: tuple[Any, ...] | None) -> OperationRecord | None:
     return None if row is None else OperationRecord.from_dict(json.loads(row[0]))
 
 
+class _Pending:
+    __slots__ = ("future", "operation", "work")
+
+    def __init__(self, operation: str, work: Work, future: asyncio.Future[Any]) -> None:
+        self.operation = operation
+        self.work = work
+        self.future = future
+
+
 class SQLiteStore(Store):
     def __init__(self, path: str, *, synchronous: str = "full", busy_timeout: float = 2.0):
         self._path = path
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
-        self._conn: sqlite3.Connection | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-write")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
+        self._connections: dict[str, sqlite3.Connection] = {}
+        self._queue: list[_Pending] = []
+        self._flushing = False
 
     # -- plumbing -----------------------------------------------------------------------
-    async def _run(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _connection(self, role: str) -> sqlite3.Connection:
+        """The connection of the calling thread's role, opened on first use there."""
+        conn = self._connections.get(role)
+        if conn is None:
+            if self._path != ":memory:":
+                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            conn.executescript(SCHEMA)
+            self._connections[role] = conn
+        return conn
+
+    async def _read(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, self._call, work)
+            return await loop.run_in_executor(self._reader, lambda: work(self._connection("read")))
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite {operation}: {exc}", operation=operation) from exc
         except RuntimeError as exc:  # executor shut down
             raise StoreError("sqlite store is closed", operation=operation) from exc
 
-    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        if self._conn is None:
-            self._conn = self._open()
-        return work(self._conn)
+    async def _write(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Queue ``work`` for the writer; it runs in the next batch's transaction."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.append(_Pending(operation, work, future))
+        if not self._flushing:
+            self._flushing = True
+            loop.create_task(self._flush())
+        return await future
 
-    def _open(self) -> sqlite3.Connection:
-        if self._path != ":memory:":
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            self._path,
-            timeout=self._busy_timeout,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.executescript(SCHEMA)
-        return conn
-
-    @staticmethod
-    def _write(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
-        conn.execute("BEGIN IMMEDIATE")
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            result = work(conn)
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    outcomes = await loop.run_in_executor(self._writer, self._commit, batch)
+                except (sqlite3.Error, RuntimeError) as exc:
+                    for pending in batch:
+                        _fail(pending, exc)
+                    continue
+                for pending, (ok, value) in zip(batch, outcomes, strict=True):
+                    if pending.future.done():
+                        continue
+                    if ok:
+                        pending.future.set_result(value)
+                    else:
+                        _fail(pending, value)
+        finally:
+            self._flushing = False
+
+    def _commit(self, batch: list[_Pending]) -> list[tuple[bool, Any]]:
+        """One transaction for the batch; each write in a savepoint, so one failing write
+        is rolled back alone. Runs on the writer thread."""
+        conn = self._connection("write")
+        conn.execute("BEGIN IMMEDIATE")
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            for pending in batch:
+                conn.execute("SAVEPOINT one")
+                try:
+                    outcomes.append((True, pending.work(conn)))
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO one")
+                    outcomes.append((False, exc))
+                conn.execute("RELEASE one")
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
-        return result
+        return outcomes
 
     # -- operations ---------------------------------------------------------------------
     async def create(
         self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
     ) -> OperationRecord:
         def work(conn: sqlite3.Connection) -> OperationRecord:
-            existing = _load(
-                conn.execute(
-                    "SELECT data FROM operations"
-                    " WHERE account = ? AND provider = ? AND provider_job_id = ?",
-                    (record.account, record.provider, record.provider_job_id),
-                ).fetchone()
-            )
+            existing = _find(conn, record.account, record.provider, record.provider_job_id)
             if existing is not None:
                 return existing
-            conn.execute("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _dump(record))
+            conn.execute("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(record))
             if idempotency is not None:
                 _put_idem(conn, idempotency)
             return record
 
-        return await self._run("create", lambda conn: self._write(conn, work))
+        return await self._write("create", work)
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        return await self._run("get", lambda conn: _get(conn, operation_id))
+        return await self._read("get", lambda conn: _get(conn, operation_id))
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
-        sql = (
-            "SELECT data FROM operations WHERE account = ? AND provider = ? AND provider_job_id = ?"
-        )
-        return await self._run(
-            "find", lambda conn: _load(conn.execute(sql, (account, provider, job_id)).fetchone())
-        )
+        return await self._read("find", lambda conn: _find(conn, account, provider, job_id))
 
     async def save(self, record: OperationRecord) -> bool:
-        return await self._run("save", lambda conn: self._write(conn, lambda c: _cas(c, record)))
+        return await self._write("save", lambda conn: _cas(conn, record))
 
     async def mutate(self, operation_id: str, change: Mutation[T]) -> T:
         def work(conn: sqlite3.Connection) -> T:
@@ -162,7 +207,7 @@ class SQLiteStore(Store):
                 )
             return result
 
-        return await self._run("mutate", lambda conn: self._write(conn, work))
+        return await self._write("mutate", work)
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         clauses, args = [], []
@@ -183,13 +228,13 @@ class SQLiteStore(Store):
             rows = conn.execute(sql, (*args, where.limit)).fetchall()
             return [OperationRecord.from_dict(json.loads(row[0])) for row in rows]
 
-        return await self._run("list", work)
+        return await self._read("list", work)
 
     async def active_counts(self) -> dict[str, int]:
         sql = (
             "SELECT provider, count(*) FROM operations WHERE outcome = 'pending' GROUP BY provider"
         )
-        rows = await self._run("active_counts", lambda conn: conn.execute(sql).fetchall())
+        rows = await self._read("active_counts", lambda conn: conn.execute(sql).fetchall())
         return {str(provider): int(count) for provider, count in rows}
 
     # -- idempotency --------------------------------------------------------------------
@@ -205,48 +250,44 @@ class SQLiteStore(Store):
             _put_idem(conn, entry)
             return None
 
-        return await self._run("claim_idempotency", lambda conn: self._write(conn, work))
+        return await self._write("claim_idempotency", work)
 
     async def put_idempotency(self, entry: IdempotencyEntry) -> None:
-        await self._run(
-            "put_idempotency", lambda conn: self._write(conn, lambda c: _put_idem(c, entry))
-        )
+        await self._write("put_idempotency", lambda conn: _put_idem(conn, entry))
 
     async def drop_idempotency(self, key: str) -> None:
-        await self._run(
-            "drop_idempotency",
-            lambda conn: conn.execute("DELETE FROM idempotency WHERE key = ?", (key,)),
-        )
-
-    # -- leases -------------------------------------------------------------------------
-    async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
-        sql = (
-            "INSERT INTO leases VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE"
-            " SET token = excluded.token, expires_at = excluded.expires_at"
-            " WHERE leases.token = excluded.token OR leases.expires_at <= ?"
-        )
-        return await self._run(
-            "acquire_lease",
-            lambda conn: conn.execute(sql, (name, token, now + ttl, now)).rowcount == 1,
-        )
-
-    async def release_lease(self, name: str, token: str) -> None:
-        sql = "DELETE FROM leases WHERE name = ? AND token = ?"
-        await self._run("release_lease", lambda conn: conn.execute(sql, (name, token)))
+        sql = "DELETE FROM idempotency WHERE key = ?"
+        await self._write("drop_idempotency", lambda conn: conn.execute(sql, (key,)))
 
     # -- life ---------------------------------------------------------------------------
     async def ping(self) -> None:
         """Ready means writable: the write lock can be taken within the busy timeout."""
-        await self._run("ping", lambda conn: self._write(conn, lambda c: c.execute("SELECT 1")))
+        await self._write("ping", lambda conn: conn.execute("SELECT 1"))
 
     async def close(self) -> None:
-        def shut(conn: sqlite3.Connection) -> None:
-            conn.close()
-            self._conn = None
+        while self._flushing:
+            await asyncio.sleep(0.001)
+        loop = asyncio.get_running_loop()
+        for role, executor in (("read", self._reader), ("write", self._writer)):
+            conn = self._connections.pop(role, None)
+            if conn is not None:
+                await loop.run_in_executor(executor, conn.close)
+            executor.shutdown(wait=True)
 
-        if self._conn is not None:
-            await self._run("close", shut)
-        self._executor.shutdown(wait=True)
+
+def _fail(pending: _Pending, exc: BaseException) -> None:
+    """Driver errors become StoreError here; anything else (a bug) is raised as it is."""
+    if pending.future.done():
+        return
+    if not isinstance(exc, sqlite3.Error | RuntimeError):
+        pending.future.set_exception(exc)
+        return
+    operation = pending.operation
+    closed = isinstance(exc, RuntimeError)
+    message = "sqlite store is closed" if closed else f"sqlite {operation}: {exc}"
+    error = StoreError(message, operation=operation)
+    error.__cause__ = exc
+    pending.future.set_exception(error)
 
 
 def _get(conn: sqlite3.Connection, operation_id: str) -> OperationRecord | None:
@@ -256,8 +297,18 @@ def _get(conn: sqlite3.Connection, operation_id: str) -> OperationRecord | None:
     return _load(row)
 
 
+def _find(
+    conn: sqlite3.Connection, account: str, provider: str, job_id: str
+) -> OperationRecord | None:
+    row = conn.execute(
+        "SELECT data FROM operations WHERE account = ? AND provider = ? AND provider_job_id = ?",
+        (account, provider, job_id),
+    ).fetchone()
+    return _load(row)
+
+
 def _cas(conn: sqlite3.Connection, record: OperationRecord) -> bool:
-    values = _dump(record.evolve(version=record.version + 1))
+    values = dump(record.evolve(version=record.version + 1))
     cursor = conn.execute(
         "UPDATE operations SET outcome = ?, version = ?, data = ?"
         " WHERE operation_id = ? AND version = ?",

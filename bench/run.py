@@ -1,0 +1,529 @@
+"""`make bench`: Statusgate against the provider, nginx and a bare proxy, side by side.
+
+Everything runs on loopback in this one run: the demo provider (B0 direct), nginx proxy_pass
+(B1, when nginx is installed), a bare aiohttp pass-through proxy (B2), Statusgate on SQLite
+(G1) and on Redis (G2, when a Redis answers). Capacity is measured closed-loop with wrk
+(or a Python closed loop when wrk is missing), latency open-loop at a fixed rate of about 60%
+of G1's forwarded capacity. Nothing here is asserted; the targets are printed beside the
+ratios. Options: --quick (shorter runs), --growth N (stored operations for the growth row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+KEY = "bench-provider-key"
+NGINX_HINT = "apt-get install nginx-light"
+TOKEN = "bench-agent-token"
+REAL_OPS = 1000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    for _ in range(300):
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited: {process.args}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+@contextlib.contextmanager
+def spawn(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[None]:
+    process = subprocess.Popen(
+        args,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, process)
+        yield
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+# -- load -------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    rps: float
+    p50: float
+    p99: float
+
+
+def lua_paths(paths: list[str], headers: dict[str, str], method: str = "GET") -> str:
+    listed = ",".join(json.dumps(p) for p in paths)
+    lines = [f"paths = {{{listed}}}", "i = 0"]
+    lines += [f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()]
+    if method == "POST":
+        lines += [
+            'wrk.method = "POST"',
+            'wrk.headers["Content-Type"] = "application/json"',
+            'wrk.body = \'{"demo_script": [{"state": "running"}]}\'',
+            "math.randomseed(os.time() + tonumber(tostring({}):sub(8), 16))",
+            "request = function()",
+            "  i = i + 1",
+            '  wrk.headers["Idempotency-Key"] = "b" .. math.random(1, 2147483647) .. "-" .. i',
+            "  return wrk.format(nil, paths[1])",
+            "end",
+        ]
+    else:
+        lines += [
+            "request = function()",
+            "  i = i + 1",
+            "  return wrk.format(nil, paths[(i % #paths) + 1])",
+            "end",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if match is None:
+        raise ValueError(f"wrk latency {text!r} not understood")
+    number, unit = match.groups()
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+
+
+def wrk(
+    base: str, paths: list[str], headers: dict[str, str], seconds: float, method: str = "GET"
+) -> Result:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(lua_paths(paths, headers, method))
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            "-c32",
+            f"-d{max(1, round(seconds))}s",
+            "--latency",
+            "-s",
+            script.name,
+            base,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    os.unlink(script.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    return Result(rps, p50, p99)
+
+
+async def _python_closed_loop(
+    urls: list[str], headers: dict[str, str], seconds: float, method: str
+) -> Result:
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as http:
+
+        async def worker(n: int) -> None:
+            i = n
+            while time.perf_counter() < stop:
+                i += 32
+                started = time.perf_counter()
+                extra = {"Idempotency-Key": f"p{n}-{i}-{time.time()}"} if method == "POST" else {}
+                body = {"demo_script": [{"state": "running"}]} if method == "POST" else None
+                async with http.request(
+                    method, urls[i % len(urls)], headers={**headers, **extra}, json=body
+                ) as r:
+                    await r.read()
+                latencies.append(time.perf_counter() - started)
+
+        await asyncio.gather(*(worker(n) for n in range(32)))
+    latencies.sort()
+    return Result(
+        len(latencies) / seconds,
+        latencies[len(latencies) // 2] * 1000,
+        latencies[int(len(latencies) * 0.99)] * 1000,
+    )
+
+
+def capacity(
+    base: str, paths: list[str], headers: dict[str, str], seconds: float, method: str = "GET"
+) -> Result:
+    if shutil.which("wrk"):
+        return wrk(base, paths, headers, seconds, method)
+    urls = [base + p for p in paths]
+    return asyncio.run(_python_closed_loop(urls, headers, seconds, method))
+
+
+def fixed_rate(
+    base: str, paths: list[str], headers: dict[str, str], rate: float, seconds: float
+) -> Result:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
+        listing.write("\n".join(base + p for p in paths))
+    args = [PY, str(ROOT / "bench/openloop.py"), str(rate), str(seconds), listing.name]
+    args += [f"{k}: {v}" for k, v in headers.items()]
+    out = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    os.unlink(listing.name)
+    return Result(rate, out["p50_ms"], out["p99_ms"])
+
+
+# -- setup --------------------------------------------------------------------------------
+
+
+def bench_policy(folder: Path, upstream: str) -> None:
+    policy = yaml.safe_load((ROOT / "policies/demo-jobs.yaml").read_text())
+    policy.update(provider="bench", upstream=upstream)
+    policy["polling"].update(
+        base_delay="1ms",
+        max_delay="1ms",
+        jitter={"min": 1.0, "max": 1.0},
+        deadline="24h",
+        max_status_requests=100_000_000,
+        final_poll_margin="1ms",
+    )
+    (folder / "policies").mkdir(parents=True, exist_ok=True)
+    (folder / "policies/bench.yaml").write_text(yaml.safe_dump(policy))
+
+
+def gateway_config(folder: Path, port: int, store: str, audit: bool) -> Path:
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "public_base_url": f"http://127.0.0.1:{port}",
+        "store": store,
+        "policies_dir": "policies",
+        "accounts": [{"id": "bench", "token_sha256": [hashlib.sha256(TOKEN.encode()).hexdigest()]}],
+    }
+    if audit:
+        config["audit"] = {"path": "audit.jsonl"}
+    path = folder / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def submit_many(
+    base: str, headers: dict[str, str], count: int, script: list[Any]
+) -> list[str]:
+    ids: list[str] = []
+    async with aiohttp.ClientSession() as http:
+        for i in range(count):
+            body = {"demo_script": script, "demo_submit": {"poll_after_seconds": 0}}
+            key = {"Idempotency-Key": f"setup-{i}-{time.time()}"}
+            async with http.post(f"{base}/v1/jobs", json=body, headers={**headers, **key}) as r:
+                ids.append((await r.json())["id"])
+    return ids
+
+
+async def prime(base: str, headers: dict[str, str], paths: list[str]) -> None:
+    """One poll each, so cached/too-early operations reach the state the bench needs."""
+    await asyncio.sleep(0.05)
+    async with aiohttp.ClientSession() as http:
+        for path in paths:
+            async with http.get(base + path, headers=headers) as r:
+                await r.read()
+
+
+def redis_url() -> str | None:
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    host, port = re.match(r"redis://([^:/]+):?(\d+)?", url).groups()  # type: ignore[union-attr]
+    try:
+        with socket.create_connection((host, int(port or 6379)), 0.3):
+            pass
+    except OSError:
+        return None
+    return f"{url.split('?')[0]}?prefix=bench-{os.getpid()}"
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--growth", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=None)
+    args = parser.parse_args()
+    seconds = args.seconds or (2.0 if args.quick else 5.0)
+    rows: dict[tuple[str, str], Result] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        provider_port = free_port()
+        provider = f"http://127.0.0.1:{provider_port}"
+        direct_headers = {"Authorization": f"Bearer {KEY}"}
+        agent = {"Authorization": f"Bearer {TOKEN}"}
+        with spawn(
+            [PY, "-m", "gateway", "demo-provider", "--port", str(provider_port)],
+            provider_port,
+            {"DEMO_API_KEY": KEY},
+        ):
+            bench_policy(folder, provider)
+            jobs = asyncio.run(
+                submit_many(provider, direct_headers, REAL_OPS, [{"state": "running"}])
+            )
+            job_paths = [f"/v1/jobs/{j}" for j in jobs]
+            rows[("B0 provider", "forwarded poll")] = capacity(
+                provider, job_paths, direct_headers, seconds
+            )
+            rows[("B0 provider", "submit")] = capacity(
+                provider, ["/v1/jobs"], direct_headers, seconds, "POST"
+            )
+            for name, start in (("B1 nginx", _nginx), ("B2 bare proxy", _bare)):
+                with start(folder, provider) as base:
+                    if base is None:
+                        print(f"{name}: skipped (nginx is not installed: {NGINX_HINT})")
+                        continue
+                    rows[(name, "forwarded poll")] = capacity(
+                        base, job_paths, direct_headers, seconds
+                    )
+                    rows[(name, "submit")] = capacity(
+                        base, ["/v1/jobs"], direct_headers, seconds, "POST"
+                    )
+            stores = [("G1 Statusgate SQLite", f"sqlite:///{folder}/g1.db")]
+            redis = redis_url()
+            if redis is not None:
+                stores.append(("G2 Statusgate Redis", redis))
+            else:
+                print("G2: skipped (no Redis answering; set REDIS_URL)")
+            for name, store in stores:
+                _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
+            _gateway_paths(
+                "G1 audit off",
+                folder,
+                f"sqlite:///{folder}/g1-noaudit.db",
+                agent,
+                seconds,
+                rows,
+                audit=False,
+                only_forwarded=True,
+            )
+            rate = 0.6 * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
+            fixed: dict[str, Result] = {}
+            fixed["B0 provider"] = fixed_rate(provider, job_paths, direct_headers, rate, seconds)
+            with _bare(folder, provider) as base:
+                assert base is not None
+                fixed["B2 bare proxy"] = fixed_rate(base, job_paths, direct_headers, rate, seconds)
+            fixed.update(_gateway_fixed(folder, agent, rate, seconds, stores))
+            growth = _growth(folder, provider, jobs, agent, rate, seconds, args.growth)
+    _print(rows, fixed, rate, growth, args.growth)
+
+
+@contextlib.contextmanager
+def _bare(folder: Path, provider: str) -> Iterator[str | None]:
+    port = free_port()
+    with spawn([PY, str(ROOT / "bench/bare_proxy.py"), str(port), provider], port):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def _nginx(folder: Path, provider: str) -> Iterator[str | None]:
+    binary = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+    if binary is None:
+        yield None
+        return
+    port = free_port()
+    conf = folder / "nginx.conf"
+    conf.write_text(
+        f"worker_processes 1; pid {folder}/nginx.pid; error_log {folder}/nginx.err;\n"
+        "events { worker_connections 1024; }\n"
+        f"http {{ access_log off; upstream p {{ server {provider.split('//')[1]};"
+        " keepalive 64; }\n"
+        f"server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://p;\n"
+        'proxy_http_version 1.1; proxy_set_header Connection ""; } } }\n'
+    )
+    with spawn([binary, "-c", str(conf), "-g", "daemon off;"], port):
+        yield f"http://127.0.0.1:{port}"
+
+
+def _gateway_paths(
+    name: str,
+    folder: Path,
+    store: str,
+    agent: dict[str, str],
+    seconds: float,
+    rows: dict[tuple[str, str], Result],
+    *,
+    audit: bool,
+    only_forwarded: bool = False,
+) -> None:
+    port = free_port()
+    config = gateway_config(folder, port, store, audit)
+    with spawn(
+        [PY, "-m", "gateway", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
+    ):
+        base = f"http://127.0.0.1:{port}/p/bench"
+        jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
+        paths = [f"/v1/jobs/{j}" for j in jobs]
+        asyncio.run(prime(base, agent, paths[:1]))
+        gateway = f"http://127.0.0.1:{port}"
+        full = [f"/p/bench{p}" for p in paths]
+        rows[(name, "forwarded poll")] = capacity(gateway, full, agent, seconds)
+        if only_forwarded:
+            return
+        early = asyncio.run(
+            submit_many(base, agent, 1, [{"state": "running", "poll_after_seconds": 3600}])
+        )
+        asyncio.run(prime(base, agent, [f"/v1/jobs/{early[0]}"]))
+        rows[(name, "too-early refusal")] = capacity(
+            gateway, [f"/p/bench/v1/jobs/{early[0]}"], agent, seconds
+        )
+        done = asyncio.run(submit_many(base, agent, 1, [{"state": "succeeded"}]))
+        asyncio.run(prime(base, agent, [f"/v1/jobs/{done[0]}"]))
+        rows[(name, "cached terminal")] = capacity(
+            gateway, [f"/p/bench/v1/jobs/{done[0]}"], agent, seconds
+        )
+        rows[(name, "submit")] = capacity(gateway, ["/p/bench/v1/jobs"], agent, seconds, "POST")
+
+
+def _gateway_fixed(
+    folder: Path, agent: dict[str, str], rate: float, seconds: float, stores: list[tuple[str, str]]
+) -> dict[str, Result]:
+    results = {}
+    for name, store in stores:
+        store = store.replace(".db", "-fixed.db") if store.startswith("sqlite") else store + "f"
+        port = free_port()
+        config = gateway_config(folder, port, store, audit=True)
+        with spawn(
+            [PY, "-m", "gateway", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
+        ):
+            base = f"http://127.0.0.1:{port}/p/bench"
+            jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
+            paths = [f"/p/bench/v1/jobs/{j}" for j in jobs]
+            results[name] = fixed_rate(f"http://127.0.0.1:{port}", paths, agent, rate, seconds)
+    return results
+
+
+def _growth(
+    folder: Path,
+    provider: str,
+    jobs: list[str],
+    agent: dict[str, str],
+    rate: float,
+    seconds: float,
+    stored: int,
+) -> dict[int, Result]:
+    """Forwarded-poll latency at the fixed rate with 1,000 and with `stored` operations."""
+    from gateway.models import DelaySource, OperationRecord
+    from gateway.store.sqlite import SCHEMA, dump
+
+    results = {}
+    now = time.time()
+    digest = hashlib.sha256(b"").hexdigest()[:16]
+    for count in (REAL_OPS, stored):
+        db = folder / f"growth-{count}.db"
+        conn = sqlite3.connect(db)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(SCHEMA)
+        rows = []
+        for i in range(count):
+            job = jobs[i] if i < len(jobs) else f"filler_{i:08d}"
+            record = OperationRecord(
+                operation_id=f"op_growth{i:010d}",
+                provider="bench",
+                account="bench",
+                provider_job_id=job,
+                request_fingerprint=digest,
+                idempotency_key=None,
+                started_at=now,
+                deadline_at=now + 86400,
+                max_status_requests=100_000_000,
+                max_transport_failures=3,
+                max_rate_limited=3,
+                next_poll_at=now - 1,
+                delay_source=DelaySource.LOCAL_BACKOFF,
+                credential_fingerprint=digest,
+                policy_fingerprint=digest,
+            )
+            rows.append(dump(record))
+        conn.executemany("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.commit()
+        conn.close()
+        port = free_port()
+        config = gateway_config(folder, port, f"sqlite:///{db}", audit=True)
+        with spawn(
+            [PY, "-m", "gateway", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
+        ):
+            paths = [f"/p/bench/v1/jobs/{j}" for j in jobs]
+            results[count] = fixed_rate(f"http://127.0.0.1:{port}", paths, agent, rate, seconds)
+    return results
+
+
+def _print(
+    rows: dict[tuple[str, str], Result],
+    fixed: dict[str, Result],
+    rate: float,
+    growth: dict[int, Result],
+    stored: int,
+) -> None:
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    print(
+        f"\nMachine: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, "
+        f"load tool {'wrk' if shutil.which('wrk') else 'python closed loop'}"
+    )
+    print("\nCapacity (closed loop, 32 connections)")
+    print(f"{'target':<24} {'path':<18} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    for (target, path), result in rows.items():
+        print(f"{target:<24} {path:<18} {result.rps:>9.0f} {result.p50:>8.2f} {result.p99:>8.2f}")
+    print(f"\nLatency at a fixed {rate:.0f} req/s (open loop, forwarded poll)")
+    print(f"{'target':<24} {'p50 ms':>8} {'p99 ms':>8}")
+    for target, result in fixed.items():
+        print(f"{target:<24} {result.p50:>8.2f} {result.p99:>8.2f}")
+
+    def ratio(a: tuple[str, str], b: tuple[str, str]) -> str:
+        return f"{rows[a].rps / rows[b].rps:.2f}" if a in rows and b in rows else "n/a"
+
+    g1, g2, b2, b0 = "G1 Statusgate SQLite", "G2 Statusgate Redis", "B2 bare proxy", "B0 provider"
+    fwd, early = "forwarded poll", "too-early refusal"
+    print("\nRatios [target]")
+    print(f"G1 forwarded / B2 forwarded throughput: {ratio((g1, fwd), (b2, fwd))} [>= 0.6]")
+    print(f"G1 too-early / B2 forwarded throughput: {ratio((g1, early), (b2, fwd))} [>= 2]")
+    print(f"G2 forwarded / B2 forwarded throughput: {ratio((g2, fwd), (b2, fwd))}")
+    print(f"G2 too-early / B2 forwarded throughput: {ratio((g2, early), (b2, fwd))}")
+    if g1 in fixed and b0 in fixed:
+        added50, added99 = fixed[g1].p50 - fixed[b0].p50, fixed[g1].p99 - fixed[b0].p99
+        print(f"G1 added latency over B0 at the fixed rate: p50 {added50:.2f} ms [< 1 ms], ")
+        print(f"                                            p99 {added99:.2f} ms [< 5 ms]")
+    small, large = growth.get(REAL_OPS), growth.get(stored)
+    if small and large:
+        print(
+            f"p50 with {stored:,} / with {REAL_OPS:,} stored operations: "
+            f"{large.p50 / small.p50:.2f} [<= 1.2] (p99 {large.p99 / small.p99:.2f})"
+        )
+    audit = ratio((g1, fwd), ("G1 audit off", fwd))
+    print(f"audit on / off forwarded throughput: {audit} [>= 0.95]")
+
+
+if __name__ == "__main__":
+    main()
