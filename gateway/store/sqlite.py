@@ -71,12 +71,40 @@ def _load(row: tuple[Any, ...] | None) -> OperationRecord | None:
 
 
 class _Pending:
-    __slots__ = ("future", "operation", "work")
+    __slots__ = ("future", "operation", "work", "written")
 
     def __init__(self, operation: str, work: Work, future: asyncio.Future[Any]) -> None:
         self.operation = operation
         self.work = work
         self.future = future
+        self.written: OperationRecord | None = None  # set by the work, cached once committed
+
+
+class _Cache:
+    """Records this process wrote or read, so reads skip the reader thread.
+
+    Sound because one gateway process owns a SQLite file: every write passes through here.
+    Bounded: past ``limit`` entries the oldest half is dropped."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self.records: dict[str, OperationRecord] = {}
+        self.jobs: dict[tuple[str, str, str], str] = {}
+
+    def put(self, record: OperationRecord) -> None:
+        current = self.records.get(record.operation_id)
+        if current is not None and current.version > record.version:
+            return  # a read that raced a write: the write's record is newer
+        if len(self.records) >= self.limit:
+            for operation_id in list(self.records)[: self.limit // 2]:
+                old = self.records.pop(operation_id)
+                self.jobs.pop((old.account, old.provider, old.provider_job_id), None)
+        self.records[record.operation_id] = record
+        self.jobs[(record.account, record.provider, record.provider_job_id)] = record.operation_id
+
+    def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        operation_id = self.jobs.get((account, provider, job_id))
+        return None if operation_id is None else self.records.get(operation_id)
 
 
 class SQLiteStore(Store):
@@ -89,6 +117,9 @@ class SQLiteStore(Store):
         self._connections: dict[str, sqlite3.Connection] = {}
         self._queue: list[_Pending] = []
         self._flushing = False
+        self._flusher: asyncio.Task[None] | None = None
+        self._cache = _Cache()
+        self._writing: _Pending | None = None  # the write running now (writer thread)
 
     # -- plumbing -----------------------------------------------------------------------
     def _connection(self, role: str) -> sqlite3.Connection:
@@ -125,7 +156,7 @@ class SQLiteStore(Store):
         self._queue.append(_Pending(operation, work, future))
         if not self._flushing:
             self._flushing = True
-            loop.create_task(self._flush())
+            self._flusher = loop.create_task(self._flush())
         return await future
 
     async def _flush(self) -> None:
@@ -140,6 +171,8 @@ class SQLiteStore(Store):
                         _fail(pending, exc)
                     continue
                 for pending, (ok, value) in zip(batch, outcomes, strict=True):
+                    if ok and pending.written is not None:
+                        self._cache.put(pending.written)
                     if pending.future.done():
                         continue
                     if ok:
@@ -158,12 +191,15 @@ class SQLiteStore(Store):
         try:
             for pending in batch:
                 conn.execute("SAVEPOINT one")
+                self._writing = pending
                 try:
                     outcomes.append((True, pending.work(conn)))
                 except Exception as exc:
                     conn.execute("ROLLBACK TO one")
+                    pending.written = None
                     outcomes.append((False, exc))
                 conn.execute("RELEASE one")
+            self._writing = None
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -182,18 +218,42 @@ class SQLiteStore(Store):
             conn.execute("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(record))
             if idempotency is not None:
                 _put_idem(conn, idempotency)
+            self._wrote(record)
             return record
 
         return await self._write("create", work)
 
+    def _wrote(self, record: OperationRecord) -> None:
+        """Called on the writer thread: ``record`` is in the write being done now."""
+        assert self._writing is not None
+        self._writing.written = record
+
     async def get(self, operation_id: str) -> OperationRecord | None:
-        return await self._read("get", lambda conn: _get(conn, operation_id))
+        cached = self._cache.records.get(operation_id)
+        if cached is not None:
+            return cached
+        record = await self._read("get", lambda conn: _get(conn, operation_id))
+        if record is not None:
+            self._cache.put(record)
+        return record
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
-        return await self._read("find", lambda conn: _find(conn, account, provider, job_id))
+        cached = self._cache.find(account, provider, job_id)
+        if cached is not None:
+            return cached
+        record = await self._read("find", lambda conn: _find(conn, account, provider, job_id))
+        if record is not None:
+            self._cache.put(record)
+        return record
 
     async def save(self, record: OperationRecord) -> bool:
-        return await self._write("save", lambda conn: _cas(conn, record))
+        def work(conn: sqlite3.Connection) -> bool:
+            written = _cas(conn, record)
+            if written:
+                self._wrote(record.evolve(version=record.version + 1))
+            return written
+
+        return await self._write("save", work)
 
     async def mutate(self, operation_id: str, change: Mutation[T]) -> T:
         def work(conn: sqlite3.Connection) -> T:
@@ -201,10 +261,12 @@ class SQLiteStore(Store):
             if current is None:
                 raise StoreError(f"{operation_id} vanished from the store", operation="mutate")
             new, result = change(current)
-            if new is not None and not _cas(conn, new):
-                raise StoreError(
-                    f"{operation_id}: version moved in a transaction", operation="mutate"
-                )
+            if new is not None:
+                if not _cas(conn, new):
+                    raise StoreError(
+                        f"{operation_id}: version moved in a transaction", operation="mutate"
+                    )
+                self._wrote(new.evolve(version=new.version + 1))
             return result
 
         return await self._write("mutate", work)
