@@ -15,13 +15,13 @@ from aiohttp import web
 
 from . import actions
 from .audit import iso, records
+from .calls import send_upstream
 from .config import Operator
 from .decide import Decision, Reply
 from .escalation import message, problem_members
 from .headers import to_provider
 from .models import OperationFilter, OperationRecord, Outcome
 from .problems import problem
-from .proxy import send_upstream
 from .routing import fill
 from .runtime import ROUTE, RUNTIME, Runtime
 from .story import story

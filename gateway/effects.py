@@ -15,6 +15,7 @@ from .decide import Decision, Reply
 from .escalation import message, problem_members
 from .metrics import Metrics
 from .models import Clock, DelaySource, OperationRecord, Outcome
+from .notify import Notifier
 from .policy import ProviderPolicy
 
 ENDED = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.CANCELLED, Outcome.EXPIRED})
@@ -55,13 +56,11 @@ class RefusalWindows:
 
 
 class Effects:
-    def __init__(
-        self, *, clock: Clock, metrics: Metrics, audit: AuditLog | None, notify: Any = None
-    ) -> None:
+    def __init__(self, *, clock: Clock, metrics: Metrics, audit: AuditLog | None) -> None:
         self._clock = clock
         self.metrics = metrics
         self.audit = audit
-        self.notifier = notify
+        self.notifier: Notifier | None = None  # set at start when a webhook is configured
         self.refusals = RefusalWindows()
 
     async def decided(

@@ -19,6 +19,7 @@ from .config import Account, Operator, Settings
 from .effects import Effects
 from .headers import Rewriter
 from .models import Clock
+from .pacing import GUARD
 from .routing import RouteTable
 from .store.base import Store
 from .upstream import Upstream, UpstreamResponse
@@ -43,6 +44,7 @@ class Runtime:
     inflight: dict[str, PollTask] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     holding: int = 0  # status calls held for Prefer: wait right now
+    last_send: dict[str, float] = field(default_factory=dict)  # per provider, for spacing
 
     def __post_init__(self) -> None:
         base = self.settings.file.public_base_url
@@ -61,6 +63,21 @@ class Runtime:
             sleeper.cancel()
             stopper.cancel()
         return not self.stopping.is_set()
+
+    async def space_sends(self, provider: str, rate: float) -> None:
+        """Keep this process's status calls to ``provider`` at least GUARD / rate apart.
+
+        The shared pacing window decides how many polls may be reserved; batched commits can
+        release reserved polls together, so sends are spaced here, measured from the
+        previous actual send, right before each one goes out."""
+        interval = GUARD / rate
+        while True:
+            now = self.clock()
+            last = self.last_send.get(provider)
+            if last is None or now - last >= interval:
+                self.last_send[provider] = now
+                return
+            await self.sleep(interval - (now - last))
 
     def agent(self, authorization: str | None) -> Account | None:
         """The account whose agent bearer token this is; None if unknown."""

@@ -1,0 +1,240 @@
+"""The submit route: idempotency, one forwarded submission, and the operation record written
+before the agent hears back (SPEC section 4, "Submit"). No submission is ever sent twice by
+the gateway on its own."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import secrets
+from typing import Any
+
+from aiohttp import web
+
+from . import decide
+from .calls import (
+    Call,
+    operation_headers,
+    rewrite_body,
+    send_upstream,
+    upstream_problem,
+)
+from .decide import Failure, ProviderAnswer
+from .headers import to_provider, valid_job_id
+from .models import IdempotencyEntry, IdemState, OperationRecord, Outcome, StoredResponse
+from .problems import problem
+from .routing import fill
+from .upstream import UpstreamResponse
+
+IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+async def submit(call: Call) -> web.StreamResponse:
+    runtime, policy, request = call.runtime, call.policy, call.request
+    body = await read_body(request, runtime.settings.file.limits.max_request_body)
+    if isinstance(body, web.Response):
+        return body
+    rules = policy.routes.submit.idempotency
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and (not key.strip() or len(key) > 255):
+        return problem("invalid-request", "Idempotency-Key must be 1 to 255 characters.")
+    if key is None and rules.required:
+        detail = "This provider's submissions must carry an Idempotency-Key header."
+        return problem("idempotency-key-missing", detail)
+    path = request.rel_url.raw_path_qs
+    fingerprint = hashlib.sha256(
+        f"{request.method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+    ).hexdigest()
+    now = runtime.clock()
+    entry = None
+    if key is not None:
+        entry = IdempotencyEntry(
+            key=f"{call.account.id}\n{policy.provider}\n{key}",
+            fingerprint=fingerprint,
+            state=IdemState.IN_FLIGHT,
+            created_at=now,
+            expires_at=now + rules.retention,
+        )
+        seen = await runtime.store.claim_idempotency(entry, now)
+        if seen is not None:
+            return await _replay(call, seen, fingerprint, now)
+    route = policy.routes.submit
+    url = policy.upstream + route.path
+    if request.rel_url.raw_query_string:
+        url += "?" + request.rel_url.raw_query_string
+    headers = to_provider(request.headers.items(), policy, key)
+    answer, response = await send_upstream(
+        runtime, policy, "submit", route.method, url, headers, body
+    )
+    if response is None:
+        return await _submit_failed(call, entry, answer.failure)
+    if not 200 <= response.status < 300:
+        if entry is not None:
+            await runtime.store.drop_idempotency(entry.key)
+        rewriter = runtime.rewriters[policy.provider]
+        passed = web.Response(status=response.status, body=response.body)
+        for name, value in rewriter.response_headers(response.headers.items(), policy):
+            passed.headers.add(name, value)
+        return passed
+    return await _open(call, entry, fingerprint, key, answer, response)
+
+
+async def _open(
+    call: Call,
+    entry: IdempotencyEntry | None,
+    fingerprint: str,
+    key: str | None,
+    answer: ProviderAnswer,
+    response: UpstreamResponse,
+) -> web.StreamResponse:
+    runtime, policy = call.runtime, call.policy
+    job_id = _job_id(call, response)
+    if job_id is None:
+        if entry is not None:  # the job may exist: never let a retry submit it again
+            await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+        detail = "The provider accepted the submission but gave no valid job id to track."
+        return problem("integration-failure", detail)
+    now = runtime.clock()
+    decision = decide.open_operation(
+        policy,
+        operation_id=new_operation_id(now),
+        account=call.account.id,
+        job_id=job_id,
+        fingerprint=fingerprint,
+        idempotency_key=key,
+        answer=answer,
+        now=now,
+        u=runtime.rng.random(),
+    )
+    rewriter = runtime.rewriters[policy.provider]
+    kept = tuple(rewriter.response_headers(response.headers.items(), policy))
+    status_url = f"{runtime.settings.file.public_base_url}/p/{policy.provider}" + fill(
+        policy.routes.status.path, job_id
+    )
+    if not any(name.lower() == "location" for name, _ in kept):
+        kept = (*kept, ("Location", status_url))
+    stored = StoredResponse(
+        response.status, kept, rewrite_body(call, response.body, response.content_type)
+    )
+    completed = None
+    if entry is not None:
+        completed = _replace(
+            entry,
+            state=IdemState.COMPLETED,
+            operation_id=decision.record.operation_id,
+            response=stored,
+        )
+    record = await runtime.store.create(decision.record, completed)
+    if record.operation_id == decision.record.operation_id:  # new, not a known job
+        opened = dataclasses.replace(decision, event="submitted")
+        await runtime.effects.decided(policy, opened, http_status=response.status)
+        if record.outcome is Outcome.ESCALATED:
+            await runtime.effects.decided(policy, decision)
+    return _stored_answer(stored, record, runtime.clock())
+
+
+def _job_id(call: Call, response: UpstreamResponse) -> str | None:
+    source = call.policy.routes.submit.job_id
+    if source.source == "body":
+        try:
+            value = decide.lookup(json.loads(response.body), source.path)
+        except (ValueError, RecursionError):
+            return None
+        job_id = (
+            str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
+        )
+    else:
+        job_id = _job_id_from_location(call, response)
+    return job_id if job_id is not None and valid_job_id(job_id) else None
+
+
+def _job_id_from_location(call: Call, response: UpstreamResponse) -> str | None:
+    """The status route's {job_id} in Location, else in a declared status URL header."""
+    policy = call.policy
+    prefix = f"{call.runtime.settings.file.public_base_url}/p/{policy.provider}"
+    rewriter = call.runtime.rewriters[policy.provider]
+    for header in ("Location", *policy.routes.submit.status_url_headers):
+        value = response.headers.get(header)
+        gateway_url = rewriter.url(value) if value is not None else None
+        if gateway_url is None:
+            continue
+        path = gateway_url.removeprefix(prefix).split("?", 1)[0]
+        match = call.runtime.routes[policy.provider].match(policy.routes.status.method, path)
+        if match is not None and match.kind == "status":
+            return match.job_id
+    return None
+
+
+def _stored_answer(stored: StoredResponse, record: OperationRecord, now: float) -> web.Response:
+    response = web.Response(status=stored.status, body=stored.body)
+    for name, value in stored.headers:
+        response.headers.add(name, value)
+    response.headers.update(operation_headers(record, now))
+    return response
+
+
+async def _replay(
+    call: Call, seen: IdempotencyEntry, fingerprint: str, now: float
+) -> web.StreamResponse:
+    runtime = call.runtime
+    if seen.fingerprint != fingerprint:
+        detail = "This Idempotency-Key was used for a different request."
+        return problem("idempotency-key-conflict", detail)
+    stale = now - seen.created_at > runtime.settings.file.limits.upstream_timeout + IN_FLIGHT_MARGIN
+    if seen.state is IdemState.IN_FLIGHT and not stale:
+        detail = "The original request with this key is still in flight."
+        return problem("idempotency-key-in-use", detail, retry_after=1)
+    if seen.state is IdemState.COMPLETED and seen.response is not None and seen.operation_id:
+        record = await runtime.store.get(seen.operation_id)
+        if record is not None:
+            return _stored_answer(seen.response, record, now)
+    detail = (
+        "The original submission may have reached the provider, but its answer was lost. "
+        "The gateway does not resubmit; check at the provider whether the job exists."
+    )
+    return problem("submission-outcome-unknown", detail)
+
+
+async def _submit_failed(
+    call: Call, entry: IdempotencyEntry | None, failure: Failure | None
+) -> web.StreamResponse:
+    store = call.runtime.store
+    provider_dedups = call.policy.routes.submit.idempotency.forward_header is not None
+    if entry is not None:
+        if failure is Failure.UNREACHABLE or provider_dedups:
+            await store.drop_idempotency(entry.key)
+        else:  # it may have reached the provider: never let a retry submit it again
+            await store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+    if failure is Failure.TOO_LARGE:
+        detail = "The provider's submit answer is larger than limits.max_response_body."
+        return problem("integration-failure", detail)
+    return upstream_problem(ProviderAnswer(None, failure=failure), None)
+
+
+def _replace(entry: IdempotencyEntry, **changes: Any) -> IdempotencyEntry:
+    return dataclasses.replace(entry, **changes)
+
+
+async def read_body(request: web.Request, cap: int) -> bytes | web.Response:
+    if request.content_length is not None and request.content_length > cap:
+        return problem("request-too-large", f"The body is larger than {cap} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > cap:
+            return problem("request-too-large", f"The body is larger than {cap} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def new_operation_id(now: float) -> str:
+    """``op_`` and a ULID: 48 bits of milliseconds then 80 random bits, Crockford base32."""
+    value = (int(now * 1000) << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "op_" + "".join(reversed(chars))
