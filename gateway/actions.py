@@ -77,6 +77,7 @@ def extend(
     new = record.evolve(
         outcome=Outcome.PENDING,
         escalation=None,
+        ended_at=None,
         deadline_at=deadline,
         max_status_requests=budget,
         max_transport_failures=record.transport_failures_used + polling.max_transport_failures,
@@ -108,6 +109,7 @@ def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> Actio
     new = record.evolve(
         outcome=Outcome.PENDING,
         escalation=None,
+        ended_at=None,
         policy_fingerprint=policy.fingerprint,
         credential_fingerprint=policy.credential_fingerprint,
         next_poll_at=now,
@@ -123,9 +125,8 @@ def abandon(
     why = _permits(record, "abandon")
     if why is not None:
         return _refuse("abandoned", why)
-    return ActionResult(
-        record.evolve(outcome=Outcome.ABANDONED), "abandoned", detail=reason or None
-    )
+    abandoned = record.evolve(outcome=Outcome.ABANDONED, ended_at=now)
+    return ActionResult(abandoned, "abandoned", detail=reason or None)
 
 
 def may_cancel(policy: ProviderPolicy, record: OperationRecord) -> str | None:
@@ -136,7 +137,11 @@ def may_cancel(policy: ProviderPolicy, record: OperationRecord) -> str | None:
 
 
 def cancelled(
-    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, reason: str
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    reason: str,
+    now: float,
 ) -> ActionResult:
     """The provider's answer to the cancel request decides what is stored."""
     why = may_cancel(policy, record)
@@ -147,5 +152,5 @@ def cancelled(
         shown = "no answer" if status is None else f"HTTP {status}"
         return _refuse("cancelled", f"the provider did not accept the cancel request ({shown})")
     final = FinalResponse(status, answer.content_type, answer.body)
-    new = record.evolve(outcome=Outcome.CANCELLED, final_response=final)
+    new = record.evolve(outcome=Outcome.CANCELLED, final_response=final, ended_at=now)
     return ActionResult(new, "cancelled", detail=reason or None)

@@ -153,7 +153,7 @@ async def act(request: web.Request) -> web.StreamResponse:
             done = actions.abandon(policy, current, now, reason)
         else:
             assert answer is not None
-            done = actions.cancelled(policy, current, answer, reason)
+            done = actions.cancelled(policy, current, answer, reason, now)
         return done.record, done
 
     result = await runtime.store.mutate(record.operation_id, change)

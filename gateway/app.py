@@ -33,6 +33,7 @@ log = logging.getLogger("statusgate")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STORE_RETRY_AFTER = 2.0
 SWEEP_SECONDS = 1.0
+PURGE_EVERY = 60  # sweeps between retention purges
 SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
 
 
@@ -100,13 +101,30 @@ async def _start(app: web.Application) -> None:
 
 async def _sweep(runtime: Runtime) -> None:
     """Close refusal windows whose poll time has come, so counts reach the audit log and
-    the record even when the agent never calls again."""
+    the record even when the agent never calls again; now and then, purge what the
+    policies' retention no longer keeps."""
+    sweeps = 0
     while True:
         await asyncio.sleep(SWEEP_SECONDS)
+        sweeps += 1
+        if sweeps % PURGE_EVERY == 0:
+            with contextlib.suppress(StoreError):
+                await purge_finished(runtime)
         with contextlib.suppress(StoreError):
             await proxy.close_refusal_windows(
                 runtime, runtime.effects.refusals.ended(runtime.clock())
             )
+
+
+async def purge_finished(runtime: Runtime) -> int:
+    """Delete records that stopped waiting longer ago than their policy's retention."""
+    now = runtime.clock()
+    purged = 0
+    for name, policy in runtime.settings.policies.items():
+        purged += await runtime.store.purge(name, now - policy.retention, now)
+    if purged:
+        log.info("purged %d finished operations past their retention", purged)
+    return purged
 
 
 async def _drain(app: web.Application) -> None:

@@ -90,7 +90,7 @@ def escalate(
 ) -> Decision:
     """End waiting: the record becomes escalated and the agent gets operation-escalated."""
     escalation = Escalation(reason, now, detail, permitted_actions(reason, policy))
-    new = record.evolve(outcome=Outcome.ESCALATED, escalation=escalation, **changes)
+    new = record.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=now, **changes)
     return Decision(
         new, Reply.PROBLEM, changed=True, problem="operation-escalated", event="escalated"
     )
@@ -300,7 +300,7 @@ def _classify_body(
         if missing:
             detail = f"success without the required field(s) {', '.join(missing)}"
             return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
-    return _finish(record, answer, _OUTCOMES[kind])
+    return _finish(record, answer, _OUTCOMES[kind], now)
 
 
 _OUTCOMES = {
@@ -311,9 +311,11 @@ _OUTCOMES = {
 }
 
 
-def _finish(record: OperationRecord, answer: ProviderAnswer, outcome: Outcome) -> Decision:
+def _finish(
+    record: OperationRecord, answer: ProviderAnswer, outcome: Outcome, now: float
+) -> Decision:
     final = FinalResponse(answer.status or 200, answer.content_type, answer.body)
-    new = record.evolve(outcome=outcome, final_response=final)
+    new = record.evolve(outcome=outcome, final_response=final, ended_at=now)
     return Decision(new, Reply.PROVIDER, changed=True, event="finished")
 
 

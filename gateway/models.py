@@ -97,6 +97,7 @@ class OperationRecord:
     escalation: Escalation | None = None
     extended_seconds: float = 0.0  # operator extensions so far, bounded by the policy
     extended_requests: int = 0
+    ended_at: float | None = None  # when waiting stopped (kept for the policy's retention)
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:

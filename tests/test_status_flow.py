@@ -349,3 +349,17 @@ async def test_gateway_downtime_does_not_let_agents_catch_up(harness: Harness) -
     assert (await harness.poll(job)).status == 200
     assert (await harness.poll(job)).status == 429
     assert len(harness.provider_calls(job)) == 1
+
+
+async def test_finished_operations_are_purged_after_their_retention(harness: Harness) -> None:
+    """Past the policy's retention (24h for demo-jobs) a finished operation is forgotten."""
+    from gateway.app import purge_finished
+    from gateway.runtime import RUNTIME
+
+    job = await job_of(await harness.submit([{"state": "succeeded"}]))
+    assert (await harness.poll_when_due(job)).status == 200
+    runtime = harness.client.app[RUNTIME]
+    assert await purge_finished(runtime) == 0
+    harness.clock.advance(86400 + 1)
+    assert await purge_finished(runtime) == 1
+    assert (await harness.poll(job)).status == 404

@@ -236,3 +236,20 @@ def test_unknown_scheme_and_bad_options_are_clear_errors() -> None:
         store_from_url("redis://127.0.0.1:6379/0?prefx=a")
     with pytest.raises(ConfigError, match="prefix"):
         store_from_url("redis://127.0.0.1:6379/0?prefix={x}")
+
+
+async def test_purge_deletes_what_stopped_waiting_before_the_cutoff(store: Store) -> None:
+    now = time.time()
+    await store.create(record("op_old", "j1").evolve(outcome=Outcome.SUCCEEDED, ended_at=now - 100))
+    await store.create(record("op_new", "j2").evolve(outcome=Outcome.FAILED, ended_at=now - 1))
+    await store.create(record("op_wait", "j3"))
+    await store.create(
+        record("op_other", "j4").evolve(provider="other", outcome=Outcome.SUCCEEDED, ended_at=0)
+    )
+    await store.claim_idempotency(idem("gone", ttl=-1), now)
+    assert await store.purge("demo-jobs", now - 10, now) == 1
+    assert await store.get("op_old") is None
+    assert await store.find("team-a", "demo-jobs", "j1") is None
+    for kept in ("op_new", "op_wait", "op_other"):
+        assert await store.get(kept) is not None
+    assert await store.claim_idempotency(idem("gone"), now) is None  # the expired key went

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..errors import StoreError
-from ..models import IdempotencyEntry, OperationFilter, OperationRecord
+from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import Pacer
 
 T = TypeVar("T")
@@ -52,6 +52,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list(self, where: OperationFilter) -> list[OperationRecord]: ...
+
+    @abc.abstractmethod
+    async def purge(self, provider: str, ended_before: float, now: float) -> int:
+        """Delete ``provider``'s records that stopped waiting before ``ended_before``, and
+        idempotency entries expired by ``now``; how many records went (a bounded batch)."""
 
     @abc.abstractmethod
     async def active_counts(self) -> dict[str, int]:
@@ -138,6 +143,18 @@ class Store(abc.ABC):
     async def close(self) -> None:
         """Release connections; the default store holds none."""
         return None
+
+
+PURGE_BATCH = 1000
+
+
+def purgeable(record: OperationRecord, provider: str, ended_before: float) -> bool:
+    return (
+        record.provider == provider
+        and record.ended_at is not None
+        and record.ended_at < ended_before
+        and record.outcome is not Outcome.PENDING
+    )
 
 
 def matches(record: OperationRecord, where: OperationFilter) -> bool:

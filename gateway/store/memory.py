@@ -7,7 +7,7 @@ on the event loop without locks.
 from __future__ import annotations
 
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from .base import Store, matches
+from .base import PURGE_BATCH, Store, matches, purgeable
 
 
 class MemoryStore(Store):
@@ -46,6 +46,15 @@ class MemoryStore(Store):
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found = [r for r in self._records.values() if matches(r, where)]
         return sorted(found, key=lambda r: r.started_at, reverse=True)[: where.limit]
+
+    async def purge(self, provider: str, ended_before: float, now: float) -> int:
+        gone = [r for r in self._records.values() if purgeable(r, provider, ended_before)]
+        for record in gone[:PURGE_BATCH]:
+            del self._records[record.operation_id]
+            self._by_job.pop((record.account, record.provider, record.provider_job_id), None)
+        for key in [k for k, e in self._idempotency.items() if e.expires_at <= now]:
+            del self._idempotency[key]
+        return min(len(gone), PURGE_BATCH)
 
     async def active_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -40,12 +40,13 @@ from redis.exceptions import RedisError
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import GUARD, MIN_WAIT
-from .base import Store, matches
+from .base import PURGE_BATCH, Store, matches, purgeable
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
+PURGE_PAGES = 20
 
 CAS = """
 local stored = redis.call('HGET', KEYS[1], 'v')
@@ -298,6 +299,40 @@ class RedisStore(Store):
                         found.append(record)
             start += SCAN_PAGE
         return found[: where.limit]
+
+    async def purge(self, provider: str, ended_before: float, now: float) -> int:
+        """Oldest operations first, a page at a time; idempotency keys expire by themselves."""
+        gone = 0
+        for page in range(PURGE_PAGES):
+            start = page * SCAN_PAGE
+            ids = await self._call(
+                "purge", self._redis.zrange(f"{self.prefix}:ops", start, start + SCAN_PAGE - 1)
+            )
+            if not ids:
+                break
+            read = self._redis.pipeline(transaction=False)
+            for operation_id in ids:
+                read.hget(self._op(operation_id.decode()), "d")
+            doomed = [
+                OperationRecord.from_dict(json.loads(data))
+                for data in await self._call("purge", read.execute())
+                if data is not None
+            ]
+            doomed = [r for r in doomed if purgeable(r, provider, ended_before)]
+            if doomed:
+                delete = self._redis.pipeline(transaction=False)
+                for record in doomed:
+                    delete.delete(self._op(record.operation_id))
+                    delete.delete(
+                        self._job(record.account, record.provider, record.provider_job_id)
+                    )
+                    delete.zrem(f"{self.prefix}:ops", record.operation_id)
+                    delete.srem(f"{self.prefix}:active:{record.provider}", record.operation_id)
+                await self._call("purge", delete.execute())
+                gone += len(doomed)
+            if gone >= PURGE_BATCH:
+                break
+        return gone
 
     async def active_counts(self) -> dict[str, int]:
         providers = await self._call(

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from ..errors import StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord
-from .base import Mutation, Store
+from .base import PURGE_BATCH, Mutation, Store
 
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
@@ -101,6 +101,11 @@ class _Cache:
                 self.jobs.pop((old.account, old.provider, old.provider_job_id), None)
         self.records[record.operation_id] = record
         self.jobs[(record.account, record.provider, record.provider_job_id)] = record.operation_id
+
+    def drop(self, operation_id: str) -> None:
+        old = self.records.pop(operation_id, None)
+        if old is not None:
+            self.jobs.pop((old.account, old.provider, old.provider_job_id), None)
 
     def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         operation_id = self.jobs.get((account, provider, job_id))
@@ -291,6 +296,26 @@ class SQLiteStore(Store):
             return [OperationRecord.from_dict(json.loads(row[0])) for row in rows]
 
         return await self._read("list", work)
+
+    async def purge(self, provider: str, ended_before: float, now: float) -> int:
+        def work(conn: sqlite3.Connection) -> list[str]:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT operation_id FROM operations WHERE provider = ?"
+                    " AND outcome != 'pending' AND json_extract(data, '$.ended_at') < ?"
+                    " LIMIT ?",
+                    (provider, ended_before, PURGE_BATCH),
+                )
+            ]
+            conn.executemany("DELETE FROM operations WHERE operation_id = ?", [(i,) for i in ids])
+            conn.execute("DELETE FROM idempotency WHERE expires_at <= ?", (now,))
+            return ids
+
+        ids = await self._write("purge", work)
+        for operation_id in ids:
+            self._cache.drop(operation_id)
+        return len(ids)
 
     async def active_counts(self) -> dict[str, int]:
         sql = (
