@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import decide
+from . import decide, idempotency
 from .calls import (
     Call,
     operation_headers,
@@ -22,6 +22,7 @@ from .calls import (
 )
 from .decide import Failure, ProviderAnswer
 from .headers import to_provider, valid_job_id
+from .idempotency import Seen
 from .models import IdempotencyEntry, IdemState, OperationRecord, Outcome, StoredResponse
 from .problems import problem
 from .routing import fill
@@ -179,14 +180,16 @@ async def _replay(
     call: Call, seen: IdempotencyEntry, fingerprint: str, now: float
 ) -> web.StreamResponse:
     runtime = call.runtime
-    if seen.fingerprint != fingerprint:
+    limit = runtime.settings.file.limits.upstream_timeout + IN_FLIGHT_MARGIN
+    verdict = idempotency.judge(seen, fingerprint, now, limit)
+    if verdict is Seen.CONFLICT:
         detail = "This Idempotency-Key was used for a different request."
         return problem("idempotency-key-conflict", detail)
-    stale = now - seen.created_at > runtime.settings.file.limits.upstream_timeout + IN_FLIGHT_MARGIN
-    if seen.state is IdemState.IN_FLIGHT and not stale:
+    if verdict is Seen.IN_USE:
         detail = "The original request with this key is still in flight."
         return problem("idempotency-key-in-use", detail, retry_after=1)
-    if seen.state is IdemState.COMPLETED and seen.response is not None and seen.operation_id:
+    if verdict is Seen.REPLAY:
+        assert seen.response is not None and seen.operation_id is not None
         record = await runtime.store.get(seen.operation_id)
         if record is not None:
             return _stored_answer(seen.response, record, now)
@@ -203,7 +206,7 @@ async def _submit_failed(
     store = call.runtime.store
     provider_dedups = call.policy.routes.submit.idempotency.forward_header is not None
     if entry is not None:
-        if failure is Failure.UNREACHABLE or provider_dedups:
+        if idempotency.retry_is_safe(failure, provider_dedups):
             await store.drop_idempotency(entry.key)
         else:  # it may have reached the provider: never let a retry submit it again
             await store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
