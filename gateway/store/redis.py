@@ -48,6 +48,8 @@ CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 PURGE_PAGES = 20
 
+# Returns 1 written, 2 written and the outcome changed, 0 stale version, -1 no record,
+# -2 refused: spending a status request is not admissible by Redis time.
 CAS = """
 local stored = redis.call('HGET', KEYS[1], 'v')
 if not stored then return -1 end
@@ -65,7 +67,8 @@ if new.status_requests_used > old.status_requests_used then
   end
 end
 redis.call('HSET', KEYS[1], 'v', tonumber(ARGV[1]) + 1, 'd', ARGV[2], 'o', new.outcome)
-return 1
+if old.outcome == new.outcome then return 1 end
+return 2
 """
 
 CLAIM = """
@@ -259,12 +262,13 @@ class RedisStore(Store):
         result = await self._call("save", self._cas(keys=keys, args=args))
         if result == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
-        if result != 1:
+        if result not in (1, 2):
             return False
         await self._replicated("save")
-        pipe = self._redis.pipeline(transaction=False)
-        self._track(pipe, record)
-        await self._call("save", pipe.execute())
+        if result == 2:  # the outcome changed: keep the active set in step
+            pipe = self._redis.pipeline(transaction=False)
+            self._track(pipe, record)
+            await self._call("save", pipe.execute())
         return True
 
     async def _replicated(self, operation: str) -> None:
