@@ -88,7 +88,7 @@ async def status(call: Call) -> web.StreamResponse:
     decision = decide.admit(policy, record, now)
     if not decision.forward and not decision.changed:  # answered without any write
         return _refusal(call, decision, now)
-    decision, response = await _shared_poll(call, record.operation_id, pace=decision.forward)
+    decision, response = await _shared_poll(call, record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
 
 
@@ -121,7 +121,7 @@ async def _step(call: Call, record: OperationRecord) -> tuple[Decision, Upstream
     decision = decide.admit(call.policy, record, call.runtime.clock())
     if not decision.forward and not decision.changed:
         return decision, None
-    return await _shared_poll(call, record.operation_id, pace=decision.forward)
+    return await _shared_poll(call, record, pace=decision.forward)
 
 
 def _gone(request: web.Request) -> bool:
@@ -130,14 +130,14 @@ def _gone(request: web.Request) -> bool:
 
 
 async def _shared_poll(
-    call: Call, operation_id: str, *, pace: bool
+    call: Call, record: OperationRecord, *, pace: bool
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Step 7: one poll per operation in this process at a time; every caller gets its
     answer. The poll is a task of its own, so a caller that goes away never cuts it short."""
-    runtime = call.runtime
+    runtime, operation_id = call.runtime, record.operation_id
     task = runtime.inflight.get(operation_id)
     if task is None:
-        task = asyncio.create_task(_poll(call, operation_id, pace=pace))
+        task = asyncio.create_task(_poll(call, record, pace=pace))
         runtime.inflight[operation_id] = task
         task.add_done_callback(lambda done: _forget(runtime, operation_id, done))
     else:
@@ -158,26 +158,24 @@ def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
 
 
 async def _poll(
-    call: Call, operation_id: str, *, pace: bool
+    call: Call, record: OperationRecord, *, pace: bool
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Steps 8 and 9: lease, re-check and reserve (or escalate), send exactly one request,
     classify, save. Every write to the record happens under the lease."""
-    runtime, policy = call.runtime, call.policy
+    runtime, policy, operation_id = call.runtime, call.policy, record.operation_id
     lease = f"poll:{operation_id}"
     token = secrets.token_hex(16)
     ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN
     if not await runtime.store.acquire_lease(lease, token, runtime.clock(), ttl):
-        record = await runtime.store.get(operation_id)
-        assert record is not None
         detail = "A status request for this operation is already in flight."
-        busy = Decision(record, Reply.PROBLEM, problem="too-early", retry_after=1.0, detail=detail)
-        return busy, None
+        return await _come_back(runtime, operation_id, 1.0, detail), None
     try:
         now = runtime.clock()
         if pace:
             wait = await runtime.store.pace(policy.provider, policy.polling.provider_rate, now)
             if wait > 0:
-                return await _deferred(runtime, operation_id, wait), None
+                detail = "The provider's ceiling on status calls is reached; this poll waits."
+                return await _come_back(runtime, operation_id, wait, detail), None
         effects = runtime.effects
         window = effects.refusals.close(operation_id)
         refusals = window.count if window is not None else 0
@@ -185,14 +183,10 @@ async def _poll(
             decision = await runtime.store.mutate(
                 operation_id,
                 lambda current: _persisting(decide.take(policy, current, now, refusals)),
+                known=record,
             )
         except NotAdmissible as exc:
-            record = await runtime.store.get(operation_id)
-            assert record is not None
-            refused = Decision(
-                record, Reply.PROBLEM, problem="too-early", retry_after=1.0, detail=str(exc)
-            )
-            return refused, None
+            return await _come_back(runtime, operation_id, 1.0, str(exc)), None
         if window is not None:
             await effects.refused(decision.record, window)
         if not decision.forward:
@@ -219,6 +213,7 @@ async def _poll(
                 if decide.still_ours(reserved, current)
                 else decide.superseded(current, done)
             ),
+            known=reserved.evolve(version=reserved.version + 1),
         )
         await effects.decided(
             policy, decided, http_status=answer.status, detail=_answer_detail(answer, decided)
@@ -228,10 +223,10 @@ async def _poll(
         await runtime.store.release_lease(lease, token)
 
 
-async def _deferred(runtime: Runtime, operation_id: str, wait: float) -> Decision:
+async def _come_back(runtime: Runtime, operation_id: str, wait: float, detail: str) -> Decision:
+    """too-early with ``Retry-After: wait``, on the record as it stands now."""
     record = await runtime.store.get(operation_id)
     assert record is not None
-    detail = "The provider's ceiling on status calls is reached; this poll waits its turn."
     return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
 
 

@@ -62,13 +62,21 @@ class Store(abc.ABC):
     async def active_counts(self) -> dict[str, int]:
         """Pending operations per provider, across everything the store holds."""
 
-    async def mutate(self, operation_id: str, change: Mutation[T]) -> T:
+    async def mutate(
+        self, operation_id: str, change: Mutation[T], *, known: OperationRecord | None = None
+    ) -> T:
         """Read-modify-write one record; ``change`` may run again if another writer won.
 
         ``change`` returns (new record or None for no write, result); the new record keeps
-        the version it was derived from. Backends that can do this in one transaction
-        override it; the default is a compare-and-set loop.
+        the version it was derived from. ``known`` is the caller's best guess of the stored
+        record: a write computed from it is tried first (the compare-and-set proves it was
+        current), saving a read. Backends that can do this in one transaction override it;
+        the default is a compare-and-set loop.
         """
+        if known is not None:
+            new, result = change(known)
+            if new is not None and await self.save(new):
+                return result
         for attempt in range(CAS_ATTEMPTS):
             current = await self.get(operation_id)
             if current is None:

@@ -260,7 +260,11 @@ class SQLiteStore(Store):
 
         return await self._write("save", work)
 
-    async def mutate(self, operation_id: str, change: Mutation[T]) -> T:
+    async def mutate(
+        self, operation_id: str, change: Mutation[T], *, known: OperationRecord | None = None
+    ) -> T:
+        """In one transaction; ``known`` is not needed (the read is local)."""
+
         def work(conn: sqlite3.Connection) -> T:
             current = _get(conn, operation_id)
             if current is None:
