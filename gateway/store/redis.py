@@ -284,45 +284,41 @@ class RedisStore(Store):
                 operation=operation,
             )
 
+    async def _page(
+        self, operation: str, start: int, newest_first: bool
+    ) -> list[OperationRecord] | None:
+        """One page of records in start-time order; None past the last page."""
+        ops = f"{self.prefix}:ops"
+        end = start + SCAN_PAGE - 1
+        ranged = self._redis.zrevrange if newest_first else self._redis.zrange
+        ids = await self._call(operation, ranged(ops, start, end))
+        if not ids:
+            return None
+        read = self._redis.pipeline(transaction=False)
+        for operation_id in ids:
+            read.hget(self._op(operation_id.decode()), "d")
+        rows = await self._call(operation, read.execute())
+        return [OperationRecord.from_dict(json.loads(data)) for data in rows if data is not None]
+
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found: list[OperationRecord] = []
         start = 0
         while len(found) < where.limit:
-            ids = await self._call(
-                "list", self._redis.zrevrange(f"{self.prefix}:ops", start, start + SCAN_PAGE - 1)
-            )
-            if not ids:
+            page = await self._page("list", start, newest_first=True)
+            if page is None:
                 break
-            pipe = self._redis.pipeline(transaction=False)
-            for operation_id in ids:
-                pipe.hget(self._op(operation_id.decode()), "d")
-            for data in await self._call("list", pipe.execute()):
-                if data is not None:
-                    record = OperationRecord.from_dict(json.loads(data))
-                    if matches(record, where):
-                        found.append(record)
+            found.extend(record for record in page if matches(record, where))
             start += SCAN_PAGE
         return found[: where.limit]
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
         """Oldest operations first, a page at a time; idempotency keys expire by themselves."""
         gone = 0
-        for page in range(PURGE_PAGES):
-            start = page * SCAN_PAGE
-            ids = await self._call(
-                "purge", self._redis.zrange(f"{self.prefix}:ops", start, start + SCAN_PAGE - 1)
-            )
-            if not ids:
+        for number in range(PURGE_PAGES):
+            page = await self._page("purge", number * SCAN_PAGE, newest_first=False)
+            if page is None:
                 break
-            read = self._redis.pipeline(transaction=False)
-            for operation_id in ids:
-                read.hget(self._op(operation_id.decode()), "d")
-            doomed = [
-                OperationRecord.from_dict(json.loads(data))
-                for data in await self._call("purge", read.execute())
-                if data is not None
-            ]
-            doomed = [r for r in doomed if purgeable(r, provider, ended_before)]
+            doomed = [r for r in page if purgeable(r, provider, ended_before)]
             if doomed:
                 delete = self._redis.pipeline(transaction=False)
                 for record in doomed:
