@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .models import OperationRecord, Outcome
+from .units import rfc3339
 
 GENESIS = "0" * 64
 FIELDS = (
@@ -192,11 +193,7 @@ class AuditLog:
 
 def iso(instant: float | None) -> str | None:
     """RFC 3339 UTC with milliseconds, as audit lines carry instants."""
-    if instant is None:
-        return None
-    whole = int(instant // 1)
-    millis = min(999, round((instant - whole) * 1000))
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{millis:03d}Z"
+    return None if instant is None else rfc3339(instant, millis=True)
 
 
 def line_fields(

@@ -13,13 +13,14 @@ from aiohttp import web
 from .config import Account
 from .decide import Decision, Failure, ProviderAnswer, Reply
 from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
-from .escalation import problem_members, rfc3339
+from .escalation import problem_members
 from .metrics import status_class
 from .models import OperationRecord, Outcome
 from .policy import ProviderPolicy
 from .problems import problem, retry_after_value
 from .routing import Match
 from .runtime import Runtime
+from .units import rfc3339
 from .upstream import UpstreamResponse
 
 
@@ -126,7 +127,9 @@ def _detail(slug: str, decision: Decision, upstream: UpstreamResponse | None) ->
     if decision.detail is not None:
         return decision.detail
     if slug == "too-early":
-        return f"The next status request is permitted at {rfc3339(record.next_poll_at, True)}."
+        return (
+            f"The next status request is permitted at {rfc3339(record.next_poll_at, millis=True)}."
+        )
     if slug == "operation-escalated":
         escalation = record.escalation
         if escalation is None:

@@ -163,11 +163,10 @@ def _audit_verify(args: argparse.Namespace) -> int:
 
 def _audit_story(args: argparse.Namespace) -> int:
     from .audit import records
-    from .config import load_gateway_file
+    from .config import audit_path, load_gateway_file
     from .story import story
 
-    audit_path = load_gateway_file(args.config).audit.path
-    path = None if audit_path is None else (args.config.parent / audit_path).resolve()
+    path = audit_path(load_gateway_file(args.config), args.config.parent.resolve())
     if path is None:
         print(f"{args.config}: audit.path: no audit log is configured", file=sys.stderr)
         return 1

@@ -114,8 +114,7 @@ class Settings:
 
     @property
     def audit_path(self) -> Path | None:
-        path = self.file.audit.path
-        return None if path is None else (self.base_dir / path).resolve()
+        return audit_path(self.file, self.base_dir)
 
     @property
     def store_url(self) -> str:
@@ -140,6 +139,12 @@ def _match(holders: list[H], token_hash: str) -> H | None:
             if hmac.compare_digest(stored, token_hash) and found is None:
                 found = holder
     return found
+
+
+def audit_path(gateway: GatewayFile, base_dir: Path) -> Path | None:
+    """The audit file, resolved against the config file's folder; None if not configured."""
+    path = gateway.audit.path
+    return None if path is None else (base_dir / path).resolve()
 
 
 def load_gateway_file(path: Path, env: Mapping[str, str] | None = None) -> GatewayFile:

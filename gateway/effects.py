@@ -14,12 +14,9 @@ from .audit import AuditLog, iso, line_fields
 from .decide import Decision, Reply
 from .escalation import message, problem_members
 from .metrics import Metrics
-from .models import Clock, DelaySource, OperationRecord, Outcome
+from .models import Clock, DelaySource, OperationRecord
 from .notify import Notifier
 from .policy import ProviderPolicy
-
-ENDED = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.CANCELLED, Outcome.EXPIRED})
-ENDED_BY_OPERATOR = frozenset({Outcome.ABANDONED, Outcome.CANCELLED})
 
 
 @dataclass
@@ -136,9 +133,7 @@ class Effects:
             m.operations_started.labels(provider).inc()
         if event == "escalated" and record.escalation is not None:
             m.escalations.labels(provider, record.escalation.reason.value).inc()
-        if record.outcome in ENDED or (
-            record.outcome in ENDED_BY_OPERATOR and event in ("abandoned", "cancelled")
-        ):
+        if record.outcome.terminal or event == "abandoned":  # the operation ended
             m.operations_finished.labels(provider, record.outcome.value).inc()
             m.requests_per_operation.labels(provider).observe(record.status_requests_used)
         plan = decision.plan

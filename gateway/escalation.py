@@ -12,6 +12,7 @@ from typing import Any
 
 from .models import OperationRecord
 from .policy import ProviderPolicy
+from .units import rfc3339
 
 
 def suggested_extension(policy: ProviderPolicy) -> tuple[float, int]:
@@ -76,12 +77,3 @@ def problem_members(record: OperationRecord, policy: ProviderPolicy) -> dict[str
         "permitted_actions": list(escalation.permitted_actions),
         "message": message(record, policy),
     }
-
-
-def rfc3339(instant: float, millis: bool = False) -> str:
-    """UTC, ``Z`` suffix; milliseconds when asked."""
-    whole = math.floor(instant)
-    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
-    if millis:
-        text += f".{min(999, round((instant - whole) * 1000)):03d}"
-    return text + "Z"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -42,3 +43,12 @@ def format_duration(seconds: float) -> str:
         if count >= 1 and count == int(count):
             return f"{int(count)}{unit}"
     return f"{round(seconds * 1000)}ms"
+
+
+def rfc3339(instant: float, *, millis: bool = False) -> str:
+    """An instant as RFC 3339 UTC with a ``Z``; milliseconds when asked."""
+    whole = math.floor(instant)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    if millis:
+        text += f".{min(999, round((instant - whole) * 1000)):03d}"
+    return text + "Z"

@@ -26,7 +26,13 @@ CAS_ATTEMPTS = 100
 
 class Store(abc.ABC):
     _pacer: Pacer | None = None
-    _leases: dict[str, tuple[str, float]] | None = None
+    _held: dict[str, tuple[str, float]] | None = None
+
+    @property
+    def _leases(self) -> dict[str, tuple[str, float]]:
+        if self._held is None:
+            self._held = {}
+        return self._held
 
     # -- operations ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -107,8 +113,6 @@ class Store(abc.ABC):
 
         The default keeps leases in this process: right for the stores one gateway
         process owns (memory, SQLite). Shared stores keep them where every replica sees."""
-        if self._leases is None:
-            self._leases = {}
         held = self._leases.get(name)
         if held is not None and held[0] != token and held[1] > now:
             return False
@@ -117,9 +121,9 @@ class Store(abc.ABC):
 
     async def release_lease(self, name: str, token: str) -> None:
         """Release ``name`` only if ``token`` still holds it."""
-        held = (self._leases or {}).get(name)
+        held = self._leases.get(name)
         if held is not None and held[0] == token:
-            del self._leases[name]  # type: ignore[union-attr]
+            del self._leases[name]
 
     # -- pacing -------------------------------------------------------------------------
     async def pace(self, provider: str, rate: float | None, now: float) -> float:
