@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .decide import ProviderAnswer
-from .models import DelaySource, FinalResponse, OperationRecord, Outcome
+from .models import DelaySource, OperationRecord, Outcome, Reason
 from .policy import ProviderPolicy
 from .units import format_duration
 
@@ -96,15 +96,18 @@ def _left(seconds: float) -> str:
 
 
 def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> ActionResult:
-    """Waiting resumes only after what caused the escalation changed."""
+    """Waiting resumes only after what caused the escalation changed: the live credential
+    or policy is compared with the one in force when the escalation happened (SPEC 12)."""
     why = _permits(record, "resume")
     if why is not None:
         return _refuse("resumed", why)
-    assert record.escalation is not None
-    if record.escalation.reason.value == "authorization_denied":
-        if policy.credential_fingerprint == record.credential_fingerprint:
+    escalation = record.escalation
+    assert escalation is not None
+    if escalation.reason is Reason.AUTHORIZATION_DENIED:
+        then = escalation.credential_fingerprint or record.credential_fingerprint
+        if policy.credential_fingerprint == then:
             return _refuse("resumed", "the provider credential has not changed since")
-    elif policy.fingerprint == record.policy_fingerprint:
+    elif policy.fingerprint == (escalation.policy_fingerprint or record.policy_fingerprint):
         return _refuse("resumed", "the provider's policy has not changed since")
     new = record.evolve(
         outcome=Outcome.PENDING,
@@ -133,6 +136,8 @@ def may_cancel(policy: ProviderPolicy, record: OperationRecord) -> str | None:
     """None if an operator may ask the provider to cancel now, else why not."""
     if policy.routes.cancel is None:
         return "the policy declares no cancel route for this provider"
+    if record.cancel_requested_at is not None:
+        return "the provider already accepted a cancel request for this job"
     return _permits(record, "cancel_at_provider")
 
 
@@ -143,7 +148,9 @@ def cancelled(
     reason: str,
     now: float,
 ) -> ActionResult:
-    """The provider's answer to the cancel request decides what is stored."""
+    """The provider accepting a cancel request is not the job's outcome (SPEC 12): the
+    operation keeps waiting, on a small fresh budget of ``escalation.cancel_checks`` status
+    requests, until the provider reports a terminal state, which becomes the outcome."""
     why = may_cancel(policy, record)
     if why is not None:
         return _refuse("cancelled", why)
@@ -151,6 +158,18 @@ def cancelled(
     if status is None or not 200 <= status < 300:
         shown = "no answer" if status is None else f"HTTP {status}"
         return _refuse("cancelled", f"the provider did not accept the cancel request ({shown})")
-    final = FinalResponse(status, answer.content_type, answer.body)
-    new = record.evolve(outcome=Outcome.CANCELLED, final_response=final, ended_at=now)
-    return ActionResult(new, "cancelled", detail=reason or None)
+    polling, checks = policy.polling, policy.escalation.cancel_checks
+    new = record.evolve(
+        outcome=Outcome.PENDING,
+        escalation=None,
+        ended_at=None,
+        cancel_requested_at=now,
+        deadline_at=max(record.deadline_at, now + checks * polling.max_delay),
+        max_status_requests=record.status_requests_used + checks,
+        max_transport_failures=record.transport_failures_used + polling.max_transport_failures,
+        max_rate_limited=record.rate_limited_used + polling.max_rate_limited,
+        next_poll_at=now,
+        delay_source=DelaySource.LOCAL_BACKOFF,
+    )
+    detail = f"the provider accepted the cancel request (HTTP {status}); waiting for its outcome"
+    return ActionResult(new, "cancelled", detail=f"{detail}: {reason}" if reason else detail)

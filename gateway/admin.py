@@ -123,7 +123,10 @@ async def act(request: web.Request) -> web.StreamResponse:
         return problem("action-not-permitted", f"No policy is loaded for {record.provider!r}.")
     try:
         body = await _json_body(request)
-        reason = str(body.get("reason", ""))[:500]
+        reason = body.get("reason", "")
+        if not isinstance(reason, str):
+            raise ValueError("reason must be a string")
+        reason = reason[:500]
         seconds = parse_duration(body["time"]) if "time" in body else 0.0
         requests = body.get("requests", 0)
         if not isinstance(requests, int) or isinstance(requests, bool):
@@ -138,7 +141,7 @@ async def act(request: web.Request) -> web.StreamResponse:
             return _not_permitted(record, why)
         assert policy.routes.cancel is not None
         route = policy.routes.cancel
-        url = policy.upstream + fill(route.path, record.provider_job_id)
+        url = policy.upstream + fill(route.path, {"job_id": record.provider_job_id})
         headers = to_provider([], policy)
         answer, _ = await send_upstream(runtime, policy, "cancel", route.method, url, headers)
 
@@ -176,8 +179,8 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(raw)
-    except ValueError:
-        raise ValueError("not JSON") from None
+    except (ValueError, RecursionError):  # deeply nested JSON is refused, not a crash
+        raise ValueError("not JSON (or nested too deeply)") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data

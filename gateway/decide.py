@@ -23,7 +23,7 @@ from .models import (
     Outcome,
     Reason,
 )
-from .policy import ProviderPolicy
+from .policy import ProviderPolicy, RequiredField
 from .schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
 
 
@@ -64,20 +64,31 @@ class Decision:
     event: str | None = None  # audit event name
     plan: Plan | None = None
     detail: str | None = None  # why, for the agent, when the record does not say it
+    cut_at: float | None = None  # an earlier request reserved then, its answer never recorded
 
 
-def permitted_actions(reason: Reason, policy: ProviderPolicy) -> tuple[str, ...]:
-    """The bounded operator options each escalation reason allows (SPEC section 5)."""
-    if reason in (
-        Reason.DEADLINE_EXCEEDED,
-        Reason.REQUEST_BUDGET_EXHAUSTED,
-        Reason.PROVIDER_FAILURE,
-    ):
-        cancel = ("cancel_at_provider",) if policy.routes.cancel is not None else ()
-        return ("extend", *cancel, "abandon")
+def permitted_actions(
+    reason: Reason, policy: ProviderPolicy, record: OperationRecord
+) -> tuple[str, ...]:
+    """The bounded operator options an escalation allows (SPEC sections 5 and 12): only
+    actions that can succeed: no extend once max_extension is spent, no second cancel."""
+    if reason in (Reason.UNKNOWN_STATE, Reason.INTEGRATION_FAILURE, Reason.AUTHORIZATION_DENIED):
+        return ("resume", "abandon")
+    extend = ("extend",) if extension_left(policy, record) is not None else ()
     if reason is Reason.RATE_LIMITED:
-        return ("extend", "abandon")
-    return ("resume", "abandon")
+        return (*extend, "abandon")
+    can_cancel = policy.routes.cancel is not None and record.cancel_requested_at is None
+    return (*extend, *(("cancel_at_provider",) if can_cancel else ()), "abandon")
+
+
+def extension_left(policy: ProviderPolicy, record: OperationRecord) -> tuple[float, int] | None:
+    """Time and requests still allowed by ``escalation.max_extension``; None when spent."""
+    bound = policy.escalation.max_extension
+    seconds = bound.time - record.extended_seconds
+    requests = bound.requests - record.extended_requests
+    if seconds <= 0 or requests <= 0:
+        return None
+    return seconds, requests
 
 
 def escalate(
@@ -88,9 +99,20 @@ def escalate(
     detail: str,
     **changes: Any,
 ) -> Decision:
-    """End waiting: the record becomes escalated and the agent gets operation-escalated."""
-    escalation = Escalation(reason, now, detail, permitted_actions(reason, policy))
-    new = record.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=now, **changes)
+    """End waiting: the record becomes escalated and the agent gets operation-escalated.
+
+    The escalation keeps the credential and policy fingerprints in force now: ``resume``
+    is permitted once the live ones differ from these."""
+    new = record.evolve(**changes)
+    escalation = Escalation(
+        reason,
+        now,
+        detail,
+        permitted_actions(reason, policy, new),
+        credential_fingerprint=policy.credential_fingerprint,
+        policy_fingerprint=policy.fingerprint,
+    )
+    new = new.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=now)
     return Decision(
         new, Reply.PROBLEM, changed=True, problem="operation-escalated", event="escalated"
     )
@@ -115,28 +137,74 @@ def admit(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decisi
     return Decision(record, Reply.PROVIDER, forward=True)
 
 
+def overdue(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decision | None:
+    """SPEC 16: a pending operation past its deadline is escalated even when nobody asks.
+
+    None while the operation is not pending or its deadline has not come."""
+    if record.outcome is not Outcome.PENDING or now < record.deadline_at:
+        return None
+    detail = "the deadline has passed"
+    decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail, inflight_at=None)
+    return dataclasses.replace(decision, cut_at=record.inflight_at)
+
+
+def paused(policy: ProviderPolicy, record: OperationRecord, now: float, wait: float) -> Decision:
+    """A poll that is due but must wait ``wait`` seconds because the provider is paused or
+    at its ceiling (SPEC 16): too-early, or escalate ``deadline_exceeded`` when the pause
+    ends after the last moment the operation may still poll."""
+    decision = admit(policy, record, now)
+    if not decision.forward:
+        return decision
+    if now + wait > record.deadline_at - policy.polling.final_poll_margin:
+        detail = "the provider paused status calls until after the operation's deadline"
+        return escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail)
+    detail = "The provider's ceiling on status calls is reached; this poll waits."
+    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
+
+
 def take(
     policy: ProviderPolicy, record: OperationRecord, now: float, refusals: int = 0
 ) -> Decision:
     """Steps 2-6 again under the lease, then step 8's reservation: the record to store next.
 
     Refusals counted in memory since the last write are folded into whatever is written.
+    Under the lease, a reservation whose answer was never recorded (``inflight_at``) is a
+    request cut short by a crash: it is cleared here and reported as ``cut_at``.
     """
+    cut = record.inflight_at
+    if cut is not None:
+        record = record.evolve(inflight_at=None)
     decision = admit(policy, record, now)
     if decision.forward:
-        return dataclasses.replace(decision, record=reserve(record, now, refusals), changed=True)
-    if decision.changed and refusals:
+        decision = dataclasses.replace(
+            decision, record=reserve(record, now, refusals), changed=True
+        )
+    elif decision.changed and refusals:
         folded = decision.record.evolve(early_refusals=decision.record.early_refusals + refusals)
-        return dataclasses.replace(decision, record=folded)
-    return decision
+        decision = dataclasses.replace(decision, record=folded)
+    elif cut is not None:
+        decision = dataclasses.replace(decision, changed=True)
+    return decision if cut is None else dataclasses.replace(decision, cut_at=cut)
+
+
+def recover(record: OperationRecord) -> Decision | None:
+    """At start: a reservation whose answer was never recorded, when no poll holds the
+    lease, is a request cut short by a crash. None when there is none."""
+    if record.inflight_at is None:
+        return None
+    cleared = record.evolve(inflight_at=None)
+    return Decision(cleared, Reply.PROBLEM, changed=True, cut_at=record.inflight_at)
 
 
 def reserve(record: OperationRecord, now: float, refusals: int = 0) -> OperationRecord:
-    """Spend one status request before it is sent; folds in refusals counted meanwhile."""
+    """Spend one status request before it is sent; folds in refusals counted meanwhile.
+
+    ``inflight_at`` marks the request as sent-but-unanswered until its answer is recorded."""
     return record.evolve(
         status_requests_used=record.status_requests_used + 1,
         early_refusals=record.early_refusals + refusals,
         last_polled_at=now,
+        inflight_at=now,
     )
 
 
@@ -211,9 +279,26 @@ def classify(
     now: float,
     u: float,
 ) -> Decision:
-    """Step 9: what one provider answer to a status request means (SPEC table)."""
+    """Step 9: what one provider answer to a status request means (SPEC table).
+
+    Recording the answer clears the reservation's ``inflight_at`` whatever it says."""
     if record.outcome is not Outcome.PENDING:  # decided meanwhile: the answer changes nothing
-        return superseded(record, now)
+        decision = superseded(record, now)
+    else:
+        decision = _classify(policy, record, answer, now, u)
+    if decision.record.inflight_at is None:
+        return decision
+    cleared = decision.record.evolve(inflight_at=None)
+    return dataclasses.replace(decision, record=cleared, changed=True)
+
+
+def _classify(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+) -> Decision:
     seen = {"last_http_status": answer.status, "last_polled_at": now}
     status = answer.status
     if answer.failure is Failure.TOO_LARGE:
@@ -296,7 +381,7 @@ def _classify_body(
         hint = _hint(policy, answer, body, now)
         return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
     if kind == "success":
-        missing = [p for p in states.success_requires if lookup(body, p) is None]
+        missing = [field.path for field in states.required() if not _present(body, field)]
         if missing:
             detail = f"success without the required field(s) {', '.join(missing)}"
             return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
@@ -376,6 +461,15 @@ def _hint(
     )
     next_check = lookup(body, hints.next_check_at) if body and hints.next_check_at else None
     return guidance(answer.retry_after, poll_after, next_check, now)
+
+
+def _present(body: Any, field: RequiredField) -> bool:
+    """A required field is present (and not null, unless the policy allows null)."""
+    if field.allow_null:
+        parent, _, leaf = field.path.rpartition(".")
+        node = lookup(body, parent) if parent else body
+        return isinstance(node, dict) and leaf in node
+    return lookup(body, field.path) is not None
 
 
 def lookup(data: Any, dotted: str | None) -> Any:

@@ -5,7 +5,9 @@ Three route families, each shaped after a public API style:
 - ``jobs``: ``POST /v1/jobs`` -> 202 ``{"id", "state", "status_url"}`` + Location;
   ``GET /v1/jobs/{id}``, ``GET /v1/jobs/{id}/result``, ``POST /v1/jobs/{id}/cancel``.
 - ``batches`` (a batch API): ``POST /v1/batches`` -> 200 ``{"id", "object": "batch",
-  "status": "validating"}``; ``GET /v1/batches/{id}``; ``POST /v1/batches/{id}/cancel``.
+  "status": "validating"}``; ``GET /v1/batches/{id}``; ``POST /v1/batches/{id}/cancel``;
+  around them ``POST /v1/files`` (upload, -> ``{"id": "file-..."}``) and
+  ``GET /v1/files/{id}/content`` (an uploaded file, or the batch output ``file-demo-output``).
 - ``azure`` (an Azure-style long-running operation): ``POST /documentintelligence/
   documentModels/prebuilt-read:analyze`` -> 202, empty body, ``Operation-Location`` header;
   ``GET .../analyzeResults/{id}`` -> ``{"status": "running", ...}``.
@@ -16,7 +18,8 @@ status GET consumes one step and the last step repeats. A step is an object such
 
 - ``poll_after_seconds``, ``next_check_in`` (seconds), ``retry_after`` (header value),
   ``expires_in`` (seconds, may be negative): timing guidance and contradictions;
-- ``omit`` (fields to leave out, e.g. the result), ``pad`` (bytes of filler), ``echo_auth``
+- ``omit`` (fields to leave out, e.g. the result), ``set`` (fields to set, e.g.
+  ``{"output_file_id": null}``), ``pad`` (bytes of filler), ``echo_auth``
   (a careless provider that echoes the credential it received);
 - ``until`` (seconds since submit during which this step repeats), ``delay`` (seconds before
   answering), ``headers`` (extra answer headers, e.g. RateLimit fields);
@@ -25,7 +28,8 @@ status GET consumes one step and the last step repeats. A step is an object such
   ``nested`` (JSON nested that deep), ``gzip_bomb`` (MB of JSON, gzip-compressed).
 
 ``demo_submit`` scripts the submit answer the same way (``http``, ``delay``, ``retry_after``,
-``omit_id``, ``poll_after_seconds``). A repeated ``Idempotency-Key`` returns the job it first
+``omit_id``, ``poll_after_seconds``, ``cancel: ignored`` for a job that finishes as scripted
+whatever cancel it accepts). A repeated ``Idempotency-Key`` returns the job it first
 created. Every request is logged; ``GET /_demo/log[?job=ID]`` returns the log as JSON.
 """
 
@@ -87,6 +91,7 @@ class Job:
     created_at: float = 0.0
     cancelled: bool = False
     index: int = 0
+    cancel_ignored: bool = False  # accepts a cancel request but runs on (a race lost)
 
     def next_step(self, now: float) -> dict[str, Any]:
         """Each step answers once, the last forever; a step with ``until`` answers every
@@ -112,6 +117,7 @@ class DemoProvider:
     log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20000))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _keys: dict[str, str] = field(default_factory=dict)  # Idempotency-Key -> job id
+    files: dict[str, bytes] = field(default_factory=dict)  # uploaded files by id
     in_flight: dict[str, int] = field(default_factory=dict)  # status calls being answered
     most_in_flight: dict[str, int] = field(default_factory=dict)  # the most at once, per job
     # called with the job id just before a status answer is sent (tests use it to act at
@@ -127,6 +133,8 @@ class DemoProvider:
         app.router.add_post("/v1/batches", self._submit_batches)
         app.router.add_get("/v1/batches/{job_id}", self._status)
         app.router.add_post("/v1/batches/{job_id}/cancel", self._cancel)
+        app.router.add_post("/v1/files", self._upload)
+        app.router.add_get("/v1/files/{file_id}/content", self._file_content)
         app.router.add_post(AZURE_PREFIX + ":analyze", self._submit_azure)
         app.router.add_get(AZURE_PREFIX + "/analyzeResults/{job_id}", self._status)
         app.router.add_get("/_demo/log", self._log)
@@ -176,8 +184,9 @@ class DemoProvider:
         if family.name == "azure":
             job_id = f"{next(self._ids):08d}-demo-{secrets.token_hex(6)}"
         script = payload.get("demo_script") or DEFAULT_SCRIPT
-        job = Job(job_id, family, list(script), created_at=self.clock())
         submit = payload.get("demo_submit") or {}
+        job = Job(job_id, family, list(script), created_at=self.clock())
+        job.cancel_ignored = submit.get("cancel") == "ignored"
         self._record(request, job_id)
         if not self._authorised(request, family):
             return job, submit, self._denied()
@@ -323,6 +332,7 @@ class DemoProvider:
             body["pad"] = "x" * int(step["pad"])
         for name in step.get("omit", []):
             body.pop(name, None)
+        body.update(step.get("set", {}))
         return body
 
     async def _result(self, request: web.Request) -> web.Response:
@@ -337,9 +347,32 @@ class DemoProvider:
             return job
         job.cancelled = True
         final = "cancelling" if job.family.name == "batches" else "cancelled"
-        job.script = [{"state": "cancelled"}]
-        job.index = 0
+        if not job.cancel_ignored:
+            job.script = [{"state": "cancelled"}]
+            job.index = 0
         return web.json_response({"id": job.id, job.family.state_field: final})
+
+    # -- files around batches -----------------------------------------------------------
+    async def _upload(self, request: web.Request) -> web.Response:
+        self._record(request, None)
+        if not self._authorised(request, FAMILIES["batches"]):
+            return self._denied()
+        content = await request.read()
+        file_id = f"file-{secrets.token_hex(6)}"
+        self.files[file_id] = content
+        return web.json_response({"id": file_id, "object": "file", "bytes": len(content)})
+
+    async def _file_content(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["file_id"]
+        self._record(request, file_id)
+        if not self._authorised(request, FAMILIES["batches"]):
+            return self._denied()
+        content = self.files.get(file_id)
+        if content is None and file_id == FAMILIES["batches"].result_value:
+            content = b'{"custom_id": "request-1", "response": {"status_code": 200}}\n'
+        if content is None:
+            return web.json_response({"error": {"code": "not_found"}}, status=404)
+        return web.Response(body=content, content_type="application/jsonl")
 
     async def _log(self, request: web.Request) -> web.Response:
         wanted = request.query.get("job")

@@ -108,6 +108,55 @@ class Effects:
             )
         )
 
+    async def interrupted(self, record: OperationRecord, sent_at: float) -> None:
+        """SPEC 16: the line a status request cut short by a crash could not write itself,
+        written when the cut is found (the next poll under the lease, or at start)."""
+        if self.audit is None:
+            return
+        detail = f"request sent at {iso(sent_at)} was cut short; no answer was recorded"
+        await self.audit.append(
+            line_fields(
+                record, event="polled", at=self._clock(), decision="interrupted", detail=detail
+            )
+        )
+
+    async def call(
+        self,
+        *,
+        provider: str,
+        account: str,
+        event: str,
+        http_status: int | None,
+        detail: str,
+        operation: OperationRecord | None = None,
+    ) -> None:
+        """One audit line for a provider call outside the polling loop (a rejected submit,
+        a passthrough call, a result fetch)."""
+        if self.audit is None:
+            return
+        if operation is not None:
+            fields = line_fields(
+                operation,
+                event=event,
+                at=self._clock(),
+                decision="forwarded",
+                http_status=http_status,
+                detail=detail,
+            )
+        else:
+            fields = {
+                "at": iso(self._clock()),
+                "operation_id": None,
+                "provider": provider,
+                "account": account,
+                "event": event,
+                "http_status": http_status,
+                "decision": "forwarded",
+                "detail": detail,
+                "actor": "gateway",
+            }
+        await self.audit.append(fields)
+
     async def notified(self, notice: dict[str, Any], outcome: str) -> None:
         """The webhook's delivery outcome, as an audit line of its own."""
         if self.audit is None:
@@ -133,7 +182,7 @@ class Effects:
             m.operations_started.labels(provider).inc()
         if event == "escalated" and record.escalation is not None:
             m.escalations.labels(provider, record.escalation.reason.value).inc()
-        if record.outcome.terminal or event == "abandoned":  # the operation ended
+        if event in ("finished", "abandoned"):  # the operation ended
             m.operations_finished.labels(provider, record.outcome.value).inc()
             m.requests_per_operation.labels(provider).observe(record.status_requests_used)
         plan = decision.plan

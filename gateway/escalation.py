@@ -10,28 +10,40 @@ import math
 import time
 from typing import Any
 
+from .decide import extension_left
 from .models import OperationRecord
 from .policy import ProviderPolicy
 from .units import rfc3339
 
 
-def suggested_extension(policy: ProviderPolicy) -> tuple[float, int]:
-    """Half the policy's maximum extension (at least one minute and one check)."""
+def suggested_extension(policy: ProviderPolicy, record: OperationRecord) -> tuple[float, int]:
+    """Half the policy's maximum extension (at least one minute and one check), never more
+    than what ``max_extension`` still has left for this operation (SPEC 12)."""
     bound = policy.escalation.max_extension
     seconds = max(60.0, math.floor(bound.time / 2 / 60) * 60.0)
-    return min(seconds, bound.time), max(1, bound.requests // 2) if bound.requests else 0
+    requests = max(1, bound.requests // 2)
+    left = extension_left(policy, record)
+    if left is None:
+        return 0.0, 0
+    return min(seconds, left[0]), min(requests, left[1])
 
 
-def _option(action: str, policy: ProviderPolicy) -> str:
+def _option(action: str, policy: ProviderPolicy, record: OperationRecord) -> str:
     if action == "extend":
-        seconds, requests = suggested_extension(policy)
-        minutes = round(seconds / 60)
-        return f"extend by {minutes} minutes with {requests} additional checks"
+        seconds, requests = suggested_extension(policy, record)
+        return f"extend by {_span(seconds)} with {requests} additional checks"
     return {
         "cancel_at_provider": "cancel at provider",
         "resume": "resume (after the policy or credential is fixed)",
         "abandon": "abandon",
     }.get(action, action)
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 60:
+        minutes = math.floor(seconds / 60)
+        return f"{minutes} minute" if minutes == 1 else f"{minutes} minutes"
+    return f"{math.floor(seconds)} seconds"
 
 
 def _clock(instant: float) -> str:
@@ -49,7 +61,7 @@ def message(record: OperationRecord, policy: ProviderPolicy) -> str:
         last = f"no answer (transport failure) at {_clock(record.last_polled_at)} UTC"
     else:
         last = "none yet"
-    options = ", ".join(_option(a, policy) for a in escalation.permitted_actions)
+    options = ", ".join(_option(a, policy, record) for a in escalation.permitted_actions)
     return "\n".join(
         [
             "External job needs a decision",

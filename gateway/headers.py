@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import unquote_plus, urljoin, urlsplit
 
 from .decide import lookup
 from .policy import ProviderPolicy
@@ -160,6 +160,16 @@ class Rewriter:
                 node[leaf] = self.url(node[leaf])
                 changed = True
         return changed
+
+
+def agent_query(raw_query: str, allowed: Iterable[str]) -> str:
+    """The parameters of an agent's raw query string that a route lets through (SPEC 16),
+    still percent-encoded as sent; every other parameter is dropped."""
+    names = set(allowed)
+    if not raw_query or not names:
+        return ""
+    kept = [pair for pair in raw_query.split("&") if unquote_plus(pair.partition("=")[0]) in names]
+    return "&".join(kept)
 
 
 def _default_port(scheme: str) -> int:

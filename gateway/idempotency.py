@@ -8,9 +8,26 @@ deduplicates by the forwarded key.
 from __future__ import annotations
 
 import enum
+import hashlib
+import re
 
 from .decide import Failure
 from .models import IdempotencyEntry, IdemState
+
+KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def valid_key(key: str) -> bool:
+    """SPEC 16: an Idempotency-Key is 1 to 255 visible ASCII characters."""
+    return KEY.fullmatch(key) is not None
+
+
+def forwarded_key(account: str, key: str) -> str:
+    """The key the provider sees (SPEC 16): derived from the account and the agent's key,
+    so two accounts that chose the same key never meet under the one shared credential;
+    stable across restarts and replicas."""
+    digest = hashlib.sha256(f"{account}:{key}".encode()).hexdigest()
+    return f"sg1-{digest[:32]}"
 
 
 class Seen(enum.Enum):

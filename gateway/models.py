@@ -66,6 +66,9 @@ class Escalation:
     at: float
     detail: str
     permitted_actions: tuple[str, ...]
+    # What was in force when waiting ended: resume compares the live ones with these.
+    credential_fingerprint: str = ""
+    policy_fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,9 @@ class OperationRecord:
     extended_seconds: float = 0.0  # operator extensions so far, bounded by the policy
     extended_requests: int = 0
     ended_at: float | None = None  # when waiting stopped (kept for the policy's retention)
+    cancel_requested_at: float | None = None  # the provider accepted an operator's cancel
+    result_fetches: int = 0  # result calls forwarded, bounded by polling.max_result_fetches
+    inflight_at: float | None = None  # a status request reserved, its answer not yet recorded
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:
@@ -123,6 +129,8 @@ class OperationRecord:
                 "at": escalation.at,
                 "detail": escalation.detail,
                 "permitted_actions": list(escalation.permitted_actions),
+                "credential_fingerprint": escalation.credential_fingerprint,
+                "policy_fingerprint": escalation.policy_fingerprint,
             }
         data["outcome"] = self.outcome.value
         data["delay_source"] = self.delay_source.value
@@ -145,6 +153,8 @@ class OperationRecord:
                 at=esc["at"],
                 detail=esc["detail"],
                 permitted_actions=tuple(esc["permitted_actions"]),
+                credential_fingerprint=esc.get("credential_fingerprint", ""),
+                policy_fingerprint=esc.get("policy_fingerprint", ""),
             )
         data["outcome"] = Outcome(data["outcome"])
         data["delay_source"] = DelaySource(data["delay_source"])

@@ -24,6 +24,8 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+PLACEHOLDER_NAME = re.compile(r"[a-z_][a-z0-9_]*|final(\.[A-Za-z0-9_-]+)+")
 
 
 def _header_name(value: str) -> str:
@@ -33,8 +35,16 @@ def _header_name(value: str) -> str:
 
 
 def _route_path(value: str) -> str:
-    if not value.startswith("/") or "?" in value or "#" in value:
-        raise ValueError("must be a path starting with / and without query or fragment")
+    path, _, query = value.partition("?")
+    if not path.startswith("/") or "#" in value or "{" in query or "?" in query:
+        raise ValueError(
+            "must be a path starting with /, optionally with a fixed query, without fragment"
+        )
+    for name in PLACEHOLDER.findall(path):
+        if not PLACEHOLDER_NAME.fullmatch(name):
+            raise ValueError(
+                f"placeholder {{{name}}} must be a name like {{job_id}} or {{file_id}}"
+            )
     return value
 
 
@@ -71,6 +81,14 @@ class SubmitRoute(Strict):
 class Route(Strict):
     method: Method = "GET"
     path: RoutePath
+    query_params: list[str] = []  # agent query parameters forwarded; all others are dropped
+
+
+class Passthrough(Strict):
+    """A provider endpoint around a job (upload, listing, download): forwarded, not tracked."""
+
+    method: Method = "GET"
+    path: RoutePath
 
 
 class Routes(Strict):
@@ -78,6 +96,12 @@ class Routes(Strict):
     status: Route
     result: Route | None = None
     cancel: Route | None = None
+    passthrough: list[Passthrough] = []
+
+
+class RequiredField(Strict):
+    path: str
+    allow_null: bool = False
 
 
 class States(Strict):
@@ -87,9 +111,16 @@ class States(Strict):
     failure: list[str] = []
     cancelled: list[str] = []
     expired: list[str] = []
-    success_requires: list[str] = []
+    success_requires: list[str | RequiredField] = []
     error_field: str | None = None
     expires_at_field: str | None = None
+
+    def required(self) -> list[RequiredField]:
+        """``success_requires`` with plain strings read as ``{path: P}`` (null not allowed)."""
+        return [
+            RequiredField(path=item) if isinstance(item, str) else item
+            for item in self.success_requires
+        ]
 
 
 class Hints(Strict):
@@ -132,6 +163,8 @@ class Polling(Strict):
     final_poll_margin: Duration = 1.0
     max_hold: Duration = 60.0
     provider_rate: Rate = None  # status calls per second to this provider, all replicas
+    early_calls: Literal["refuse", "hold"] = "refuse"  # too-early calls: 429, or held
+    max_result_fetches: Annotated[int, Field(ge=0)] = 10
 
 
 class Extension(Strict):
@@ -141,6 +174,7 @@ class Extension(Strict):
 
 class EscalationPolicy(Strict):
     max_extension: Extension = Extension()
+    cancel_checks: PositiveInt = 5  # status requests granted after the provider accepts a cancel
 
 
 class ProviderPolicy(Strict):
@@ -227,16 +261,45 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
         problems.append(("polling.base_delay", "must be greater than 0"))
     if not math.isfinite(p.rate_limited_multiplier):
         problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
-    routes = policy.routes
-    for name in ("status", "result", "cancel"):
-        route = getattr(routes, name)
-        if route is not None and route.path.count("{job_id}") != 1:
-            problems.append((f"routes.{name}.path", "must contain {job_id} exactly once"))
-    if "{" in routes.submit.path:
-        problems.append(("routes.submit.path", "must not contain placeholders"))
-    job_id = routes.submit.job_id
+    problems.extend(_route_problems(policy.routes))
+    job_id = policy.routes.submit.job_id
     if job_id.source == "body" and not job_id.path:
         problems.append(("routes.submit.job_id.path", "is required when from is body"))
+    return problems
+
+
+def placeholders(path: str) -> list[str]:
+    """The names of a route path's ``{...}`` placeholders, in order."""
+    return PLACEHOLDER.findall(path.partition("?")[0])
+
+
+def _route_problems(routes: Routes) -> list[tuple[str, str]]:
+    """Which placeholders each kind of route may use: status and cancel exactly one
+    {job_id}; result one {job_id} or {final.*} fields; submit and passthrough any names."""
+    problems: list[tuple[str, str]] = []
+    for name in ("status", "result", "cancel"):
+        route = getattr(routes, name)
+        if route is None:
+            continue
+        names = placeholders(route.path)
+        finals = [n for n in names if n.startswith("final.")]
+        if name == "result" and finals and "job_id" not in names:
+            if len(finals) != len(names) or len(finals) != 1:
+                problems.append(
+                    ("routes.result.path", "may hold one {final.<field>} and no other placeholder")
+                )
+            continue
+        if names != ["job_id"]:
+            problems.append((f"routes.{name}.path", "must contain {job_id} exactly once"))
+    for where, path in [
+        ("routes.submit.path", routes.submit.path),
+        *((f"routes.passthrough[{i}].path", r.path) for i, r in enumerate(routes.passthrough)),
+    ]:
+        names = placeholders(path)
+        if any(n.startswith("final.") for n in names):
+            problems.append((where, "{final.*} is only for the result route"))
+        if len(set(names)) != len(names):
+            problems.append((where, "names a placeholder twice"))
     return problems
 
 

@@ -23,6 +23,9 @@ class ProblemType:
     status: int
     title: str
     explanation: str
+    # X-Should-Retry (SPEC 12): False where retrying the same request cannot change the
+    # answer; True where it can, after Retry-After. None sends no header.
+    retry: bool | None = False
 
 
 PROBLEMS: Mapping[str, ProblemType] = {
@@ -62,6 +65,7 @@ PROBLEMS: Mapping[str, ProblemType] = {
         409,
         "Idempotency key in use",
         "The original request with this key is still in flight; retry after it finishes.",
+        retry=True,
     ),
     "submission-outcome-unknown": ProblemType(
         409,
@@ -75,6 +79,7 @@ PROBLEMS: Mapping[str, ProblemType] = {
         "Too early",
         "The next status request for this operation is not permitted yet. Retry after the "
         "Retry-After header, or send 'Prefer: wait=N' to let the gateway wait.",
+        retry=True,
     ),
     "operation-escalated": ProblemType(
         409,
@@ -94,22 +99,26 @@ PROBLEMS: Mapping[str, ProblemType] = {
         429,
         "Provider rate limited",
         "The provider asked the gateway to slow down; retry after the Retry-After header.",
+        retry=True,
     ),
     "provider-unavailable": ProblemType(
         503,
         "Provider unavailable",
         "The provider failed or could not be reached; retry after the Retry-After header.",
+        retry=True,
     ),
     "provider-timeout": ProblemType(
         504,
         "Provider timeout",
         "The provider did not answer within limits.upstream_timeout; retry after the "
         "Retry-After header.",
+        retry=True,
     ),
     "job-not-visible-yet": ProblemType(
         503,
         "Job not visible yet",
         "The provider does not show the job yet, which is normal shortly after submission.",
+        retry=True,
     ),
     "integration-failure": ProblemType(
         502,
@@ -121,6 +130,7 @@ PROBLEMS: Mapping[str, ProblemType] = {
         503,
         "Store unavailable",
         "The gateway cannot reach its store and fails closed: nothing was forwarded.",
+        retry=True,
     ),
     "action-not-permitted": ProblemType(
         409,
@@ -128,10 +138,30 @@ PROBLEMS: Mapping[str, ProblemType] = {
         "The operator action is not among the escalation's permitted actions, or it is over "
         "the policy's bounds; the detail names the rule or the limit.",
     ),
+    "provider-credential-rejected": ProblemType(
+        502,
+        "Provider credential rejected",
+        "The provider refused the gateway's own credential for this provider (not the "
+        "agent's token). No operation was created; an operator must fix the credential. "
+        "Retrying the same request cannot help until then.",
+    ),
+    "result-budget-exhausted": ProblemType(
+        409,
+        "Result budget exhausted",
+        "The operation's result has been fetched polling.max_result_fetches times; the "
+        "gateway forwards no more result calls for it.",
+    ),
+    "request-timeout": ProblemType(
+        408,
+        "Request timeout",
+        "The request body did not arrive within limits.body_timeout.",
+        retry=True,
+    ),
     "internal-error": ProblemType(
         500,
         "Internal error",
         "The gateway hit a bug. It is logged on the gateway; nothing about it is shown here.",
+        retry=True,
     ),
 }
 
@@ -170,6 +200,9 @@ def problem(
     response[SLUG] = slug
     if retry_after is not None:
         response.headers["Retry-After"] = retry_after_value(retry_after)
+        response.headers["Retry-After-Ms"] = str(max(0, math.ceil(retry_after * 1000 - 1e-6)))
+    if kind.retry is not None:
+        response.headers["X-Should-Retry"] = "true" if kind.retry else "false"
     if kind.status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="statusgate"'
     return response

@@ -12,7 +12,7 @@ import secrets
 
 from aiohttp import web
 
-from . import decide
+from . import decide, results
 from .calls import (
     Call,
     header_safe,
@@ -25,13 +25,14 @@ from .calls import (
 )
 from .decide import Decision, ProviderAnswer, Reply
 from .errors import NotAdmissible
-from .headers import format_wait, prefer_wait, to_provider, valid_job_id
-from .models import OperationRecord, Outcome
+from .headers import agent_query, format_wait, prefer_wait, to_provider
+from .models import OperationFilter, OperationRecord, Outcome
+from .policy import ProviderPolicy
 from .problems import problem
 from .routing import fill
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, PollTask, Runtime
 from .schedule import provider_limit
-from .submit import submit
+from .submit import read_body, submit
 from .upstream import UpstreamResponse
 
 LEASE_MARGIN = 1.0  # a lease outlives the upstream timeout by this much
@@ -56,8 +57,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if match is None:
         detail = f"{request.method} {raw_path} is not a declared route of {name!r}."
         return problem("route-not-allowed", detail)
-    if match.job_id is not None and not valid_job_id(match.job_id):
-        return problem("invalid-request", "The job id must match [A-Za-z0-9._~-]{1,200}.")
+    if not match.valid:
+        return problem("invalid-request", "Path segments must match [A-Za-z0-9._~-]{1,200}.")
     request[ROUTE] = match.kind
     call = Call(request, runtime, account, policy, match)
     if match.kind == "submit":
@@ -66,6 +67,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return await status(call)
     if match.kind == "result":
         return await result(call)
+    if match.kind == "passthrough":
+        return await passthrough_call(call)
     return problem(
         "approval-required",
         "Cancelling a job is an operator decision: ask an operator to use "
@@ -87,21 +90,41 @@ async def status(call: Call) -> web.StreamResponse:
     now = runtime.clock()
     decision = decide.admit(policy, record, now)
     if not decision.forward and not decision.changed:  # answered without any write
+        if _holds_early(policy, decision):
+            return await _hold(call, record, 0.0)
         return _refusal(call, decision, now)
     decision, response = await _shared_poll(call, record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
 
 
+def _holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
+    """``polling.early_calls: hold`` (SPEC 12): a too-early call whose next permitted poll
+    is within ``max_hold`` waits for it instead of getting 429."""
+    return (
+        policy.polling.early_calls == "hold"
+        and decision.problem == "too-early"
+        and decision.retry_after is not None
+        and decision.retry_after <= policy.polling.max_hold
+    )
+
+
 async def _hold(call: Call, record: OperationRecord, wait: float) -> web.StreamResponse:
     """``Prefer: wait=N``: wait for the next permitted poll, poll for the agent, and keep
     waiting through pending answers until the job ends, waiting must end, N seconds pass,
-    the deadline comes or the gateway stops. A held call costs only timers."""
+    the deadline comes or the gateway stops. A held call costs only timers.
+
+    ``wait`` 0 is an early call held (``early_calls: hold``): it waits for the next
+    permitted poll only and gets that poll's answer, pending or not."""
     runtime = call.runtime
-    end = min(runtime.clock() + wait, record.deadline_at)
+    early = wait == 0
+    limit = call.policy.polling.max_hold if early else wait
+    end = min(runtime.clock() + limit, record.deadline_at)
     runtime.holding += 1
     try:
         decision, response = await _step(call, record)
         while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
+            if early and response is not None:
+                break  # the one poll an early call waited for
             now = runtime.clock()
             wake = now + max(decision.retry_after, MIN_HOLD_STEP)
             if wake > end or _gone(call.request) or not await runtime.pause(wake - now):
@@ -109,10 +132,13 @@ async def _hold(call: Call, record: OperationRecord, wait: float) -> web.StreamR
             current = await runtime.store.get(record.operation_id)
             assert current is not None
             decision, response = await _step(call, current)
+            if early:
+                break
     finally:
         runtime.holding -= 1
     answer = render(call, decision, response, runtime.clock())
-    answer.headers["Preference-Applied"] = f"wait={format_wait(wait)}"
+    if not early:
+        answer.headers["Preference-Applied"] = f"wait={format_wait(wait)}"
     return answer
 
 
@@ -171,12 +197,11 @@ async def _poll(
         return await _come_back(runtime, operation_id, 1.0, detail), None
     try:
         now = runtime.clock()
+        effects = runtime.effects
         if pace:
             wait = await runtime.store.pace(policy.provider, policy.polling.provider_rate, now)
             if wait > 0:
-                detail = "The provider's ceiling on status calls is reached; this poll waits."
-                return await _come_back(runtime, operation_id, wait, detail), None
-        effects = runtime.effects
+                return await _paused(call, record, now, wait), None
         window = effects.refusals.close(operation_id)
         refusals = window.count if window is not None else 0
         try:
@@ -189,14 +214,16 @@ async def _poll(
             return await _come_back(runtime, operation_id, 1.0, str(exc)), None
         if window is not None:
             await effects.refused(decision.record, window)
+        if decision.cut_at is not None:
+            await effects.interrupted(decision.record, decision.cut_at)
         if not decision.forward:
             await effects.decided(policy, decision)
             return decision, None
-        url = policy.upstream + fill(policy.routes.status.path, call.job_id)
-        if call.request.rel_url.raw_query_string:
-            url += "?" + call.request.rel_url.raw_query_string
+        route = policy.routes.status
+        query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
+        url = policy.upstream + fill(route.path, {"job_id": call.job_id}, query)
         headers = to_provider(call.request.headers.items(), policy)
-        method = policy.routes.status.method
+        method = route.method
         if policy.polling.provider_rate is not None:
             await runtime.space_sends(policy.provider, policy.polling.provider_rate)
         answer, response = await send_upstream(runtime, policy, "status", method, url, headers)
@@ -221,6 +248,19 @@ async def _poll(
         return decided, response
     finally:
         await runtime.store.release_lease(lease, token)
+
+
+async def _paused(call: Call, record: OperationRecord, now: float, wait: float) -> Decision:
+    """The provider is paused or at its ceiling: too-early, or (SPEC 16) escalated when the
+    pause outlasts the operation's deadline. Runs under the lease."""
+    policy = call.policy
+    decision = await call.runtime.store.mutate(
+        record.operation_id,
+        lambda current: _persisting(decide.paused(policy, current, now, wait)),
+        known=record,
+    )
+    await call.runtime.effects.decided(policy, decision)
+    return decision
 
 
 async def _come_back(runtime: Runtime, operation_id: str, wait: float, detail: str) -> Decision:
@@ -268,24 +308,112 @@ async def close_refusal_windows(runtime: Runtime, operation_ids: list[str]) -> N
         await effects.refused(record, window)
 
 
-# -- result -------------------------------------------------------------------------------
+async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
+    """At start (SPEC 16): every status request cut short by a crash gets its audit line.
+
+    A pending record whose reservation has no recorded answer, and whose poll lease nobody
+    holds, was being polled by a process that died. How many were found."""
+    found = 0
+    where = OperationFilter(outcome=Outcome.PENDING, limit=limit)
+    for record in await runtime.store.list(where):
+        if record.inflight_at is None:
+            continue
+        lease, token = f"poll:{record.operation_id}", secrets.token_hex(16)
+        ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN
+        if not await runtime.store.acquire_lease(lease, token, runtime.clock(), ttl):
+            continue  # a live process is polling it now
+        try:
+            decision = await runtime.store.mutate(
+                record.operation_id, lambda current: _persisting_recovery(current)
+            )
+        finally:
+            await runtime.store.release_lease(lease, token)
+        if decision is not None and decision.cut_at is not None:
+            await runtime.effects.interrupted(decision.record, decision.cut_at)
+            found += 1
+    return found
+
+
+def _persisting_recovery(
+    current: OperationRecord,
+) -> tuple[OperationRecord | None, Decision | None]:
+    decision = decide.recover(current)
+    return (None, None) if decision is None else (decision.record, decision)
+
+
+# -- result and passthrough --------------------------------------------------------------
 
 
 async def result(call: Call) -> web.StreamResponse:
+    """The result route: only after success, at most ``max_result_fetches`` times, each
+    fetch counted on the record before it is sent and audited as ``result_fetched``."""
     runtime, policy = call.runtime, call.policy
     record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
-    now = runtime.clock()
-    headers = operation_headers(record, now)
-    if record.outcome is not Outcome.SUCCEEDED:
-        detail = f"The operation is {record.outcome.value}; the result is served after success."
-        return problem("not-ready", detail, operation_id=record.operation_id, headers=headers)
     route = policy.routes.result
     assert route is not None
-    url = policy.upstream + fill(route.path, call.job_id)
+    values = results.provider_values(route.path, record)
+    if isinstance(values, results.Refusal):
+        return _refused(call, record, values)
+    fetched = await runtime.store.mutate(
+        record.operation_id,
+        lambda current: results.fetch(policy, current),
+        known=record,
+    )
+    if isinstance(fetched, results.Refusal):
+        return _refused(call, record, fetched)
+    query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
+    url = policy.upstream + fill(route.path, values, query)
     sent = to_provider(call.request.headers.items(), policy)
     answer, response = await send_upstream(runtime, policy, "result", route.method, url, sent)
+    await runtime.effects.call(
+        provider=policy.provider,
+        account=call.account.id,
+        event="result_fetched",
+        http_status=answer.status,
+        detail=f"result fetch {fetched.result_fetches} of {policy.polling.max_result_fetches}"
+        + (f", {answer.failure.value}" if answer.failure is not None else ""),
+        operation=fetched,
+    )
+    headers = _headers(call, fetched)
     if response is None:
         return upstream_problem(answer, record.operation_id, headers)
     return passthrough(call, response, headers)
+
+
+def _headers(call: Call, record: OperationRecord) -> dict[str, str]:
+    return operation_headers(record, call.runtime.clock())
+
+
+def _refused(call: Call, record: OperationRecord, refusal: results.Refusal) -> web.Response:
+    headers = _headers(call, record)
+    return problem(refusal.slug, refusal.detail, operation_id=record.operation_id, headers=headers)
+
+
+async def passthrough_call(call: Call) -> web.StreamResponse:
+    """A declared provider call around a job (SPEC 12): forwarded with the credential,
+    scrubbed and rewritten like any answer, audited as ``passthrough``; not tracked."""
+    runtime, policy, request = call.runtime, call.policy, call.request
+    body = await read_body(request, runtime.settings.file.limits.max_request_body)
+    if isinstance(body, web.Response):
+        return body
+    raw_path = request.rel_url.raw_path.removeprefix(f"/p/{policy.provider}")
+    url = policy.upstream + raw_path
+    if request.rel_url.raw_query_string:
+        url += "?" + request.rel_url.raw_query_string
+    headers = to_provider(request.headers.items(), policy)
+    answer, response = await send_upstream(
+        runtime, policy, "passthrough", request.method, url, headers, body or None
+    )
+    await runtime.effects.call(
+        provider=policy.provider,
+        account=call.account.id,
+        event="passthrough",
+        http_status=answer.status,
+        detail=f"{request.method} {header_safe(raw_path)}"
+        + (f", {answer.failure.value}" if answer.failure is not None else ""),
+    )
+    if response is None:
+        return upstream_problem(answer, None)
+    return passthrough(call, response, {})

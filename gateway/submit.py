@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import secrets
 from typing import Any
 
@@ -28,6 +29,7 @@ from .problems import problem
 from .routing import fill
 from .upstream import UpstreamResponse
 
+log = logging.getLogger("statusgate")
 IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -39,8 +41,9 @@ async def submit(call: Call) -> web.StreamResponse:
         return body
     rules = policy.routes.submit.idempotency
     key = request.headers.get("Idempotency-Key")
-    if key is not None and (not key.strip() or len(key) > 255):
-        return problem("invalid-request", "Idempotency-Key must be 1 to 255 characters.")
+    if key is not None and not idempotency.valid_key(key):
+        detail = "Idempotency-Key must be 1 to 255 visible ASCII characters."
+        return problem("invalid-request", detail)
     if key is None and rules.required:
         detail = "This provider's submissions must carry an Idempotency-Key header."
         return problem("idempotency-key-missing", detail)
@@ -62,10 +65,9 @@ async def submit(call: Call) -> web.StreamResponse:
         if seen is not None:
             return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
-    url = policy.upstream + route.path
-    if request.rel_url.raw_query_string:
-        url += "?" + request.rel_url.raw_query_string
-    headers = to_provider(request.headers.items(), policy, key)
+    url = policy.upstream + fill(route.path, call.match.params, request.rel_url.raw_query_string)
+    forwarded = None if key is None else idempotency.forwarded_key(call.account.id, key)
+    headers = to_provider(request.headers.items(), policy, forwarded)
     answer, response = await send_upstream(
         runtime, policy, "submit", route.method, url, headers, body
     )
@@ -74,12 +76,38 @@ async def submit(call: Call) -> web.StreamResponse:
     if not 200 <= response.status < 300:
         if entry is not None:
             await runtime.store.drop_idempotency(entry.key)
+        if response.status in (401, 403):
+            return await _credential_rejected(call, response.status)
         rewriter = runtime.rewriters[policy.provider]
         passed = web.Response(status=response.status, body=response.body)
         for name, value in rewriter.response_headers(response.headers.items(), policy):
             passed.headers.add(name, value)
         return passed
     return await _open(call, entry, fingerprint, key, answer, response)
+
+
+async def _credential_rejected(call: Call, status: int) -> web.Response:
+    """SPEC 12: the provider refused the gateway's own credential. The agent's token was
+    fine, so it must not see a 401 as if it were not; the operator is told."""
+    policy = call.policy
+    log.error(
+        "provider %s answered %d to the gateway's credential on submit; check the policy's "
+        "credential",
+        policy.provider,
+        status,
+    )
+    await call.runtime.effects.call(
+        provider=policy.provider,
+        account=call.account.id,
+        event="submit_rejected",
+        http_status=status,
+        detail="the provider refused the gateway's credential; no operation was created",
+    )
+    detail = (
+        f"The provider answered {status} to the gateway's own credential for "
+        f"{policy.provider!r}; no job was created. An operator must fix the credential."
+    )
+    return problem("provider-credential-rejected", detail)
 
 
 async def _open(
@@ -112,7 +140,7 @@ async def _open(
     rewriter = runtime.rewriters[policy.provider]
     kept = tuple(rewriter.response_headers(response.headers.items(), policy))
     status_url = f"{runtime.settings.file.public_base_url}/p/{policy.provider}" + fill(
-        policy.routes.status.path, job_id
+        policy.routes.status.path, {"job_id": job_id}
     )
     if not any(name.lower() == "location" for name, _ in kept):
         kept = (*kept, ("Location", status_url))

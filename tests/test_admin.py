@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway import decide
+from gateway.escalation import message, suggested_extension
 from gateway.models import Reason
 from gateway.policy import load_policy
+from gateway.runtime import RUNTIME
 
-from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_KEY, Harness
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_KEY, Harness, pending_record
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -28,11 +30,33 @@ def test_each_reason_offers_exactly_its_permitted_actions() -> None:
         Reason.AUTHORIZATION_DENIED: ("resume", "abandon"),
     }
     assert set(expected) == set(Reason)
+    fresh = pending_record()
     for reason, actions in expected.items():
-        assert decide.permitted_actions(reason, with_cancel) == actions
-        assert decide.permitted_actions(reason, without) == tuple(
+        assert decide.permitted_actions(reason, with_cancel, fresh) == actions
+        assert decide.permitted_actions(reason, without, fresh) == tuple(
             a for a in actions if a != "cancel_at_provider"
         )
+
+
+def test_offered_actions_are_only_those_that_can_succeed() -> None:
+    """Issue 9.3: no extend once max_extension is spent, no second cancel at the provider,
+    and the suggested extension fits in what is left."""
+    policy = load_policy(ROOT / "policies/demo-jobs.yaml", "d", {"DEMO_API_KEY": "k"})
+    bound = policy.escalation.max_extension
+    spent = pending_record(extended_seconds=bound.time, extended_requests=1)
+    assert decide.permitted_actions(Reason.DEADLINE_EXCEEDED, policy, spent) == (
+        "cancel_at_provider",
+        "abandon",
+    )
+    assert decide.permitted_actions(Reason.RATE_LIMITED, policy, spent) == ("abandon",)
+    asked = pending_record(cancel_requested_at=1.0)
+    assert "cancel_at_provider" not in decide.permitted_actions(
+        Reason.REQUEST_BUDGET_EXHAUSTED, policy, asked
+    )
+    nearly = pending_record(extended_seconds=bound.time - 90, extended_requests=bound.requests - 1)
+    escalated = decide.escalate(policy, nearly, Reason.DEADLINE_EXCEEDED, 0.0, "d").record
+    assert suggested_extension(policy, escalated) == (90, 1)
+    assert "extend by 1 minute with 1 additional checks" in message(escalated, policy)
 
 
 async def escalate_budget(harness: Harness, key: str = "key-1") -> tuple[str, str]:
@@ -179,11 +203,14 @@ async def test_abandon_and_cancel_at_provider(harness: Harness) -> None:
     job, operation = await escalate_budget(harness)
     cancelled = await act(harness, operation, "cancel", {"reason": "not needed"})
     assert cancelled.status == 200, await cancelled.text()
-    assert (await cancelled.json())["record"]["outcome"] == "cancelled"
+    assert (await cancelled.json())["record"]["outcome"] == "pending"
     assert [c["path"] for c in harness.provider.log if c["path"].endswith("/cancel")] == [
         f"/v1/jobs/{job}/cancel"
     ]
-    assert (await harness.poll(job)).status == 200
+    final = await harness.poll_when_due(job)
+    assert final.status == 200
+    assert (await final.json())["state"] == "cancelled"
+    assert final.headers["Statusgate-Outcome"] == "cancelled"
     other, operation2 = await escalate_budget(harness, key="key-2")
     abandoned = await act(harness, operation2, "abandon", {"reason": "gave up"})
     assert abandoned.status == 200
@@ -204,3 +231,47 @@ async def test_bad_action_bodies(harness: Harness) -> None:
     )
     assert response.status == 400
     assert (await act(harness, operation, "explode")).status == 404
+
+
+async def test_cancel_is_a_request_the_provider_outcome_decides(harness: Harness) -> None:
+    """Issue 9.1: a cancel the provider accepts keeps the operation waiting on a small
+    fresh budget; the provider's own later answer (here: the job finished anyway) is the
+    outcome, and the cancel route's body is never served as the job's status."""
+    script = [{"state": "running"}, {"state": "running"}, {"state": "succeeded"}]
+    response = await harness.submit(script, submit={"cancel": "ignored"})
+    job, operation = (await response.json())["id"], response.headers["Statusgate-Operation"]
+    assert (await harness.poll_when_due(job)).status == 200
+    cancelled = await act(harness, operation, "cancel", {"reason": "not needed"})
+    assert cancelled.status == 200, await cancelled.text()
+    record = (await cancelled.json())["record"]
+    assert record["outcome"] == "pending" and record["cancel_requested_at"] is not None
+    assert record["max_status_requests"] == record["status_requests_used"] + 5
+    again = await act(harness, operation, "cancel", {"reason": "twice"})
+    assert again.status == 409  # one cancel request per operation
+    running = await harness.poll_when_due(job)
+    assert (await running.json())["state"] == "running"
+    assert running.headers["Statusgate-Outcome"] == "pending"
+    done = await harness.poll_when_due(job)
+    assert done.headers["Statusgate-Outcome"] == "succeeded"
+    assert (await done.json())["state"] == "succeeded"
+    assert len([c for c in harness.provider.log if c["path"].endswith("/cancel")]) == 1
+
+
+async def test_resume_compares_with_what_was_in_force_at_the_escalation(
+    make_harness: Any,
+) -> None:
+    """Issue 9.2: a resume with the credential that was refused is refused; after the fix
+    it is accepted, even though the credential at submit was the same as the fixed one."""
+    broken = {"demo-jobs": {"credential": {"value": "Bearer wrong-key"}}}
+    good = await make_harness()
+    response = await good.submit([{"state": "running"}])
+    job, operation = (await response.json())["id"], response.headers["Statusgate-Operation"]
+    bad = await make_harness(policy_changes=broken, store=good.client.app[RUNTIME].store)
+    denied = await bad.poll_when_due(job)
+    assert (await denied.json())["reason"] == "authorization_denied"
+    refused = await act(bad, operation, "resume")
+    assert refused.status == 409
+    assert "credential has not changed" in (await refused.json())["detail"]
+    fixed = await make_harness(store=good.client.app[RUNTIME].store)
+    assert (await act(fixed, operation, "resume")).status == 200
+    assert (await fixed.poll_when_due(job)).status == 200

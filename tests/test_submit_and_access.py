@@ -6,6 +6,8 @@ import asyncio
 import sqlite3
 from typing import Any
 
+from gateway.idempotency import forwarded_key
+
 from conftest import AGENT_TOKEN, OTHER_TOKEN, PROVIDER_KEY, Harness
 
 
@@ -102,7 +104,7 @@ async def test_lost_answer_with_provider_keys_may_be_retried(make_harness: Any) 
     assert retry.status == 202
     sent = submits(harness)
     assert len(sent) == 2
-    assert {e["headers"]["Idempotency-Key"] for e in sent} == {"key-1"}
+    assert {e["headers"]["Idempotency-Key"] for e in sent} == {forwarded_key("team-a", "key-1")}
     assert len(harness.provider.jobs) == 1
 
 
