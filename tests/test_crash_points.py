@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.audit import read_lines, verify
+from gateway.audit import read_lines, records, verify
 from gateway.demo_provider import DemoProvider
 from gateway.models import OperationRecord
 
@@ -112,6 +112,15 @@ async def poll_after_restart(gateway: Gateway, job: str) -> tuple[int, str]:
     raise AssertionError("still too early after the lease should have expired")
 
 
+def call_lines(gateway: Gateway, operation_id: str) -> list[tuple[str, str]]:
+    """Issue 9.15: the audit lines that stand for status requests sent to the provider."""
+    return [
+        (line["event"], line["decision"])
+        for line in records(gateway.audit)
+        if line.get("operation_id") == operation_id and line["event"] in ("polled", "finished")
+    ]
+
+
 def calls(demo: DemoProvider, job: str) -> int:
     return sum(1 for e in demo.log if e["job_id"] == job and e["method"] == "GET")
 
@@ -143,6 +152,10 @@ async def test_sigkill_right_after_the_reservation(setup: tuple[Gateway, DemoPro
     after = gateway.record(job)
     assert after.status_requests_used == calls(demo, job) == 2
     assert verify(read_lines(gateway.audit), None).intact
+    assert call_lines(gateway, after.operation_id) == [
+        ("polled", "interrupted"),
+        ("polled", "pending"),
+    ]
 
 
 async def test_sigkill_right_after_the_provider_answered(
@@ -177,8 +190,13 @@ async def test_sigkill_right_after_the_provider_answered(
     await gateway.start()
     status, outcome = await poll_after_restart(gateway, job)
     assert (status, outcome) == (200, "succeeded")
-    assert gateway.record(job).status_requests_used == calls(demo, job) == 2
+    after = gateway.record(job)
+    assert after.status_requests_used == calls(demo, job) == 2
     assert verify(read_lines(gateway.audit), None).intact
+    assert call_lines(gateway, after.operation_id) == [
+        ("polled", "interrupted"),
+        ("finished", "succeeded"),
+    ]
 
 
 async def test_torn_audit_tail_after_a_crash(setup: tuple[Gateway, DemoProvider]) -> None:
