@@ -167,3 +167,64 @@ def test_no_call_early_late_or_over_budget(policy: ProviderPolicy, events: list)
         ):
             assert getattr(record, counter) >= getattr(before, counter)
     assert sent == record.status_requests_used <= policy.polling.max_status_requests
+
+
+def test_a_reservation_is_in_flight_until_its_answer_is_recorded(policy: ProviderPolicy) -> None:
+    """Issue 9.15: reserving marks the request in flight; any recorded answer clears it; a
+    reservation found still in flight under the lease was cut short, and says when."""
+    record = opened(policy).evolve(next_poll_at=NOW)
+    taken = decide.take(policy, record, NOW)
+    assert taken.forward and taken.record.inflight_at == NOW and taken.cut_at is None
+    answered = decide.classify(
+        policy, taken.record, ProviderAnswer(200, b'{"state": "running"}'), NOW + 1, 1.0
+    )
+    assert answered.record.inflight_at is None
+    again = decide.take(policy, taken.record.evolve(next_poll_at=NOW + 5), NOW + 5)
+    assert again.cut_at == NOW and again.record.inflight_at == NOW + 5
+    early = decide.take(policy, taken.record.evolve(next_poll_at=NOW + 50), NOW + 5)
+    assert early.problem == "too-early" and early.changed and early.cut_at == NOW
+    assert early.record.inflight_at is None
+    recovered = decide.recover(taken.record)
+    assert recovered is not None and recovered.cut_at == NOW
+    assert recovered.record.inflight_at is None
+    assert decide.recover(answered.record) is None
+
+
+def test_overdue_escalates_only_pending_operations_past_their_deadline(
+    policy: ProviderPolicy,
+) -> None:
+    """Issue 9.10: the sweeper's rule: nothing before the deadline, deadline_exceeded at it."""
+    record = opened(policy)
+    assert decide.overdue(policy, record, record.deadline_at - 0.001) is None
+    decision = decide.overdue(policy, record, record.deadline_at)
+    assert decision is not None and decision.changed
+    assert decision.record.escalation is not None
+    assert decision.record.escalation.reason is Reason.DEADLINE_EXCEEDED
+    assert decide.overdue(policy, decision.record, record.deadline_at + 1) is None
+
+
+def test_a_provider_pause_escalates_only_when_it_outlasts_the_deadline(
+    policy: ProviderPolicy,
+) -> None:
+    """Issue 9.14: a pause ending before deadline - final_poll_margin is too-early; one
+    ending after it is deadline_exceeded now."""
+    record = opened(policy).evolve(next_poll_at=NOW)
+    room = record.deadline_at - policy.polling.final_poll_margin - NOW
+    short = decide.paused(policy, record, NOW, room)
+    assert short.problem == "too-early" and short.retry_after == room and not short.changed
+    long = decide.paused(policy, record, NOW, room + 0.01)
+    assert long.problem == "operation-escalated"
+    assert long.record.escalation is not None
+    assert long.record.escalation.reason is Reason.DEADLINE_EXCEEDED
+
+
+def test_escalations_record_the_fingerprints_in_force(policy: ProviderPolicy) -> None:
+    """Issue 9.2: resume compares with what the escalation saw, not with the submit."""
+    record = opened(policy).evolve(credential_fingerprint="old", policy_fingerprint="old")
+    escalated = decide.escalate(policy, record, Reason.AUTHORIZATION_DENIED, NOW, "401")
+    escalation = escalated.record.escalation
+    assert escalation is not None
+    assert escalation.credential_fingerprint == policy.credential_fingerprint
+    assert escalation.policy_fingerprint == policy.fingerprint
+    restored = OperationRecord.from_dict(escalated.record.to_dict())
+    assert restored == escalated.record
