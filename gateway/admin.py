@@ -15,6 +15,7 @@ from aiohttp import web
 
 from . import actions
 from .audit import iso, records
+from .bodies import read_limited
 from .calls import send_upstream
 from .config import Operator
 from .decide import Decision, Reply
@@ -44,7 +45,7 @@ def _operator(request: web.Request) -> Operator | web.Response:
     operator = runtime.operator(header)
     if operator is not None:
         return operator
-    if runtime.agent(header) is not None:
+    if runtime.agent(request.headers) is not None:
         return problem("forbidden", "Agent tokens cannot use the operator API.")
     return problem("unauthenticated", "Send 'Authorization: Bearer <operator token>'.")
 
@@ -174,7 +175,8 @@ def _not_permitted(record: OperationRecord, why: str) -> web.Response:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    limits = request.app[RUNTIME].settings.file.limits
+    raw = await read_limited(request, limits.max_request_body, limits.body_timeout)
     if not raw.strip():
         return {}
     try:

@@ -2,6 +2,8 @@
 
 The store, the upstream client, the clock, the random source and the metrics registry are
 parameters, so tests run the real handlers against a fake clock and a seeded random source.
+Also owns the background sweeper (refusal windows, overdue operations, retention purges)
+and what reaches the log from aiohttp's own HTTP parser.
 """
 
 from __future__ import annotations
@@ -10,23 +12,29 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from . import admin, proxy
+from . import admin, decide, proxy
 from .audit import AuditLog, Fsync
+from .bodies import BodyTimeout, BodyTooLarge
 from .config import Settings
+from .decide import Decision
 from .effects import Effects
 from .errors import StoreError
 from .metrics import Metrics
-from .models import Clock
+from .models import Clock, OperationRecord
 from .notify import Notifier
+from .policy import ProviderPolicy
 from .problems import SLUG, explain, problem
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from .store import Store, store_from_url
+from .store.base import PURGE_BATCH
 from .upstream import Upstream
 
 log = logging.getLogger("statusgate")
@@ -34,6 +42,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STORE_RETRY_AFTER = 2.0
 SWEEP_SECONDS = 1.0
 PURGE_EVERY = 60  # sweeps between retention purges
+PURGE_ROUNDS = 20  # full batches one purge may delete per provider before the next sweep
+OVERDUE_EVERY = 2  # sweeps between deadline checks: SPEC 16 allows 10 s
+OVERDUE_BATCH = 500  # overdue operations escalated per provider per check
+OVERDUE_LEASE = 10.0  # seconds: the poll lease held while one is escalated
 SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
 
 
@@ -52,7 +64,8 @@ def create_app(
     audit = None
     if audit_path is not None:
         audit = AuditLog(audit_path, key=settings.audit_key, fsync=Fsync(settings.file.audit.fsync))
-    store = store if store is not None else store_from_url(settings.store_url)
+    if store is None:
+        store = store_from_url(settings.store_url, cache_bytes=limits.cache_bytes)
     clock = clock if clock is not None else store.clock
     effects = Effects(clock=clock, metrics=Metrics(registry), audit=audit)
     runtime = Runtime(
@@ -96,13 +109,16 @@ async def _start(app: web.Application) -> None:
             backoff=hook.webhook_backoff,
         )
         effects.notifier.start()
+    cut = await proxy.recover_cut_polls(runtime)
+    if cut:
+        log.warning("recorded %d status requests cut short by an earlier crash", cut)
     app[SWEEPER] = asyncio.create_task(_sweep(runtime))
 
 
 async def _sweep(runtime: Runtime) -> None:
     """Close refusal windows whose poll time has come, so counts reach the audit log and
-    the record even when the agent never calls again; now and then, purge what the
-    policies' retention no longer keeps."""
+    the record even when the agent never calls again; every few seconds, escalate what is
+    past its deadline; now and then, purge what the policies' retention no longer keeps."""
     sweeps = 0
     while True:
         await asyncio.sleep(SWEEP_SECONDS)
@@ -110,18 +126,67 @@ async def _sweep(runtime: Runtime) -> None:
         if sweeps % PURGE_EVERY == 0:
             with contextlib.suppress(StoreError):
                 await purge_finished(runtime)
+        if sweeps % OVERDUE_EVERY == 0:
+            with contextlib.suppress(StoreError):
+                await escalate_overdue(runtime)
         with contextlib.suppress(StoreError):
             await proxy.close_refusal_windows(
                 runtime, runtime.effects.refusals.ended(runtime.clock())
             )
 
 
+async def escalate_overdue(runtime: Runtime) -> int:
+    """SPEC 16: pending operations past their deadline are escalated whether or not an
+    agent asks (audit line, metrics, webhook as usual); how many this call escalated.
+
+    Providers no longer in the policies are left alone; one that cannot be escalated now (a
+    poll holds its lease, or the store failed on it) is tried again at the next check."""
+    escalated = 0
+    for policy in list(runtime.settings.policies.values()):
+        late = await runtime.store.overdue(policy.provider, runtime.clock(), OVERDUE_BATCH)
+        for operation_id in late:
+            with contextlib.suppress(StoreError):
+                escalated += await _escalate(runtime, policy, operation_id)
+    return escalated
+
+
+async def _escalate(runtime: Runtime, policy: ProviderPolicy, operation_id: str) -> bool:
+    """Under the poll lease, as a poll would: no status request is in flight meanwhile.
+
+    With several replicas the store's compare-and-set lets one write win; only the
+    replica whose write won gets a decision back, so effects happen once."""
+    store, lease, token = runtime.store, f"poll:{operation_id}", secrets.token_hex(16)
+    if not await store.acquire_lease(lease, token, runtime.clock(), OVERDUE_LEASE):
+        return False
+    try:
+        now = runtime.clock()
+        decision = await store.mutate(
+            operation_id, lambda current: _written(decide.overdue(policy, current, now))
+        )
+        if decision is None:
+            return False
+        await runtime.effects.decided(policy, decision)
+        return True
+    finally:
+        await store.release_lease(lease, token)
+
+
+def _written(decision: Decision | None) -> tuple[OperationRecord | None, Decision | None]:
+    """A decision that may be None as a store mutation: nothing to do writes nothing."""
+    return (None, None) if decision is None else (decision.record, decision)
+
+
 async def purge_finished(runtime: Runtime) -> int:
-    """Delete records that stopped waiting longer ago than their policy's retention."""
+    """Delete records that stopped waiting longer ago than their policy's retention, in
+    full batches while there are more (up to PURGE_ROUNDS per provider)."""
     now = runtime.clock()
     purged = 0
-    for name, policy in runtime.settings.policies.items():
-        purged += await runtime.store.purge(name, now - policy.retention, now)
+    for name, policy in list(runtime.settings.policies.items()):
+        for _ in range(PURGE_ROUNDS):
+            batch = await runtime.store.purge(name, now - policy.retention, now)
+            purged += batch
+            if batch < PURGE_BATCH:
+                break
     if purged:
         log.info("purged %d finished operations past their retention", purged)
     return purged
@@ -172,6 +237,12 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error leaves as problem+json; the store failing closes the gate (503)."""
     try:
         return await handler(request)
+    except BodyTimeout as exc:
+        response = problem("request-timeout", str(exc))
+        response.force_close()  # the rest of a stalled body is not waited for
+        return response
+    except BodyTooLarge as exc:
+        return problem("request-too-large", str(exc))
     except StoreError as exc:
         log.warning("store unavailable: %s", exc)
         request.app[RUNTIME].effects.metrics.store_errors.labels(exc.operation).inc()
@@ -191,6 +262,26 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return problem("internal-error", "The gateway failed to handle this request.")
+
+
+class ParserNoise(logging.Filter):
+    """For the ``aiohttp.server`` logger: a request aiohttp's HTTP parser rejects (a bad
+    request line, oversized headers) costs one short warning line, never a traceback, so
+    clients cannot flood the log. The line names the error class only: a rejected request
+    line may hold a query string or a token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg = "rejected a malformed request from %s: %s (%s)"
+            record.args = (_peer(record.args), type(error).__name__, error.code)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _peer(args: object) -> object:
+    return args[0] if isinstance(args, tuple) and args else "unknown"
 
 
 async def healthz(request: web.Request) -> web.Response:

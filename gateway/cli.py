@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, StoreError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,24 +87,31 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Run until stopped; a store another process owns (a SQLite file) is one line, exit 1."""
     from aiohttp import web
 
-    from .app import create_app
+    from .app import ParserNoise, create_app
     from .config import load_settings
 
     settings = load_settings(args.config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(ParserNoise())
     app = create_app(settings)
     listen = settings.file.listen
-    print(f"statusgate listening on http://{listen.host}:{listen.port}", flush=True)
-    web.run_app(
-        app,
-        host=listen.host,
-        port=listen.port,
-        print=None,
-        access_log=None,
-        handler_cancellation=True,  # a held call whose client left stops waiting
-    )
+    try:
+        web.run_app(
+            app,
+            host=listen.host,
+            port=listen.port,
+            print=lambda _: print(
+                f"statusgate listening on http://{listen.host}:{listen.port}", flush=True
+            ),
+            access_log=None,
+            handler_cancellation=True,  # a held call whose client left stops waiting
+        )
+    except StoreError as exc:  # raised while starting: the store could not be opened
+        print(f"statusgate serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -20,6 +20,7 @@ from pydantic import BeforeValidator, Field
 from .errors import ConfigError
 from .loading import Strict, http_url, interpolate, load_env, read_yaml, validate
 from .policy import ProviderPolicy, load_policies
+from .store.base import DEFAULT_CACHE_BYTES
 from .units import parse_duration, parse_size
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -69,6 +70,8 @@ class Limits(Strict):
     max_request_body: Size = 1024 * 1024
     max_response_body: Size = 8 * 1024 * 1024
     upstream_timeout: Duration = 30.0
+    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0  # a whole request body, from its start
+    cache_bytes: Size = DEFAULT_CACHE_BYTES  # records cached in memory, final bodies included
 
 
 class EscalationSettings(Strict):

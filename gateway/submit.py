@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from . import decide, idempotency
+from .bodies import read_limited
 from .calls import (
     Call,
     operation_headers,
@@ -36,9 +37,7 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 async def submit(call: Call) -> web.StreamResponse:
     runtime, policy, request = call.runtime, call.policy, call.request
-    body = await read_body(request, runtime.settings.file.limits.max_request_body)
-    if isinstance(body, web.Response):
-        return body
+    body = await read_body(call)
     rules = policy.routes.submit.idempotency
     key = request.headers.get("Idempotency-Key")
     if key is not None and not idempotency.valid_key(key):
@@ -248,17 +247,11 @@ def _replace(entry: IdempotencyEntry, **changes: Any) -> IdempotencyEntry:
     return dataclasses.replace(entry, **changes)
 
 
-async def read_body(request: web.Request, cap: int) -> bytes | web.Response:
-    if request.content_length is not None and request.content_length > cap:
-        return problem("request-too-large", f"The body is larger than {cap} bytes.")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > cap:
-            return problem("request-too-large", f"The body is larger than {cap} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def read_body(call: Call) -> bytes:
+    """The agent's body within limits.max_request_body and limits.body_timeout (raises
+    BodyTooLarge or BodyTimeout, answered 413 and 408 by the errors middleware)."""
+    limits = call.runtime.settings.file.limits
+    return await read_limited(call.request, limits.max_request_body, limits.body_timeout)
 
 
 def new_operation_id(now: float) -> str:

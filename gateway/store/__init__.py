@@ -1,27 +1,35 @@
 """Stores chosen by URL: ``memory://``, ``sqlite:///path``, ``redis://host:port/db``.
 
 ``store_from_url`` is the only constructor callers use; an unknown scheme is a clear error.
+Settings that come from the gateway config rather than the URL (``limits.cache_bytes``)
+travel in Tuning; a store ignores what does not concern it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigError
 from ..units import parse_duration
-from .base import Store
+from .base import DEFAULT_CACHE_BYTES, Store
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
-__all__ = ["MemoryStore", "SQLiteStore", "Store", "store_from_url"]
+__all__ = ["MemoryStore", "SQLiteStore", "Store", "Tuning", "store_from_url"]
 
 
-def _memory(url: str) -> Store:
+@dataclass(frozen=True)
+class Tuning:
+    cache_bytes: int = DEFAULT_CACHE_BYTES  # the SQLite store's record cache, in bytes
+
+
+def _memory(url: str, tuning: Tuning) -> Store:
     return MemoryStore()
 
 
-def _sqlite(url: str) -> Store:
+def _sqlite(url: str, tuning: Tuning) -> Store:
     # As in SQLAlchemy: sqlite:///relative/file.db and sqlite:////absolute/file.db
     parts = urlsplit(url)
     path = url.removeprefix("sqlite:///").split("?", 1)[0]
@@ -35,26 +43,28 @@ def _sqlite(url: str) -> Store:
         busy = parse_duration(options.get("busy_timeout", ["2s"])[0])
     except ValueError as exc:
         raise ConfigError([f"store: busy_timeout {exc}"]) from None
-    return SQLiteStore(path, synchronous=synchronous, busy_timeout=busy)
+    return SQLiteStore(
+        path, synchronous=synchronous, busy_timeout=busy, cache_bytes=tuning.cache_bytes
+    )
 
 
-def _redis(url: str) -> Store:
+def _redis(url: str, tuning: Tuning) -> Store:
     from .redis import from_url
 
     return from_url(url)
 
 
-SCHEMES: dict[str, Callable[[str], Store]] = {
+SCHEMES: dict[str, Callable[[str, Tuning], Store]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "redis": _redis,
 }
 
 
-def store_from_url(url: str) -> Store:
+def store_from_url(url: str, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> Store:
     scheme = urlsplit(url).scheme
     factory = SCHEMES.get(scheme)
     if factory is None:
         known = ", ".join(f"{name}://" for name in SCHEMES)
         raise ConfigError([f"store: scheme {scheme!r} is not supported (use {known})"])
-    return factory(url)
+    return factory(url, Tuning(cache_bytes=cache_bytes))

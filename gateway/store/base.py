@@ -20,6 +20,7 @@ from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import Pacer
 
 T = TypeVar("T")
+Ids = list[str]  # operation ids
 Mutation = Callable[[OperationRecord], tuple[OperationRecord | None, T]]
 CAS_ATTEMPTS = 100
 
@@ -62,7 +63,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
         """Delete ``provider``'s records that stopped waiting before ``ended_before``, and
-        idempotency entries expired by ``now``; how many records went (a bounded batch)."""
+        idempotency entries expired by ``now``; how many records went (a bounded batch).
+
+        Ended records are found by an index of their own: pending ones, however many, never
+        stand in the way."""
+
+    @abc.abstractmethod
+    async def overdue(self, provider: str, now: float, limit: int) -> Ids:
+        """Ids of ``provider``'s pending operations whose deadline came by ``now``, earliest
+        deadline first, at most ``limit``: an indexed read, whatever the store holds."""
 
     @abc.abstractmethod
     async def active_counts(self) -> dict[str, int]:
@@ -158,6 +167,7 @@ class Store(abc.ABC):
 
 
 PURGE_BATCH = 1000
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024  # limits.cache_bytes unless configured
 
 
 def purgeable(record: OperationRecord, provider: str, ended_before: float) -> bool:
@@ -166,6 +176,14 @@ def purgeable(record: OperationRecord, provider: str, ended_before: float) -> bo
         and record.ended_at is not None
         and record.ended_at < ended_before
         and record.outcome is not Outcome.PENDING
+    )
+
+
+def is_overdue(record: OperationRecord, provider: str, now: float) -> bool:
+    return (
+        record.provider == provider
+        and record.outcome is Outcome.PENDING
+        and record.deadline_at <= now
     )
 
 

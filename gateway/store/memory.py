@@ -7,7 +7,7 @@ on the event loop without locks.
 from __future__ import annotations
 
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from .base import PURGE_BATCH, Store, matches, purgeable
+from .base import PURGE_BATCH, Ids, Store, is_overdue, matches, purgeable
 
 
 class MemoryStore(Store):
@@ -55,6 +55,11 @@ class MemoryStore(Store):
         for key in [k for k, e in self._idempotency.items() if e.expires_at <= now]:
             del self._idempotency[key]
         return min(len(gone), PURGE_BATCH)
+
+    async def overdue(self, provider: str, now: float, limit: int) -> Ids:
+        """A scan: memory stores hold what one test makes."""
+        late = [r for r in self._records.values() if is_overdue(r, provider, now)]
+        return [r.operation_id for r in sorted(late, key=lambda r: r.deadline_at)[:limit]]
 
     async def active_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

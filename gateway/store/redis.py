@@ -9,16 +9,21 @@ each key's slot is fixed by one operation, job, idempotency key or lease alone):
     PREFIX:lease:{NAME}               string: the holder's random token, PX = lease time
     PREFIX:ops                        sorted set: operation ids by start time (operator list)
     PREFIX:active:PROVIDER            set: pending operation ids (the active gauge)
+    PREFIX:deadlines:PROVIDER         sorted set: pending operation ids by deadline (overdue)
+    PREFIX:ended:PROVIDER             sorted set: ended operation ids by ended_at (purge)
     PREFIX:providers                  set: providers seen
     PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
     PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
 
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
-``TIME``, the one clock all replicas share. The gateway's own clock for a Redis store is
-Redis time too (an offset refreshed in the background), so replicas' clock skew never opens
-a gap. Scripts are registered, so a Redis restart (NOSCRIPT) reloads them. Redis errors
-become StoreError after at most one quick retry: the gateway fails closed within a second.
+``TIME``, the one clock all replicas share, and keeps the provider's active, deadlines and
+ended sets in step with the record in the same atomic step (those sets are per provider, so
+on Redis Cluster they would need the operation's slot: a later change). The gateway's own
+clock for a Redis store is Redis time too (an offset refreshed in the background), so
+replicas' clock skew never opens a gap. Scripts are registered, so a Redis restart
+(NOSCRIPT) reloads them. Redis errors become StoreError after at most one quick retry: the
+gateway fails closed within a second.
 """
 
 from __future__ import annotations
@@ -40,16 +45,17 @@ from redis.exceptions import RedisError
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import GUARD, MIN_WAIT
-from .base import PURGE_BATCH, Store, matches, purgeable
+from .base import PURGE_BATCH, Ids, Store, matches, purgeable
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
-PURGE_PAGES = 20
 
-# Returns 1 written, 2 written and the outcome changed, 0 stale version, -1 no record,
-# -2 refused: spending a status request is not admissible by Redis time.
+# KEYS: the record, then its provider's active set, deadlines and ended sorted sets.
+# ARGV: expected version, record JSON, clock tolerance, operation id, deadline_at, ended_at
+# ('' when none). Returns 1 written, 0 stale version, -1 no record, -2 refused: spending a
+# status request is not admissible by Redis time.
 CAS = """
 local stored = redis.call('HGET', KEYS[1], 'v')
 if not stored then return -1 end
@@ -67,8 +73,20 @@ if new.status_requests_used > old.status_requests_used then
   end
 end
 redis.call('HSET', KEYS[1], 'v', tonumber(ARGV[1]) + 1, 'd', ARGV[2], 'o', new.outcome)
-if old.outcome == new.outcome then return 1 end
-return 2
+if new.outcome == 'pending' then
+  redis.call('SADD', KEYS[2], ARGV[4])
+  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
+  redis.call('ZREM', KEYS[4], ARGV[4])
+else
+  redis.call('SREM', KEYS[2], ARGV[4])
+  redis.call('ZREM', KEYS[3], ARGV[4])
+  if ARGV[6] == '' then
+    redis.call('ZREM', KEYS[4], ARGV[4])
+  else
+    redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
+  end
+end
+return 1
 """
 
 CLAIM = """
@@ -178,6 +196,10 @@ class RedisStore(Store):
     def _lease(self, name: str) -> str:
         return f"{self.prefix}:lease:{{{name}}}"
 
+    def _indexes(self, provider: str) -> list[str]:
+        """The provider's active set, deadlines and ended sorted sets, in CAS's KEYS order."""
+        return [f"{self.prefix}:{kind}:{provider}" for kind in ("active", "deadlines", "ended")]
+
     # -- plumbing -----------------------------------------------------------------------
     async def _call(self, operation: str, work: Any) -> Any:
         try:
@@ -230,19 +252,22 @@ class RedisStore(Store):
         pipe.hset(self._op(record.operation_id), items=_fields(record))
         pipe.zadd(f"{self.prefix}:ops", {record.operation_id: record.started_at})
         pipe.sadd(f"{self.prefix}:providers", record.provider)
-        self._track(pipe, record)
+        self._index(pipe, record)
         if idempotency is not None:
             self._put_idem(pipe, idempotency)
         await self._call("create", pipe.execute())
         await self._replicated("create")
         return record
 
-    def _track(self, pipe: Any, record: OperationRecord) -> None:
-        active = f"{self.prefix}:active:{record.provider}"
+    def _index(self, pipe: Any, record: OperationRecord) -> None:
+        """What the CAS script does to the provider's sets, for a record created whole."""
+        active, deadlines, ended = self._indexes(record.provider)
+        operation_id = record.operation_id
         if record.outcome is Outcome.PENDING:
-            pipe.sadd(active, record.operation_id)
-        else:
-            pipe.srem(active, record.operation_id)
+            pipe.sadd(active, operation_id)
+            pipe.zadd(deadlines, {operation_id: record.deadline_at})
+        elif record.ended_at is not None:
+            pipe.zadd(ended, {operation_id: record.ended_at})
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         data = await self._call("get", self._redis.hget(self._op(operation_id), "d"))
@@ -257,18 +282,16 @@ class RedisStore(Store):
     async def save(self, record: OperationRecord) -> bool:
         written = record.evolve(version=record.version + 1)
         data = json.dumps(written.to_dict(), separators=(",", ":"))
-        keys = [self._op(record.operation_id)]
+        keys = [self._op(record.operation_id), *self._indexes(record.provider)]
+        ended = "" if record.ended_at is None else repr(record.ended_at)
         args: list[str | int | float] = [record.version, data, SYNC_TOLERANCE]
+        args += [record.operation_id, repr(record.deadline_at), ended]
         result = await self._call("save", self._cas(keys=keys, args=args))
         if result == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
-        if result not in (1, 2):
+        if result != 1:
             return False
         await self._replicated("save")
-        if result == 2:  # the outcome changed: keep the active set in step
-            pipe = self._redis.pipeline(transaction=False)
-            self._track(pipe, record)
-            await self._call("save", pipe.execute())
         return True
 
     async def _replicated(self, operation: str) -> None:
@@ -294,11 +317,14 @@ class RedisStore(Store):
         ids = await self._call(operation, ranged(ops, start, end))
         if not ids:
             return None
+        return [r for r in await self._records(operation, ids) if r is not None]
+
+    async def _records(self, operation: str, ids: list[bytes]) -> list[OperationRecord | None]:
         read = self._redis.pipeline(transaction=False)
         for operation_id in ids:
             read.hget(self._op(operation_id.decode()), "d")
         rows = await self._call(operation, read.execute())
-        return [OperationRecord.from_dict(json.loads(data)) for data in rows if data is not None]
+        return [None if d is None else OperationRecord.from_dict(json.loads(d)) for d in rows]
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found: list[OperationRecord] = []
@@ -312,27 +338,48 @@ class RedisStore(Store):
         return found[: where.limit]
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
-        """Oldest operations first, a page at a time; idempotency keys expire by themselves."""
+        """From the provider's ended set, oldest first; idempotency keys expire by themselves."""
+        active, deadlines, ended = self._indexes(provider)
+        ids = await self._call(
+            "purge",
+            self._redis.zrangebyscore(ended, "-inf", f"({ended_before!r}", 0, PURGE_BATCH),
+        )
+        if not ids:
+            return 0
         gone = 0
-        for number in range(PURGE_PAGES):
-            page = await self._page("purge", number * SCAN_PAGE, newest_first=False)
-            if page is None:
-                break
-            doomed = [r for r in page if purgeable(r, provider, ended_before)]
-            if doomed:
-                delete = self._redis.pipeline(transaction=False)
-                for record in doomed:
-                    delete.delete(self._op(record.operation_id))
-                    delete.delete(
-                        self._job(record.account, record.provider, record.provider_job_id)
-                    )
-                    delete.zrem(f"{self.prefix}:ops", record.operation_id)
-                    delete.srem(f"{self.prefix}:active:{record.provider}", record.operation_id)
-                await self._call("purge", delete.execute())
-                gone += len(doomed)
-            if gone >= PURGE_BATCH:
-                break
+        delete = self._redis.pipeline(transaction=False)
+        for raw, record in zip(ids, await self._records("purge", ids), strict=True):
+            if record is not None and not purgeable(record, provider, ended_before):
+                continue  # waiting again: the CAS script took it out of the ended set
+            delete.zrem(ended, raw)
+            if record is None:
+                continue  # deleted already
+            delete.delete(self._op(record.operation_id))
+            delete.delete(self._job(record.account, record.provider, record.provider_job_id))
+            delete.zrem(f"{self.prefix}:ops", raw)
+            delete.srem(active, raw)
+            delete.zrem(deadlines, raw)
+            gone += 1
+        await self._call("purge", delete.execute())
         return gone
+
+    async def overdue(self, provider: str, now: float, limit: int) -> Ids:
+        """From the provider's deadlines set; ids whose record is gone leave it here."""
+        deadlines = self._indexes(provider)[1]
+        ids = await self._call(
+            "overdue", self._redis.zrangebyscore(deadlines, "-inf", now, 0, limit)
+        )
+        if not ids:
+            return []
+        read = self._redis.pipeline(transaction=False)
+        for operation_id in ids:
+            read.hget(self._op(operation_id.decode()), "o")
+        outcomes = await self._call("overdue", read.execute())
+        missing = [raw for raw, outcome in zip(ids, outcomes, strict=True) if outcome is None]
+        if missing:
+            await self._call("overdue", self._redis.zrem(deadlines, *missing))
+        pending = Outcome.PENDING.value.encode()
+        return [raw.decode() for raw, o in zip(ids, outcomes, strict=True) if o == pending]
 
     async def active_counts(self) -> dict[str, int]:
         providers = await self._call(

@@ -10,15 +10,23 @@ blocks on disk.
 ``?synchronous=full`` (default) fsyncs every commit: nothing acknowledged is lost even on
 power loss; ``normal`` survives any process crash but may lose the last commits on power
 loss. ``?busy_timeout=2s`` bounds how long a call waits for another process's write lock
-before the gateway fails closed. One gateway process owns a SQLite file: leases live in its
-memory (base class).
+before the gateway fails closed.
+
+One gateway process owns a SQLite file: leases live in its memory (base class), and the record
+cache trusts that every write passes through it. An exclusive OS lock on ``FILE.lock`` (flock,
+released by the OS when the process dies) makes that true: a second store on the file, in this
+process or another, gets a StoreError naming the file. The cache is bounded in bytes, final
+bodies included (``limits.cache_bytes``); the least recently used records leave first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,10 +34,13 @@ from typing import Any, TypeVar
 
 from ..errors import StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord
-from .base import PURGE_BATCH, Mutation, Store
+from .base import DEFAULT_CACHE_BYTES, PURGE_BATCH, Ids, Mutation, Store
 
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
+Job = tuple[str, str, str]
+RECORD_OVERHEAD = 1024  # bytes a cached record and its index entries cost, body aside (measured)
+RECENT_WRITES = 4096  # writes remembered so a read that raced one is not cached
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS operations (
@@ -44,6 +55,10 @@ CREATE TABLE IF NOT EXISTS operations (
     UNIQUE (account, provider, provider_job_id)
 );
 CREATE INDEX IF NOT EXISTS operations_outcome ON operations (outcome, provider);
+CREATE INDEX IF NOT EXISTS operations_deadline
+    ON operations (provider, json_extract(data, '$.deadline_at')) WHERE outcome = 'pending';
+CREATE INDEX IF NOT EXISTS operations_ended
+    ON operations (provider, json_extract(data, '$.ended_at')) WHERE outcome != 'pending';
 CREATE TABLE IF NOT EXISTS idempotency (
     key        TEXT PRIMARY KEY,
     expires_at REAL NOT NULL,
@@ -80,40 +95,93 @@ class _Pending:
         self.written: OperationRecord | None = None  # set by the work, cached once committed
 
 
+def footprint(record: OperationRecord) -> int:
+    """What caching ``record`` costs, in bytes: its final body and a fixed overhead."""
+    final = record.final_response
+    return RECORD_OVERHEAD + (len(final.body) if final is not None else 0)
+
+
+def _job(record: OperationRecord) -> Job:
+    return record.account, record.provider, record.provider_job_id
+
+
 class _Cache:
     """Records this process wrote or read, so reads skip the reader thread.
 
-    Sound because one gateway process owns a SQLite file: every write passes through here.
-    Bounded: past ``limit`` entries the oldest half is dropped."""
+    Sound because one gateway process owns a SQLite file: every write passes through
+    ``wrote``. A record read from disk is kept only if no write to it came while it was read
+    (``read``), so a slow read never brings back an older version. Bounded in bytes: past
+    ``limit`` the least recently used records go; a record larger than ``limit`` is not kept.
+    """
 
-    def __init__(self, limit: int = 100_000) -> None:
+    def __init__(self, limit: int = DEFAULT_CACHE_BYTES) -> None:
         self.limit = limit
-        self.records: dict[str, OperationRecord] = {}
-        self.jobs: dict[tuple[str, str, str], str] = {}
+        self.size = 0
+        self.records: OrderedDict[str, tuple[OperationRecord, int]] = OrderedDict()
+        self.jobs: dict[Job, str] = {}
+        self.writes = 0
+        self._written: OrderedDict[str, int] = OrderedDict()  # operation id -> write number
 
-    def put(self, record: OperationRecord) -> None:
-        current = self.records.get(record.operation_id)
-        if current is not None and current.version > record.version:
-            return  # a read that raced a write: the write's record is newer
-        if len(self.records) >= self.limit:
-            for operation_id in list(self.records)[: self.limit // 2]:
-                old = self.records.pop(operation_id)
-                self.jobs.pop((old.account, old.provider, old.provider_job_id), None)
-        self.records[record.operation_id] = record
-        self.jobs[(record.account, record.provider, record.provider_job_id)] = record.operation_id
-
-    def drop(self, operation_id: str) -> None:
-        old = self.records.pop(operation_id, None)
-        if old is not None:
-            self.jobs.pop((old.account, old.provider, old.provider_job_id), None)
+    def get(self, operation_id: str) -> OperationRecord | None:
+        entry = self.records.get(operation_id)
+        if entry is None:
+            return None
+        self.records.move_to_end(operation_id)
+        return entry[0]
 
     def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         operation_id = self.jobs.get((account, provider, job_id))
-        return None if operation_id is None else self.records.get(operation_id)
+        return None if operation_id is None else self.get(operation_id)
+
+    def wrote(self, record: OperationRecord) -> None:
+        """A committed write: ``record`` is the newest version there is."""
+        self.gone(record.operation_id)
+        self._keep(record)
+
+    def gone(self, operation_id: str) -> None:
+        """A committed write changed or deleted the record: what is cached is stale."""
+        self.writes += 1
+        self._written[operation_id] = self.writes
+        self._written.move_to_end(operation_id)
+        if len(self._written) > RECENT_WRITES:
+            self._written.popitem(last=False)
+        self.drop(operation_id)
+
+    def read(self, record: OperationRecord, since: int) -> None:
+        """``record`` came from a read begun when ``writes`` was ``since``."""
+        if self.writes - since >= RECENT_WRITES:
+            return  # too many writes meanwhile to tell whether one was to this record
+        if self._written.get(record.operation_id, 0) > since:
+            return  # written since the read began: what was read may be older
+        self.drop(record.operation_id)
+        self._keep(record)
+
+    def drop(self, operation_id: str) -> None:
+        entry = self.records.pop(operation_id, None)
+        if entry is not None:
+            self.size -= entry[1]
+            self.jobs.pop(_job(entry[0]), None)
+
+    def _keep(self, record: OperationRecord) -> None:
+        cost = footprint(record)
+        if cost > self.limit:
+            return
+        self.records[record.operation_id] = (record, cost)
+        self.jobs[_job(record)] = record.operation_id
+        self.size += cost
+        while self.size > self.limit:
+            self.drop(next(iter(self.records)))
 
 
 class SQLiteStore(Store):
-    def __init__(self, path: str, *, synchronous: str = "full", busy_timeout: float = 2.0):
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "full",
+        busy_timeout: float = 2.0,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ):
         self._path = path
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
@@ -123,8 +191,49 @@ class SQLiteStore(Store):
         self._queue: list[_Pending] = []
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
-        self._cache = _Cache()
+        self._cache = _Cache(cache_bytes)
         self._writing: _Pending | None = None  # the write running now (writer thread)
+        self._lock: int | None = None  # the descriptor holding FILE.lock
+        self._closed = False
+
+    @property
+    def cache_limit(self) -> int:
+        """The record cache's bound in bytes (limits.cache_bytes)."""
+        return self._cache.limit
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the record cache holds now, in bytes as ``footprint`` counts them."""
+        return self._cache.size
+
+    # -- ownership ----------------------------------------------------------------------
+    def _claim(self) -> None:
+        """Hold the file's OS lock from first use until close: one process per file."""
+        if self._lock is not None or self._path == ":memory:":
+            return
+        if self._closed:
+            raise StoreError("sqlite store is closed", operation="open")
+        lock_path = self._path + ".lock"
+        try:
+            Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StoreError(
+                f"{lock_path}: cannot open ({exc.strerror})", operation="open"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreError(
+                f"{self._path}: already in use by another statusgate process"
+                f" (one process per SQLite file; it holds {lock_path})",
+                operation="open",
+            ) from None
+        self._lock = fd
+
+    async def open(self) -> None:
+        self._claim()
 
     # -- plumbing -----------------------------------------------------------------------
     def _connection(self, role: str) -> sqlite3.Connection:
@@ -146,6 +255,7 @@ class SQLiteStore(Store):
         return conn
 
     async def _read(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        self._claim()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._reader, lambda: work(self._connection("read")))
@@ -156,6 +266,7 @@ class SQLiteStore(Store):
 
     async def _write(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
         """Queue ``work`` for the writer; it runs in the next batch's transaction."""
+        self._claim()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.append(_Pending(operation, work, future))
@@ -177,7 +288,7 @@ class SQLiteStore(Store):
                     continue
                 for pending, (ok, value) in zip(batch, outcomes, strict=True):
                     if ok and pending.written is not None:
-                        self._cache.put(pending.written)
+                        self._cache.wrote(pending.written)
                     if pending.future.done():
                         continue
                     if ok:
@@ -234,21 +345,23 @@ class SQLiteStore(Store):
         self._writing.written = record
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        cached = self._cache.records.get(operation_id)
+        cached = self._cache.get(operation_id)
         if cached is not None:
             return cached
+        since = self._cache.writes
         record = await self._read("get", lambda conn: _get(conn, operation_id))
         if record is not None:
-            self._cache.put(record)
+            self._cache.read(record, since)
         return record
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         cached = self._cache.find(account, provider, job_id)
         if cached is not None:
             return cached
+        since = self._cache.writes
         record = await self._read("find", lambda conn: _find(conn, account, provider, job_id))
         if record is not None:
-            self._cache.put(record)
+            self._cache.read(record, since)
         return record
 
     async def save(self, record: OperationRecord) -> bool:
@@ -303,23 +416,21 @@ class SQLiteStore(Store):
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
         def work(conn: sqlite3.Connection) -> list[str]:
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT operation_id FROM operations WHERE provider = ?"
-                    " AND outcome != 'pending' AND json_extract(data, '$.ended_at') < ?"
-                    " LIMIT ?",
-                    (provider, ended_before, PURGE_BATCH),
-                )
-            ]
+            ids = [row[0] for row in conn.execute(PURGEABLE, (provider, ended_before, PURGE_BATCH))]
             conn.executemany("DELETE FROM operations WHERE operation_id = ?", [(i,) for i in ids])
             conn.execute("DELETE FROM idempotency WHERE expires_at <= ?", (now,))
             return ids
 
         ids = await self._write("purge", work)
         for operation_id in ids:
-            self._cache.drop(operation_id)
+            self._cache.gone(operation_id)
         return len(ids)
+
+    async def overdue(self, provider: str, now: float, limit: int) -> Ids:
+        def work(conn: sqlite3.Connection) -> list[str]:
+            return [str(row[0]) for row in conn.execute(OVERDUE, (provider, now, limit))]
+
+        return await self._read("overdue", work)
 
     async def active_counts(self) -> dict[str, int]:
         sql = (
@@ -356,6 +467,7 @@ class SQLiteStore(Store):
         await self._write("ping", lambda conn: conn.execute("SELECT 1"))
 
     async def close(self) -> None:
+        self._closed = True
         while self._flushing:
             await asyncio.sleep(0.001)
         loop = asyncio.get_running_loop()
@@ -364,6 +476,21 @@ class SQLiteStore(Store):
             if conn is not None:
                 await loop.run_in_executor(executor, conn.close)
             executor.shutdown(wait=True)
+        if self._lock is not None:
+            os.close(self._lock)  # releases the file's lock
+            self._lock = None
+
+
+# Both use the partial expression indexes of SCHEMA (operations_ended, operations_deadline).
+PURGEABLE = (
+    "SELECT operation_id FROM operations WHERE provider = ? AND outcome != 'pending'"
+    " AND json_extract(data, '$.ended_at') < ? LIMIT ?"
+)
+OVERDUE = (
+    "SELECT operation_id FROM operations WHERE provider = ? AND outcome = 'pending'"
+    " AND json_extract(data, '$.deadline_at') <= ?"
+    " ORDER BY json_extract(data, '$.deadline_at') LIMIT ?"
+)
 
 
 def _fail(pending: _Pending, exc: BaseException) -> None:
