@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .config import Account
+from .credentials import Outgoing
 from .decide import Decision, Failure, ProviderAnswer, Reply
 from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from .escalation import problem_members
@@ -50,13 +51,21 @@ async def send_upstream(
     body: bytes | None = None,
 ) -> tuple[ProviderAnswer, UpstreamResponse | None]:
     """One upstream request as the core sees it (plus the raw answer when there is one),
-    counted and timed. ``headers`` come from headers.to_provider (credential included)."""
+    counted and timed. ``headers`` come from headers.to_provider; the policy's credential
+    is put on here, and an OAuth2 token the provider refuses is renewed and sent once more."""
     metrics = runtime.effects.metrics
     started = time.perf_counter()
     failure: Failure | None = None
     response: UpstreamResponse | None = None
+    credential = runtime.credentials[policy.provider]
     try:
-        response = await runtime.upstream.send(method, url, headers, body, secrets=policy.secrets)
+        for _ in range(2):
+            out = await credential.apply(Outgoing(method, url, headers, body))
+            response = await runtime.upstream.send(
+                out.method, out.url, out.headers, out.body, secrets=credential.secrets()
+            )
+            if response.status != 401 or not credential.renew():
+                break
     except UpstreamTimeout:
         failure = Failure.TIMEOUT
     except UpstreamBodyTooLarge:

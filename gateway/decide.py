@@ -266,7 +266,7 @@ def open_operation(
     body = _json(answer.body)
     hint = _hint(policy, answer, body if isinstance(body, dict) else None, now)
     state = lookup(body, policy.states.field) if isinstance(body, dict) else None
-    known = state if isinstance(state, str) else None
+    known = state_text(state) if isinstance(state, str | bool | int | float) else None
     return _schedule(
         policy, record.evolve(last_known_state=known), answer, now, u, AnswerKind.PENDING, hint
     )
@@ -360,15 +360,20 @@ def _classify_body(
         return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
     states = policy.states
     state = lookup(body, states.field)
-    if not isinstance(state, str):
-        what = "missing" if state is None else "not a string"
-        detail = f"the state field {states.field!r} is {what}"
+    if isinstance(state, dict | list):
+        detail = f"the state field {states.field!r} is not a JSON scalar"
         return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
-    record = record.evolve(last_known_state=state)
+    if state is not None:
+        record = record.evolve(last_known_state=state_text(state))
     kind = policy.state_class(state)
-    if kind is None:
-        detail = f"state {_short(state)} is not in the policy's state table"
+    if kind is None and state is None:
+        detail = f"the state field {states.field!r} is missing"
         return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+    if kind is None:
+        detail = f"state {_short(state_text(state))} is not in the policy's state table"
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+    if kind == "success" and any(lookup(body, p) is not None for p in states.failure_if_present):
+        kind = "failure"  # Google's done: true with an error
     if kind == "pending":
         expires = (
             parse_instant(lookup(body, states.expires_at_field))
@@ -376,7 +381,8 @@ def _classify_body(
             else None
         )
         if expires is not None and now > expires:
-            detail = f"the job is still {_short(state)} after its own {states.expires_at_field}"
+            shown = _short(state_text(state))
+            detail = f"the job is still {shown} after its own {states.expires_at_field}"
             return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
         hint = _hint(policy, answer, body, now)
         return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
@@ -492,6 +498,11 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, RecursionError):
         return None
+
+
+def state_text(state: Any) -> str:
+    """A state as recorded and shown: strings as they are, other JSON scalars as JSON."""
+    return state if isinstance(state, str) else json.dumps(state)
 
 
 def _short(state: str) -> str:

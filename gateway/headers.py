@@ -65,8 +65,18 @@ PROVIDER_ONLY = frozenset(
 URL_HEADERS = frozenset({"location", "content-location"})
 
 
+MAX_SEGMENTS = 8
+
+
 def valid_job_id(job_id: str) -> bool:
+    """One segment of ``[A-Za-z0-9._~-]{1,200}``, not ``.`` or ``..`` (SPEC 11)."""
     return JOB_ID.fullmatch(job_id) is not None and job_id not in (".", "..")
+
+
+def valid_job_path(job_id: str) -> bool:
+    """A ``{job_id*}`` resource name: 1 to 8 valid segments joined by ``/`` (SPEC 12)."""
+    segments = job_id.split("/")
+    return len(segments) <= MAX_SEGMENTS and all(valid_job_id(s) for s in segments)
 
 
 def _connection_named(headers: Iterable[tuple[str, str]]) -> set[str]:
@@ -82,23 +92,22 @@ def to_provider(
     policy: ProviderPolicy,
     idempotency_key: str | None = None,
 ) -> dict[str, str]:
-    """The agent's headers made fit to send upstream, with the credential injected."""
+    """The agent's headers made fit to send upstream. The credential is not among them:
+    credentials.py puts it on the request as it goes out (and removes anything an agent
+    sent in its place)."""
     pairs = list(headers)
     drop = HOP_BY_HOP | AGENT_ONLY | _connection_named(pairs)
-    credential = policy.credential.header.lower()
     out: dict[str, str] = {}
     for name, value in pairs:
         lower = name.lower()
         if (
             lower in drop
-            or lower == credential
             or lower.startswith(("proxy-", "statusgate-"))
             or "\r" in value
             or "\n" in value
         ):
             continue
         out[name] = value
-    out[policy.credential.header] = policy.credential.value
     forward = policy.routes.submit.idempotency.forward_header
     if idempotency_key is not None and forward is not None:
         out[forward] = idempotency_key

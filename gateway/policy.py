@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field
@@ -25,7 +25,7 @@ PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-PLACEHOLDER_NAME = re.compile(r"[a-z_][a-z0-9_]*|final(\.[A-Za-z0-9_-]+)+")
+PLACEHOLDER_NAME = re.compile(r"job_id\*|[a-z_][a-z0-9_]*|final(\.[A-Za-z0-9_-]+)+")
 
 
 def _header_name(value: str) -> str:
@@ -53,20 +53,117 @@ RoutePath = Annotated[str, AfterValidator(_route_path)]
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
+class AwsSigV4(Strict):
+    service: str
+    region: str
+    access_key_id: str = Field(repr=False)
+    secret_access_key: str = Field(repr=False)
+    session_token: str | None = Field(default=None, repr=False)
+
+
+class OAuth2ClientCredentials(Strict):
+    token_url: str
+    client_id: str = Field(repr=False)
+    client_secret: str = Field(repr=False)
+    scope: str | None = None
+
+    @pydantic.field_validator("token_url")
+    @classmethod
+    def _token_url(cls, value: str) -> str:
+        return http_url(value)
+
+
+CredentialKind = Literal["header", "query", "aws_sigv4", "oauth2_client_credentials"]
+
+
 class Credential(Strict):
-    header: HeaderName
-    value: str = Field(repr=False)
+    """One of: {header, value}; {query, value}; {aws_sigv4}; {oauth2_client_credentials,
+    header}. Which one is checked by cross_check, so the message names the fields."""
+
+    header: HeaderName | None = None
+    query: str | None = None
+    value: str | None = Field(default=None, repr=False)
+    aws_sigv4: AwsSigV4 | None = None
+    oauth2_client_credentials: OAuth2ClientCredentials | None = None
+
+    @property
+    def kind(self) -> CredentialKind:
+        if self.aws_sigv4 is not None:
+            return "aws_sigv4"
+        if self.oauth2_client_credentials is not None:
+            return "oauth2_client_credentials"
+        return "query" if self.query is not None else "header"
+
+    def problems(self) -> list[tuple[str, str]]:
+        kinds = [
+            name
+            for name, present in (
+                ("query", self.query is not None),
+                ("aws_sigv4", self.aws_sigv4 is not None),
+                ("oauth2_client_credentials", self.oauth2_client_credentials is not None),
+            )
+            if present
+        ]
+        if len(kinds) > 1:
+            return [("credential", f"choose one kind of credential, not {' and '.join(kinds)}")]
+        kind = self.kind
+        if kind in ("header", "query") and self.value is None:
+            return [("credential.value", "is required")]
+        if kind == "header" and self.header is None:
+            return [("credential.header", "is required")]
+        if kind == "query" and self.header is not None:
+            return [("credential.header", "a query credential takes no header")]
+        if kind in ("aws_sigv4", "oauth2_client_credentials") and self.value is not None:
+            return [("credential.value", f"{kind} takes no value")]
+        if kind == "aws_sigv4" and self.header is not None:
+            return [("credential.header", "aws_sigv4 signs the Authorization header itself")]
+        return []
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The static secret strings of this credential (never shown to anyone)."""
+        found: list[str] = []
+        if self.value is not None:
+            scheme, _, token = self.value.partition(" ")
+            found.append(self.value)
+            if token and scheme.isalpha():
+                found.append(token)
+        if self.aws_sigv4 is not None:
+            aws = self.aws_sigv4
+            found += [aws.access_key_id, aws.secret_access_key, aws.session_token or ""]
+        if self.oauth2_client_credentials is not None:
+            found.append(self.oauth2_client_credentials.client_secret)
+        return tuple(p for p in found if len(p) >= 6)
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the credential changes, without revealing it."""
+        if self.kind == "header":  # the first edition's formula: stored records keep theirs
+            return _digest(f"{self.header}\n{self.value}")
+        return _digest(json.dumps(self.model_dump(mode="json"), sort_keys=True))
 
 
 class JobIdSource(Strict):
-    source: Literal["body", "location"] = Field(alias="from")
-    path: str | None = None
+    source: Literal["body", "location", "header", "request"] = Field(alias="from")
+    path: str | None = None  # body and request: a dotted path in the JSON body
+    name: HeaderName | None = None  # header: the answer header that carries the id
 
 
 class Idempotency(Strict):
     required: bool = False
     forward_header: HeaderName | None = None
     retention: Duration = 86400.0
+    from_body: str | None = None  # the request body field holding the key, if no header
+
+
+class RouteMatch(Strict):
+    """What else than method and path a request must carry to be this route."""
+
+    headers: dict[str, str] = {}
+
+    def accepts(self, headers: Mapping[str, str]) -> bool:
+        """Every listed header present with exactly this value (names case-insensitive)."""
+        return all(headers.get(name) == value for name, value in self.headers.items())
 
 
 class SubmitRoute(Strict):
@@ -76,12 +173,15 @@ class SubmitRoute(Strict):
     status_url_fields: list[str] = []
     status_url_headers: list[HeaderName] = []
     idempotency: Idempotency = Idempotency()
+    match: RouteMatch | None = None
 
 
 class Route(Strict):
     method: Method = "GET"
     path: RoutePath
     query_params: list[str] = []  # agent query parameters forwarded; all others are dropped
+    match: RouteMatch | None = None
+    job_id: JobIdSource | None = None  # {from: request, path: P}: the id in the JSON body
 
 
 class Passthrough(Strict):
@@ -89,6 +189,7 @@ class Passthrough(Strict):
 
     method: Method = "GET"
     path: RoutePath
+    match: RouteMatch | None = None
 
 
 class Routes(Strict):
@@ -104,14 +205,18 @@ class RequiredField(Strict):
     allow_null: bool = False
 
 
+StateValue = str | bool | int | float | None  # JSON scalars; None: the field is absent
+
+
 class States(Strict):
     field: str
-    pending: list[str]
-    success: list[str]
-    failure: list[str] = []
-    cancelled: list[str] = []
-    expired: list[str] = []
+    pending: list[StateValue]
+    success: list[StateValue]
+    failure: list[StateValue] = []
+    cancelled: list[StateValue] = []
+    expired: list[StateValue] = []
     success_requires: list[str | RequiredField] = []
+    failure_if_present: list[str] = []  # a success answer carrying any of these failed
     error_field: str | None = None
     expires_at_field: str | None = None
 
@@ -200,14 +305,16 @@ class ProviderPolicy(Strict):
     def _upstream(cls, value: str) -> str:
         return http_url(value)
 
-    def state_class(self, state: str) -> str | None:
-        """Which class of the state table ``state`` belongs to, or None when unknown."""
+    def state_class(self, state: Any) -> str | None:
+        """Which class of the state table ``state`` (a JSON value, None when absent)
+        belongs to, or None when unknown. Values compare as JSON: false is not "false"."""
+        key = json_key(state)
         for name, states in self._classes():
-            if state in states:
+            if any(json_key(known) == key for known in states):
                 return name
         return None
 
-    def _classes(self) -> list[tuple[str, list[str]]]:
+    def _classes(self) -> list[tuple[str, list[StateValue]]]:
         s = self.states
         return [
             ("pending", s.pending),
@@ -226,15 +333,26 @@ class ProviderPolicy(Strict):
     @property
     def secrets(self) -> tuple[str, ...]:
         """Strings that must never reach an agent: the credential and its token part."""
-        value = self.credential.value
-        scheme, _, token = value.partition(" ")
-        parts = (value, token) if token and scheme.isalpha() else (value,)
-        return tuple(p for p in parts if len(p) >= 6)
+        return self.credential.secrets
 
     @property
     def credential_fingerprint(self) -> str:
         """Changes whenever the credential changes, without revealing it."""
-        return _digest(f"{self.credential.header}\n{self.credential.value}")
+        return self.credential.fingerprint
+
+    @property
+    def multi_segment(self) -> bool:
+        """Job ids are resource names of several segments (``{job_id*}``)."""
+        return "{job_id*}" in self.routes.status.path
+
+
+def json_key(value: Any) -> tuple[str, Any]:
+    """A value as JSON compares it: booleans apart from numbers, 1 equal to 1.0."""
+    if value is None or isinstance(value, bool | str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("number", float(value))
+    return ("other", json.dumps(value, sort_keys=True))
 
 
 def _digest(text: str) -> str:
@@ -244,14 +362,17 @@ def _digest(text: str) -> str:
 def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     """Rules that span fields, as (field path, message) pairs."""
     problems: list[tuple[str, str]] = []
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, Any], str] = {}
     for name, states in policy._classes():
         for i, state in enumerate(states):
-            if state in seen:
+            key = json_key(state)
+            if key in seen:
+                shown = json.dumps(state)
                 problems.append(
-                    (f"states.{name}[{i}]", f"{state!r} is also listed in states.{seen[state]}")
+                    (f"states.{name}[{i}]", f"{shown} is also listed in states.{seen[key]}")
                 )
-            seen.setdefault(state, name)
+            seen.setdefault(key, name)
+    problems += policy.credential.problems()
     p = policy.polling
     if p.base_delay > p.max_delay:
         problems.append(("polling.base_delay", "must not be greater than polling.max_delay"))
@@ -262,9 +383,6 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     if not math.isfinite(p.rate_limited_multiplier):
         problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
     problems.extend(_route_problems(policy.routes))
-    job_id = policy.routes.submit.job_id
-    if job_id.source == "body" and not job_id.path:
-        problems.append(("routes.submit.job_id.path", "is required when from is body"))
     return problems
 
 
@@ -273,33 +391,86 @@ def placeholders(path: str) -> list[str]:
     return PLACEHOLDER.findall(path.partition("?")[0])
 
 
+JOB_PLACEHOLDERS = ("job_id", "job_id*")
+
+
 def _route_problems(routes: Routes) -> list[tuple[str, str]]:
-    """Which placeholders each kind of route may use: status and cancel exactly one
-    {job_id}; result one {job_id} or {final.*} fields; submit and passthrough any names."""
+    """Which placeholders each kind of route may use, where each finds its job id, and that
+    no two routes could match the same request."""
     problems: list[tuple[str, str]] = []
+    job_forms: set[str] = set()
     for name in ("status", "result", "cancel"):
         route = getattr(routes, name)
-        if route is None:
-            continue
-        names = placeholders(route.path)
-        finals = [n for n in names if n.startswith("final.")]
-        if name == "result" and finals and "job_id" not in names:
-            if len(finals) != len(names) or len(finals) != 1:
-                problems.append(
-                    ("routes.result.path", "may hold one {final.<field>} and no other placeholder")
-                )
-            continue
-        if names != ["job_id"]:
-            problems.append((f"routes.{name}.path", "must contain {job_id} exactly once"))
+        if route is not None:
+            problems += _tracked_route_problems(name, route, job_forms)
+    if len(job_forms) > 1:
+        problems.append(("routes", "use {job_id} or {job_id*} in every route, not both"))
+    submit = routes.submit
+    job_id = submit.job_id
+    if job_id.source in ("body", "request") and not job_id.path:
+        problems.append(("routes.submit.job_id.path", f"is required when from is {job_id.source}"))
+    if job_id.source == "header" and not job_id.name:
+        problems.append(("routes.submit.job_id.name", "is required when from is header"))
     for where, path in [
-        ("routes.submit.path", routes.submit.path),
+        ("routes.submit.path", submit.path),
         *((f"routes.passthrough[{i}].path", r.path) for i, r in enumerate(routes.passthrough)),
     ]:
         names = placeholders(path)
-        if any(n.startswith("final.") for n in names):
-            problems.append((where, "{final.*} is only for the result route"))
+        if any(n.startswith("final.") or n == "job_id*" for n in names):
+            problems.append((where, "{final.*} and {job_id*} are only for tracked routes"))
         if len(set(names)) != len(names):
             problems.append((where, "names a placeholder twice"))
+    return problems + _overlap_problems(routes)
+
+
+def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> list[tuple[str, str]]:
+    where = f"routes.{name}"
+    names = placeholders(route.path)
+    jobs = [n for n in names if n in JOB_PLACEHOLDERS]
+    job_forms.update(jobs)
+    finals = [n for n in names if n.startswith("final.")]
+    source = route.job_id
+    if source is not None:
+        if source.source != "request" or not source.path:
+            return [(f"{where}.job_id", "must be {from: request, path: P} on this route")]
+        if names:
+            return [(f"{where}.path", "takes no placeholder when the job id is in the body")]
+        if route.method == "GET":
+            return [(f"{where}.method", "a job id in the request body needs POST, PUT or PATCH")]
+        return []
+    if name == "result" and finals and not jobs:
+        if len(names) != 1:
+            return [(f"{where}.path", "may hold one {final.<field>} and no other placeholder")]
+        return []
+    if len(jobs) != 1 or len(names) != 1:
+        return [
+            (
+                f"{where}.path",
+                "must contain {job_id} or {job_id*} exactly once, or the route must read "
+                "the job id from the request body (job_id: {from: request, path: P})",
+            )
+        ]
+    return []
+
+
+def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
+    """Two routes of one policy may share a method and path only when their match differs."""
+    seen: dict[tuple[str, str, str], str] = {}
+    problems: list[tuple[str, str]] = []
+    named: list[tuple[str, Route | SubmitRoute | Passthrough | None]] = [
+        (f"routes.{kind}", getattr(routes, kind))
+        for kind in ("submit", "status", "result", "cancel")
+    ]
+    named += [(f"routes.passthrough[{i}]", r) for i, r in enumerate(routes.passthrough)]
+    for where, route in named:
+        if route is None:
+            continue
+        shape = PLACEHOLDER.sub("{}", route.path.partition("?")[0])
+        headers = route.match.headers if route.match is not None else {}
+        key = (route.method, shape, json.dumps(sorted((k.lower(), v) for k, v in headers.items())))
+        if key in seen:
+            problems.append((where, f"matches the same requests as {seen[key]}; add a match"))
+        seen.setdefault(key, where)
     return problems
 
 

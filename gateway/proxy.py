@@ -42,7 +42,7 @@ MIN_HOLD_STEP = 0.005  # a held call never wakes more often than this
 async def handle(request: web.Request) -> web.StreamResponse:
     """Entry for every ``/p/{provider}/...`` request."""
     runtime = request.app[RUNTIME]
-    account = runtime.agent(request.headers.get("Authorization"))
+    account = runtime.agent(request.headers)
     if account is None:
         return problem("unauthenticated", "Send 'Authorization: Bearer <agent token>'.")
     name = request.match_info["provider"]
@@ -395,9 +395,7 @@ async def passthrough_call(call: Call) -> web.StreamResponse:
     """A declared provider call around a job (SPEC 12): forwarded with the credential,
     scrubbed and rewritten like any answer, audited as ``passthrough``; not tracked."""
     runtime, policy, request = call.runtime, call.policy, call.request
-    body = await read_body(request, runtime.settings.file.limits.max_request_body)
-    if isinstance(body, web.Response):
-        return body
+    body = await read_body(call)
     raw_path = request.rel_url.raw_path.removeprefix(f"/p/{policy.provider}")
     url = policy.upstream + raw_path
     if request.rel_url.raw_query_string:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from .config import Account, Operator, Settings
+from .credentials import Applier, applier_for
 from .effects import Effects
 from .headers import Rewriter
 from .models import Clock
@@ -40,6 +42,7 @@ class Runtime:
     effects: Effects
     routes: dict[str, RouteTable] = field(init=False)
     rewriters: dict[str, Rewriter] = field(init=False)
+    credentials: dict[str, Applier] = field(init=False)
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     inflight: dict[str, PollTask] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -50,6 +53,10 @@ class Runtime:
         base = self.settings.file.public_base_url
         self.routes = {name: RouteTable(p) for name, p in self.settings.policies.items()}
         self.rewriters = {name: Rewriter(p, base) for name, p in self.settings.policies.items()}
+        self.credentials = {
+            name: applier_for(p, upstream=self.upstream, clock=self.clock)
+            for name, p in self.settings.policies.items()
+        }
 
     async def pause(self, seconds: float) -> bool:
         """Wait ``seconds`` on the injected sleeper; False at once if the gateway stops."""
@@ -79,15 +86,40 @@ class Runtime:
                 return
             await self.sleep(interval - (now - last))
 
-    def agent(self, authorization: str | None) -> Account | None:
-        """The account whose agent bearer token this is; None if unknown."""
-        digest = bearer_digest(authorization)
-        return None if digest is None else self.settings.account_for(digest)
+    def agent(self, headers: Mapping[str, str]) -> Account | None:
+        """The account whose agent token the request carries; None if unknown.
+
+        ``Statusgate-Token: <token>`` first (for SDKs that own ``Authorization``), then
+        ``Authorization: Bearer <token>``, then a SigV4 ``Authorization`` whose access key
+        id is the token (SPEC 12). None of these is ever forwarded."""
+        token = agent_token(headers)
+        if token is None:
+            return None
+        return self.settings.account_for(hashlib.sha256(token.encode()).hexdigest())
 
     def operator(self, authorization: str | None) -> Operator | None:
         """The operator whose bearer token this is; None if unknown."""
         digest = bearer_digest(authorization)
         return None if digest is None else self.settings.operator_for(digest)
+
+
+_SIGV4 = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^/,\s]+)/")
+
+
+def agent_token(headers: Mapping[str, str]) -> str | None:
+    """The agent token a request carries, in any of the three places agents may put it."""
+    explicit = headers.get("Statusgate-Token", "").strip()
+    if explicit:
+        return explicit
+    authorization = headers.get("Authorization")
+    if authorization is None:
+        return None
+    signed = _SIGV4.match(authorization.strip())
+    if signed is not None:
+        return signed.group(1)
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
 
 
 def bearer_digest(authorization: str | None) -> str | None:

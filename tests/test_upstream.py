@@ -161,8 +161,4 @@ def test_request_headers_lose_agent_credentials(policy: ProviderPolicy) -> None:
         policy,
         "key-1",
     )
-    assert sent == {
-        "Accept": "application/json",
-        "Authorization": "Bearer k-123456",
-        "Idempotency-Key": "key-1",
-    }
+    assert sent == {"Accept": "application/json", "Idempotency-Key": "key-1"}
