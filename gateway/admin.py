@@ -53,7 +53,15 @@ def _operator(request: web.Request) -> Operator | web.Response:
 def view(record: OperationRecord) -> dict[str, Any]:
     """A record as operators read it: instants in RFC 3339, the final body as text."""
     data = record.to_dict()
-    for name in ("started_at", "deadline_at", "next_poll_at", "last_polled_at"):
+    for name in (
+        "started_at",
+        "deadline_at",
+        "next_poll_at",
+        "last_polled_at",
+        "ended_at",
+        "cancel_requested_at",
+        "inflight_at",
+    ):
         data[name] = iso(data[name])
     if record.final_response is not None:
         data["final_response"]["body"] = record.final_response.body.decode("utf-8", "replace")
