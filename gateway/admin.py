@@ -18,12 +18,13 @@ from .audit import iso, records
 from .bodies import read_limited
 from .calls import send_upstream
 from .config import Operator
-from .decide import Decision, Reply
+from .decide import Decision, ProviderAnswer, Reply
 from .escalation import message, problem_members
 from .headers import to_provider
 from .models import OperationFilter, OperationRecord, Outcome
+from .policy import ProviderPolicy
 from .problems import problem
-from .routing import fill
+from .routing import body_with_job_id, fill
 from .runtime import ROUTE, RUNTIME, Runtime
 from .story import story
 from .units import parse_duration
@@ -148,11 +149,7 @@ async def act(request: web.Request) -> web.StreamResponse:
         why = actions.may_cancel(policy, record)
         if why is not None:
             return _not_permitted(record, why)
-        assert policy.routes.cancel is not None
-        route = policy.routes.cancel
-        url = policy.upstream + fill(route.path, {"job_id": record.provider_job_id})
-        headers = to_provider([], policy)
-        answer, _ = await send_upstream(runtime, policy, "cancel", route.method, url, headers)
+        answer = await _cancel_at_provider(runtime, policy, record)
 
     def change(current: OperationRecord) -> tuple[OperationRecord | None, actions.ActionResult]:
         if action == "extend":
@@ -176,6 +173,23 @@ async def act(request: web.Request) -> web.StreamResponse:
         policy, decision, detail=result.detail, actor=operator.id, http_status=None
     )
     return web.json_response({"action": action, "record": view(result.record)})
+
+
+async def _cancel_at_provider(
+    runtime: Runtime, policy: ProviderPolicy, record: OperationRecord
+) -> ProviderAnswer:
+    """One request to the policy's cancel route, made by the gateway itself: the route's
+    match headers are sent, and a job id read from the body is sent in a JSON body."""
+    route = policy.routes.cancel
+    assert route is not None
+    url = policy.upstream + fill(route.path, {"job_id": record.provider_job_id})
+    headers = to_provider(route.match.headers.items() if route.match else [], policy)
+    sent = None
+    if route.job_id is not None and route.job_id.path is not None:
+        sent = body_with_job_id(route.job_id.path, record.provider_job_id)
+        headers.setdefault("Content-Type", "application/json")
+    answer, _ = await send_upstream(runtime, policy, "cancel", route.method, url, headers, sent)
+    return answer
 
 
 def _not_permitted(record: OperationRecord, why: str) -> web.Response:

@@ -34,6 +34,7 @@ class Call:
     account: Account
     policy: ProviderPolicy
     match: Match
+    body: bytes | None = None  # read already (a status call naming its job in the body)
 
     @property
     def job_id(self) -> str:

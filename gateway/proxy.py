@@ -8,6 +8,7 @@ belongs in decide.py or schedule.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 
 from aiohttp import web
@@ -29,7 +30,7 @@ from .headers import agent_query, format_wait, prefer_wait, to_provider
 from .models import OperationFilter, OperationRecord, Outcome
 from .policy import ProviderPolicy
 from .problems import problem
-from .routing import fill
+from .routing import fill, job_id_from_body, valid_job
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, PollTask, Runtime
 from .schedule import provider_limit
 from .submit import read_body, submit
@@ -53,7 +54,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return problem("forbidden", f"This account may not use provider {name!r}.")
     request[PROVIDER] = name
     raw_path = request.rel_url.raw_path.removeprefix(f"/p/{name}")
-    match = runtime.routes[name].match(request.method, raw_path)
+    match = runtime.routes[name].match(request.method, raw_path, request.headers)
     if match is None:
         detail = f"{request.method} {raw_path} is not a declared route of {name!r}."
         return problem("route-not-allowed", detail)
@@ -61,6 +62,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return problem("invalid-request", "Path segments must match [A-Za-z0-9._~-]{1,200}.")
     request[ROUTE] = match.kind
     call = Call(request, runtime, account, policy, match)
+    source = _body_source(policy, match.kind)
+    if source is not None:  # a status call by POST names its job in the body (SPEC 12)
+        call = await _with_body_job_id(call, source)
+        if call.match.job_id is None or not valid_job(policy, call.match.job_id):
+            detail = f"The request body must name the job in {source!r}."
+            return problem("invalid-request", detail)
     if match.kind == "submit":
         return await submit(call)
     if match.kind == "status":
@@ -74,6 +81,19 @@ async def handle(request: web.Request) -> web.StreamResponse:
         "Cancelling a job is an operator decision: ask an operator to use "
         "POST /admin/operations/{id}/cancel.",
     )
+
+
+def _body_source(policy: ProviderPolicy, kind: str) -> str | None:
+    """The request body path that names the job on this kind of route, if any."""
+    route = getattr(policy.routes, kind, None) if kind in ("status", "result") else None
+    source = route.job_id if route is not None else None
+    return source.path if source is not None else None
+
+
+async def _with_body_job_id(call: Call, path: str) -> Call:
+    body = await read_body(call)
+    match = dataclasses.replace(call.match, job_id=job_id_from_body(body, path))
+    return dataclasses.replace(call, match=match, body=body)
 
 
 # -- status -------------------------------------------------------------------------------
@@ -226,7 +246,9 @@ async def _poll(
         method = route.method
         if policy.polling.provider_rate is not None:
             await runtime.space_sends(policy.provider, policy.polling.provider_rate)
-        answer, response = await send_upstream(runtime, policy, "status", method, url, headers)
+        answer, response = await send_upstream(
+            runtime, policy, "status", method, url, headers, call.body
+        )
         done = runtime.clock()
         limit = provider_limit(answer.status, response.headers if response else {}, done)
         if limit is not None:

@@ -10,14 +10,23 @@ the final answer (``{final.output_file_id}``) carries the job id in that segment
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .decide import lookup
-from .headers import valid_job_id
-from .policy import PLACEHOLDER, ProviderPolicy, placeholders
+from .headers import valid_job_id, valid_job_path
+from .policy import (
+    PLACEHOLDER,
+    Passthrough,
+    ProviderPolicy,
+    Route,
+    RouteMatch,
+    SubmitRoute,
+    placeholders,
+)
 
 KINDS = ("submit", "status", "result", "cancel")
 
@@ -30,8 +39,12 @@ class Match:
 
     @property
     def valid(self) -> bool:
-        """Every segment a placeholder matched looks like a job id (SPEC 11)."""
-        return all(valid_job_id(value) for value in self.params.values())
+        """Every segment a placeholder matched looks like a job id (SPEC 11); a
+        ``{job_id*}`` match is checked segment by segment (SPEC 12)."""
+        return all(
+            valid_job_path(value) if name == "job_id*" else valid_job_id(value)
+            for name, value in self.params.items()
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +53,7 @@ class _Route:
     method: str
     pattern: re.Pattern[str]
     names: tuple[str, ...]
+    match: RouteMatch | None
 
 
 class RouteTable:
@@ -48,39 +62,54 @@ class RouteTable:
         for kind in KINDS:
             route = getattr(policy.routes, kind)
             if route is not None:
-                self._routes.append(_compile(kind, route.method, route.path))
+                self._routes.append(_compile(kind, route))
         for route in policy.routes.passthrough:
-            self._routes.append(_compile("passthrough", route.method, route.path))
+            self._routes.append(_compile("passthrough", route))
+        # routes with a header match are tried first: they are the more specific ones
+        self._routes.sort(key=lambda r: r.match is None)
 
-    def match(self, method: str, raw_path: str) -> Match | None:
-        """The first declared route for ``method`` and ``raw_path``, or None. Callers check
-        ``valid`` before using the segments."""
+    def match(
+        self, method: str, raw_path: str, headers: Mapping[str, str] | None = None
+    ) -> Match | None:
+        """The first declared route for ``method``, ``raw_path`` and (for routes with a
+        ``match``) ``headers``, or None. Callers check ``valid`` before using segments."""
         for route in self._routes:
             if route.method != method:
+                continue
+            if route.match is not None and (headers is None or not route.match.accepts(headers)):
                 continue
             found = route.pattern.fullmatch(raw_path)
             if found is None:
                 continue
             params = dict(zip(route.names, found.groups(), strict=True))
-            job_id = params.get("job_id")
+            job_id = params.get("job_id") or params.get("job_id*")
             if job_id is None and route.kind == "result":
                 job_id = next(iter(params.values()), None)
             return Match(route.kind, job_id, params)
         return None
 
 
-def _compile(kind: str, method: str, template: str) -> _Route:
-    path = template.partition("?")[0]
+def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> _Route:
+    path = route.path.partition("?")[0]
     names = tuple(placeholders(path))
     parts = PLACEHOLDER.split(path)  # literal, name, literal, name, ..., literal
-    regex = "".join(re.escape(part) if i % 2 == 0 else "([^/?#]+)" for i, part in enumerate(parts))
-    return _Route(kind, method, re.compile(regex), names)
+    regex = "".join(
+        re.escape(part) if i % 2 == 0 else ("([^?#]+)" if part == "job_id*" else "([^/?#]+)")
+        for i, part in enumerate(parts)
+    )
+    return _Route(kind, route.method, re.compile(regex), names, route.match)
 
 
 def fill(template: str, values: Mapping[str, str], agent_query: str = "") -> str:
-    """The provider path (and query) of a route: placeholders filled from ``values``, the
-    route's fixed query kept, then ``agent_query`` (already filtered) appended."""
-    path = PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    """The provider path (and query) of a route: placeholders filled from ``values``
+    (``{job_id*}`` from ``job_id``), the route's fixed query kept, then ``agent_query``
+    (already filtered) appended."""
+
+    def value(found: re.Match[str]) -> str:
+        name = found.group(1)
+        return values[name] if name in values else values[name.rstrip("*")]
+
+    path = PLACEHOLDER.sub(value, template)
     if agent_query:
         path += ("&" if "?" in path else "?") + agent_query
     return path
@@ -100,3 +129,33 @@ def final_values(template: str, final_body: Any) -> dict[str, str] | str:
             return name.removeprefix("final.")
         values[name] = str(value)
     return values
+
+
+def job_id_value(value: Any) -> str | None:
+    """A job id as found in JSON: strings as they are, whole numbers as text, else None."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return str(value)
+
+
+def valid_job(policy: ProviderPolicy, job_id: str) -> bool:
+    """A job id this policy's routes can carry: one segment, or several for ``{job_id*}``."""
+    return valid_job_path(job_id) if policy.multi_segment else valid_job_id(job_id)
+
+
+def job_id_from_body(body: bytes, path: str) -> str | None:
+    """The job id at ``path`` in a JSON request body (``{from: request, path: P}``)."""
+    try:
+        data = json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        return None
+    return job_id_value(lookup(data, path))
+
+
+def body_with_job_id(path: str, job_id: str) -> bytes:
+    """The JSON body the gateway sends itself when a route reads the job id from the body
+    (an operator's cancel): ``{"a": {"b": id}}`` for path ``a.b``."""
+    node: Any = job_id
+    for part in reversed(path.split(".")):
+        node = {part: node}
+    return json.dumps(node).encode()

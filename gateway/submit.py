@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import secrets
 from typing import Any
@@ -23,11 +22,11 @@ from .calls import (
     upstream_problem,
 )
 from .decide import Failure, ProviderAnswer
-from .headers import to_provider, valid_job_id
+from .headers import to_provider
 from .idempotency import Seen
 from .models import IdempotencyEntry, IdemState, OperationRecord, Outcome, StoredResponse
 from .problems import problem
-from .routing import fill
+from .routing import fill, job_id_from_body, valid_job
 from .upstream import UpstreamResponse
 
 log = logging.getLogger("statusgate")
@@ -40,11 +39,15 @@ async def submit(call: Call) -> web.StreamResponse:
     body = await read_body(call)
     rules = policy.routes.submit.idempotency
     key = request.headers.get("Idempotency-Key")
+    if key is None and rules.from_body is not None:
+        key = job_id_from_body(body, rules.from_body)  # e.g. AWS ClientRequestToken
     if key is not None and not idempotency.valid_key(key):
         detail = "Idempotency-Key must be 1 to 255 visible ASCII characters."
         return problem("invalid-request", detail)
     if key is None and rules.required:
-        detail = "This provider's submissions must carry an Idempotency-Key header."
+        detail = "This provider's submissions must carry an Idempotency-Key header" + (
+            f" or a {rules.from_body!r} body field." if rules.from_body else "."
+        )
         return problem("idempotency-key-missing", detail)
     path = request.rel_url.raw_path_qs
     fingerprint = hashlib.sha256(
@@ -82,7 +85,7 @@ async def submit(call: Call) -> web.StreamResponse:
         for name, value in rewriter.response_headers(response.headers.items(), policy):
             passed.headers.add(name, value)
         return passed
-    return await _open(call, entry, fingerprint, key, answer, response)
+    return await _open(call, entry, fingerprint, key, answer, response, body)
 
 
 async def _credential_rejected(call: Call, status: int) -> web.Response:
@@ -116,9 +119,10 @@ async def _open(
     key: str | None,
     answer: ProviderAnswer,
     response: UpstreamResponse,
+    sent: bytes,
 ) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
-    job_id = _job_id(call, response)
+    job_id = _job_id(call, response, sent)
     if job_id is None:
         if entry is not None:  # the job may exist: never let a retry submit it again
             await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
@@ -138,11 +142,11 @@ async def _open(
     )
     rewriter = runtime.rewriters[policy.provider]
     kept = tuple(rewriter.response_headers(response.headers.items(), policy))
-    status_url = f"{runtime.settings.file.public_base_url}/p/{policy.provider}" + fill(
-        policy.routes.status.path, {"job_id": job_id}
-    )
-    if not any(name.lower() == "location" for name, _ in kept):
-        kept = (*kept, ("Location", status_url))
+    status = policy.routes.status
+    has_location = any(name.lower() == "location" for name, _ in kept)
+    if status.job_id is None and not has_location:  # a status URL exists to point at
+        base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
+        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
     stored = StoredResponse(
         response.status, kept, rewrite_body(call, response.body, response.content_type)
     )
@@ -163,19 +167,22 @@ async def _open(
     return _stored_answer(stored, record, runtime.clock())
 
 
-def _job_id(call: Call, response: UpstreamResponse) -> str | None:
+def _job_id(call: Call, response: UpstreamResponse, sent: bytes) -> str | None:
+    """The provider's id for the new job, from wherever the policy says (SPEC 12)."""
     source = call.policy.routes.submit.job_id
+    job_id: str | None
     if source.source == "body":
-        try:
-            value = decide.lookup(json.loads(response.body), source.path)
-        except (ValueError, RecursionError):
-            return None
-        job_id = (
-            str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
-        )
+        assert source.path is not None
+        job_id = job_id_from_body(response.body, source.path)
+    elif source.source == "request":
+        assert source.path is not None
+        job_id = job_id_from_body(sent, source.path)
+    elif source.source == "header":
+        assert source.name is not None
+        job_id = response.headers.get(source.name)
     else:
         job_id = _job_id_from_location(call, response)
-    return job_id if job_id is not None and valid_job_id(job_id) else None
+    return job_id if job_id is not None and valid_job(call.policy, job_id) else None
 
 
 def _job_id_from_location(call: Call, response: UpstreamResponse) -> str | None:
