@@ -65,10 +65,54 @@ def _parser() -> argparse.ArgumentParser:
     story.add_argument("operation_id")
     story.set_defaults(run=_audit_story)
 
+    policy = commands.add_parser("policy", help="policy tools")
+    policy_commands = policy.add_subparsers(required=True, metavar="ACTION")
+    tryout = policy_commands.add_parser("test", help="classify a sample status answer")
+    tryout.add_argument("--config", type=Path, required=True)
+    tryout.add_argument("--status", type=int, default=200, help="HTTP status (default 200)")
+    tryout.add_argument("provider")
+    tryout.add_argument("file", help="a JSON file with the status answer's body, or -")
+    tryout.set_defaults(run=_policy_test)
+
+    schema = commands.add_parser("schema", help="JSON Schema of the config or policy files")
+    schema.add_argument("kind", choices=("policy", "config"))
+    schema.set_defaults(run=_schema)
+
     demo = commands.add_parser("demo", help="a self-contained show with looping agents")
     demo.add_argument("--agents", type=int, default=25, help="agents in the fleet scene")
     demo.set_defaults(run=_demo)
     return parser
+
+
+def _policy_test(args: argparse.Namespace) -> int:
+    from .config import load_settings
+    from .policytool import verdict
+
+    settings = load_settings(args.config)
+    policy = settings.policies.get(args.provider)
+    if policy is None:
+        known = ", ".join(sorted(settings.policies)) or "none"
+        print(f"statusgate policy test: no policy for {args.provider!r} ({known})", file=sys.stderr)
+        return 1
+    try:
+        body = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as exc:
+        print(f"{args.file}: cannot read ({exc.strerror})", file=sys.stderr)
+        return 1
+    print(verdict(policy, body, args.status))
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from .config import GatewayFile
+    from .policy import ProviderPolicy
+    from .policytool import dumps, schema
+
+    if args.kind == "policy":
+        print(dumps(schema(ProviderPolicy, "Statusgate provider policy (policies/NAME.yaml)")))
+    else:
+        print(dumps(schema(GatewayFile, "Statusgate gateway config (config/gateway.yaml)")))
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:

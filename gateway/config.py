@@ -15,16 +15,13 @@ from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
 import pydantic
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from .errors import ConfigError
-from .loading import Strict, http_url, interpolate, load_env, read_yaml, validate
+from .loading import Duration, Size, Strict, http_url, interpolate, load_env, read_yaml, validate
 from .policy import ProviderPolicy, load_policies
 from .store.base import DEFAULT_CACHE_BYTES
-from .units import parse_duration, parse_size
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-Size = Annotated[int, BeforeValidator(parse_size)]
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -38,7 +35,12 @@ def _hashes(value: object) -> list[str]:
     return items
 
 
-TokenHashes = Annotated[list[str], BeforeValidator(_hashes)]
+_HASH_SCHEMA = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+TokenHashes = Annotated[
+    list[str],
+    BeforeValidator(_hashes),
+    WithJsonSchema({"oneOf": [_HASH_SCHEMA, {"type": "array", "items": _HASH_SCHEMA}]}),
+]
 
 
 class Listen(Strict):

@@ -10,16 +10,32 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import pydantic
 import yaml
+from pydantic import BeforeValidator, WithJsonSchema
 
 from .errors import ConfigError
+from .units import parse_duration, parse_size
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+# Durations and sizes are written as strings ("5s", "8MiB") and held as numbers; the JSON
+# Schema (statusgate schema) describes what is written.
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema({"type": "string", "pattern": r"^\d+(\.\d+)?(ms|s|m|h|d)$"}),
+]
+Size = Annotated[
+    int,
+    BeforeValidator(parse_size),
+    WithJsonSchema({"type": "string", "pattern": r"^\d+(B|KiB|MiB|GiB|KB|MB|GB)$"}),
+]
 
 
 class Strict(pydantic.BaseModel):

@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from .errors import ConfigError
-from .loading import Strict, http_url, interpolate, read_yaml, validate
-from .units import parse_duration
+from .loading import Duration, Strict, http_url, interpolate, read_yaml, validate
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -252,7 +250,11 @@ def _rate(value: object) -> float | None:
 
 
 RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m|h)")
-Rate = Annotated[float | None, BeforeValidator(_rate)]
+Rate = Annotated[
+    float | None,
+    BeforeValidator(_rate),
+    WithJsonSchema({"type": ["string", "null"], "pattern": r"^\d+(\.\d+)?/(s|m|h)$"}),
+]
 
 
 class Polling(Strict):
