@@ -29,7 +29,7 @@ from .effects import Effects
 from .errors import StoreError
 from .metrics import Metrics
 from .models import Clock, OperationRecord
-from .notify import Notifier
+from .notify import Notifier, secret_key
 from .policy import ProviderPolicy
 from .problems import SLUG, explain, problem
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
@@ -68,6 +68,7 @@ def create_app(
         store = store_from_url(settings.store_url, cache_bytes=limits.cache_bytes)
     clock = clock if clock is not None else store.clock
     effects = Effects(clock=clock, metrics=Metrics(registry), audit=audit)
+    effects.metrics.prime(settings.policies)
     runtime = Runtime(
         settings=settings,
         store=store,
@@ -107,6 +108,8 @@ async def _start(app: web.Application) -> None:
             attempts=hook.webhook_attempts,
             timeout=hook.webhook_timeout,
             backoff=hook.webhook_backoff,
+            key=secret_key(secret) if (secret := runtime.settings.webhook_secret) else None,
+            on_drop=lambda: effects.metrics.webhook_deliveries.labels("dropped").inc(),
         )
         effects.notifier.start()
     cut = await proxy.recover_cut_polls(runtime)
@@ -303,8 +306,9 @@ async def metrics(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     registry = runtime.effects.metrics
     try:
-        counts = await runtime.store.active_counts()
-        registry.set_active(counts, sorted(runtime.settings.policies))
+        providers = sorted(runtime.settings.policies)
+        registry.set_active(await runtime.store.active_counts(), providers)
+        registry.set_open(await runtime.store.open_escalations(), providers)
     except StoreError as exc:
         registry.store_errors.labels(exc.operation).inc()
     body = generate_latest(registry.registry)

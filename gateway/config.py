@@ -19,6 +19,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from .errors import ConfigError
 from .loading import Duration, Size, Strict, http_url, interpolate, load_env, read_yaml, validate
+from .notify import secret_key
 from .policy import ProviderPolicy, load_policies
 from .store.base import DEFAULT_CACHE_BYTES
 
@@ -78,6 +79,7 @@ class Limits(Strict):
 
 class EscalationSettings(Strict):
     webhook_url: str | None = None
+    webhook_secret_env: str | None = None  # sign deliveries (Standard Webhooks), key from env
     webhook_timeout: Duration = 5.0
     webhook_attempts: Annotated[int, Field(ge=1, le=10)] = 4
     webhook_backoff: Duration = 1.0
@@ -88,8 +90,15 @@ class EscalationSettings(Strict):
         return None if value is None else http_url(value, query=True)
 
 
+class LoggingSettings(Strict):
+    format: Literal["json", "text"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
 class GatewayFile(Strict):
     listen: Listen = Listen()
+    admin_listen: Listen | None = None  # operator API, console and metrics on their own port
+    logging: LoggingSettings = LoggingSettings()
     public_base_url: str = "http://127.0.0.1:8080"
     store: str = "sqlite:///var/statusgate.db"
     policies_dir: str = "policies"
@@ -116,6 +125,8 @@ class Settings:
     base_dir: Path
     policies: Mapping[str, ProviderPolicy]
     audit_key: bytes | None = field(default=None, repr=False)
+    webhook_secret: str | None = field(default=None, repr=False)
+    path: Path | None = None  # the config file, for reloads
 
     @property
     def audit_path(self) -> Path | None:
@@ -157,28 +168,71 @@ def load_gateway_file(path: Path, env: Mapping[str, str] | None = None) -> Gatew
     env = load_env() if env is None else env
     shown = str(path)
     data, problems = interpolate(read_yaml(path, shown), shown, env)
+    try:
+        gateway = validate(GatewayFile, data, shown)
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems) from None
     if problems:
         raise ConfigError(problems)
-    return validate(GatewayFile, data, shown)
+    return gateway
 
 
 def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     """Read the gateway config and every policy; ConfigError lists all problems found."""
     env = load_env() if env is None else env
     shown = str(path)
-    gateway = load_gateway_file(path, env)
+    problems: list[str] = []
+    gateway: GatewayFile | None = None
+    try:
+        gateway = load_gateway_file(path, env)
+        folder = gateway.policies_dir
+    except ConfigError as exc:  # keep going: the policies are checked all the same
+        problems += exc.problems
+        folder = _raw_policies_dir(path)
     base_dir = path.parent.resolve()
-    policies_dir = (base_dir / gateway.policies_dir).resolve()
-    shown_dir = os.path.normpath(Path(path.parent, gateway.policies_dir))
-    policies = load_policies(policies_dir, shown_dir, env)
+    policies_dir = (base_dir / folder).resolve()
+    shown_dir = os.path.normpath(Path(path.parent, folder))
+    policies: Mapping[str, ProviderPolicy] = {}
+    try:
+        policies = load_policies(policies_dir, shown_dir, env)
+    except ConfigError as exc:
+        problems += exc.problems
+    if gateway is None or problems:
+        raise ConfigError(problems)
     problems = _account_problems(gateway, policies, shown)
     key_env = gateway.audit.hmac_key_env
     if key_env is not None and not env.get(key_env):
         problems.append(f"{shown}: audit.hmac_key_env: environment variable {key_env} is not set")
+    secret_env = gateway.escalation.webhook_secret_env
+    if secret_env is not None and not env.get(secret_env):
+        problems.append(
+            f"{shown}: escalation.webhook_secret_env: environment variable {secret_env} is not set"
+        )
+    elif secret_env is not None:
+        try:
+            secret_key(env[secret_env])
+        except ValueError as exc:
+            problems.append(f"{shown}: escalation.webhook_secret_env: {secret_env} {exc}")
     if problems:
         raise ConfigError(problems)
-    key = env[key_env].encode() if key_env is not None else None
-    return Settings(file=gateway, base_dir=base_dir, policies=policies, audit_key=key)
+    return Settings(
+        file=gateway,
+        base_dir=base_dir,
+        policies=policies,
+        audit_key=env[key_env].encode() if key_env is not None else None,
+        webhook_secret=env[secret_env] if secret_env is not None else None,
+        path=path,
+    )
+
+
+def _raw_policies_dir(path: Path) -> str:
+    """``policies_dir`` as written, for checking policies when the config file is invalid."""
+    try:
+        raw = read_yaml(path, str(path))
+    except ConfigError:
+        return "policies"
+    value = raw.get("policies_dir")
+    return value if isinstance(value, str) and "${" not in value else "policies"
 
 
 def _account_problems(

@@ -7,10 +7,12 @@ anything: the event, the record and the plan come from decide.py or actions.py.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from .audit import AuditLog, iso, line_fields
+from .context import current_request_id
 from .decide import Decision, Reply
 from .escalation import message, problem_members
 from .metrics import Metrics
@@ -52,6 +54,15 @@ class RefusalWindows:
         return list(self._open)
 
 
+# Operator actions by audit event, as named in operation.decided webhooks.
+OPERATOR_EVENTS = {
+    "extended": "extend",
+    "resumed": "resume",
+    "abandoned": "abandon",
+    "cancelled": "cancel",
+}
+
+
 class Effects:
     def __init__(self, *, clock: Clock, metrics: Metrics, audit: AuditLog | None) -> None:
         self._clock = clock
@@ -78,7 +89,7 @@ class Effects:
         if event == "escalated" and record.escalation is not None:
             detail = record.escalation.detail if detail is None else detail
         if self.audit is not None:
-            await self.audit.append(
+            await self._append(
                 line_fields(
                     record,
                     event=event,
@@ -90,14 +101,20 @@ class Effects:
                 )
             )
         self._count(policy, decision, event)
-        if event == "escalated" and self.notifier is not None:
-            self.notifier.submit(self._notice(policy, record))
+        if self.notifier is None:
+            return
+        if event == "escalated":
+            self.notifier.submit(self._notice("operation.escalated", policy, record))
+        elif event in OPERATOR_EVENTS and actor != "gateway":
+            notice = self._notice("operation.decided", policy, record)
+            notice.update(action=OPERATOR_EVENTS[event], actor=actor, detail=detail)
+            self.notifier.submit(notice)
 
     async def refused(self, record: OperationRecord, window: Window) -> None:
         """One line for a closed refusal window, with its count."""
         if self.audit is None:
             return
-        await self.audit.append(
+        await self._append(
             line_fields(
                 record.evolve(next_poll_at=window.ends_at),
                 event="refused",
@@ -114,7 +131,7 @@ class Effects:
         if self.audit is None:
             return
         detail = f"request sent at {iso(sent_at)} was cut short; no answer was recorded"
-        await self.audit.append(
+        await self._append(
             line_fields(
                 record, event="polled", at=self._clock(), decision="interrupted", detail=detail
             )
@@ -155,13 +172,15 @@ class Effects:
                 "detail": detail,
                 "actor": "gateway",
             }
-        await self.audit.append(fields)
+        await self._append(fields)
 
     async def notified(self, notice: dict[str, Any], outcome: str) -> None:
-        """The webhook's delivery outcome, as an audit line of its own."""
+        """The webhook's delivery outcome, counted and as an audit line of its own."""
+        result = "delivered" if outcome.startswith("delivered") else "failed"
+        self.metrics.webhook_deliveries.labels(result).inc()
         if self.audit is None:
             return
-        await self.audit.append(
+        await self._append(
             {
                 "at": iso(self._clock()),
                 "operation_id": notice["operation_id"],
@@ -174,6 +193,14 @@ class Effects:
                 "actor": "gateway",
             }
         )
+
+    async def _append(self, fields: dict[str, Any]) -> None:
+        """One audit line; lines caused by a request carry its ``request_id`` (SPEC 13)."""
+        assert self.audit is not None
+        request_id = current_request_id()
+        if request_id is not None:
+            fields["request_id"] = request_id
+        await self.audit.append(fields)
 
     def _count(self, policy: ProviderPolicy, decision: Decision, event: str) -> None:
         record, m = decision.record, self.metrics
@@ -192,9 +219,15 @@ class Effects:
             if plan.hint_rejected:
                 m.provider_guidance.labels(provider, "hint_rejected").inc()
 
-    def _notice(self, policy: ProviderPolicy, record: OperationRecord) -> dict[str, Any]:
+    def _notice(self, kind: str, policy: ProviderPolicy, record: OperationRecord) -> dict[str, Any]:
+        """A webhook body: ``type`` (Standard Webhooks event type), a message ``id`` kept
+        across retries, and what an operator needs to decide."""
         members = problem_members(record, policy)
         return {
+            "type": kind,
+            "id": f"msg_{secrets.token_hex(12)}",
+            "timestamp": iso(self._clock()),
+            "outcome": record.outcome.value,
             "operation_id": record.operation_id,
             "provider": record.provider,
             "account": record.account,

@@ -20,7 +20,7 @@ from pydantic import BeforeValidator, WithJsonSchema
 from .errors import ConfigError
 from .units import parse_duration, parse_size
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 
@@ -65,14 +65,17 @@ def read_yaml(path: Path, shown: str) -> dict[str, Any]:
 def interpolate(
     tree: Any, shown: str, env: Mapping[str, str], path: str = ""
 ) -> tuple[Any, list[str]]:
-    """Replace ``${NAME}`` in every string; missing variables are named, never their values."""
+    """Replace ``${NAME}`` (or ``${NAME:-default}``: the default when NAME is unset or
+    empty) in every string; missing variables are named, never their values."""
     problems: list[str] = []
 
     def visit(node: Any, where: str) -> Any:
         if isinstance(node, str):
 
             def sub(match: re.Match[str]) -> str:
-                name = match.group(1)
+                name, default = match.group(1), match.group(2)
+                if default is not None:
+                    return env.get(name) or default
                 if name not in env:
                     problems.append(f"{shown}: {where}: environment variable {name} is not set")
                     return ""

@@ -6,10 +6,21 @@ job id, account token or anything else unbounded or secret.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+from . import __version__
+from .models import Outcome, Reason
+from .problems import PROBLEMS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 REQUEST_BUCKETS = (1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, 200)
+ROUTES = ("submit", "status", "result", "cancel", "passthrough")
+AGENT_OUTCOMES = ("forwarded", "cached", *PROBLEMS)
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error", "timeout")
+FINISHED = (*(o.value for o in Outcome if o.terminal), "abandoned")
+GUIDANCE = ("provider_retry_after", "provider_poll_hint", "hint_rejected")
 
 
 def status_class(status: int | None, failure: str | None = None) -> str:
@@ -93,6 +104,64 @@ class Metrics:
             registry=r,
         )
 
+        self.escalations_open = Gauge(
+            "statusgate_escalations_open",
+            "Escalated operations waiting on a person's decision (the whole store)",
+            ["provider", "reason"],
+            registry=r,
+        )
+        self.webhook_deliveries = Counter(
+            "statusgate_webhook_deliveries",
+            "Webhook deliveries by result (delivered, failed after every attempt, dropped)",
+            ["result"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "statusgate_config_reloads",
+            "Live reloads of the config and policies by result",
+            ["result"],
+            registry=r,
+        )
+        build = Gauge(
+            "statusgate_build_info", "The running Statusgate version", ["version"], registry=r
+        )
+        build.labels(__version__).set(1)
+        ProcessCollector(registry=r)
+        for result in ("delivered", "failed", "dropped"):
+            self.webhook_deliveries.labels(result)
+        for result in ("ok", "error"):
+            self.config_reloads.labels(result)
+
+    def prime(self, providers: Iterable[str]) -> None:
+        """Every series of every configured provider exists from the start at 0, so that
+        ``increase()`` over a first failure reads 1, not nothing (SPEC 13)."""
+        for provider in providers:
+            for route in ROUTES:
+                for outcome in AGENT_OUTCOMES:
+                    self.agent_requests.labels(provider, route, outcome)
+                for label in STATUS_CLASSES:
+                    self.upstream_requests.labels(provider, route, label)
+                self.upstream_duration.labels(provider, route)
+            self.operations_started.labels(provider)
+            for outcome in FINISHED:
+                self.operations_finished.labels(provider, outcome)
+            for reason in Reason:
+                self.escalations.labels(provider, reason.value)
+                self.escalations_open.labels(provider, reason.value)
+            for source in GUIDANCE:
+                self.provider_guidance.labels(provider, source)
+            self.operations_active.labels(provider)
+            self.requests_per_operation.labels(provider)
+        for route in (*ROUTES, "admin", "other"):
+            self.request_duration.labels(route)
+
     def set_active(self, counts: dict[str, int], providers: list[str]) -> None:
         for provider in providers:
             self.operations_active.labels(provider).set(counts.get(provider, 0))
+
+    def set_open(self, counts: dict[tuple[str, str], int], providers: list[str]) -> None:
+        """Escalations waiting per provider and reason, as the store counts them."""
+        for provider in providers:
+            for reason in Reason:
+                value = counts.get((provider, reason.value), 0)
+                self.escalations_open.labels(provider, reason.value).set(value)

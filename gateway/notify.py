@@ -1,14 +1,27 @@
-"""The escalation webhook: one POST per escalation, delivered off the request path.
+"""The webhook: one POST per event (``operation.escalated``, ``operation.decided``),
+delivered off the request path, signed as the Standard Webhooks specification says when a
+secret is configured.
 
 A bounded queue feeds one worker; each delivery gets a few attempts with backoff and a
 timeout. A dead or slow receiver never slows a status call: when the queue is full the
 newest notice is dropped and counted. Outcomes are reported through ``on_outcome``.
+
+Signing: ``webhook-id`` (the same on every attempt of one event), ``webhook-timestamp``
+(unix seconds of the attempt, wall time: the receiver checks it against its own clock) and
+``webhook-signature: v1,<base64 HMAC-SHA256(key, "id.timestamp.body")>``, where the key is
+the secret's base64 after an optional ``whsec_`` prefix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,6 +29,26 @@ import aiohttp
 
 log = logging.getLogger("statusgate.webhook")
 Outcome = Callable[[dict[str, Any], str], Awaitable[None]]
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a Standard Webhooks secret (``whsec_<base64>``); ValueError if the
+    secret is not base64."""
+    try:
+        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except binascii.Error:
+        raise ValueError("must be a Standard Webhooks secret: whsec_ and base64") from None
+
+
+def signed_headers(key: bytes, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three headers of a Standard Webhooks delivery."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    digest = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": f"v1,{digest}",
+    }
 
 
 class Notifier:
@@ -28,8 +61,14 @@ class Notifier:
         timeout: float = 5.0,
         backoff: float = 1.0,
         queue_size: int = 1000,
+        key: bytes | None = None,
+        wallclock: Callable[[], float] = time.time,
+        on_drop: Callable[[], None] | None = None,
     ) -> None:
+        self._on_drop = on_drop
         self._url = url
+        self._key = key
+        self._wallclock = wallclock
         self._on_outcome = on_outcome
         self._attempts = attempts
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -56,7 +95,9 @@ class Notifier:
             self._queue.put_nowait(notice)
         except asyncio.QueueFull:
             self.dropped += 1
-            log.warning("escalation webhook queue full; notice dropped")
+            if self._on_drop is not None:
+                self._on_drop()
+            log.warning("webhook queue full; notice dropped")
 
     async def drain(self) -> None:
         """Wait until every queued notice has been delivered or given up (tests, shutdown)."""
@@ -76,9 +117,14 @@ class Notifier:
     async def _deliver(self, notice: dict[str, Any]) -> str:
         assert self._session is not None
         problem = "not attempted"
+        body = json.dumps(notice).encode()
         for attempt in range(1, self._attempts + 1):
+            headers = {"Content-Type": "application/json"}
+            if self._key is not None:
+                now = int(self._wallclock())
+                headers.update(signed_headers(self._key, notice["id"], now, body))
             try:
-                async with self._session.post(self._url, json=notice) as response:
+                async with self._session.post(self._url, data=body, headers=headers) as response:
                     if response.status < 300:
                         return f"delivered (attempt {attempt}, HTTP {response.status})"
                     problem = f"HTTP {response.status}"

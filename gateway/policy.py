@@ -480,10 +480,11 @@ def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolic
     """Read, interpolate and validate one policy file."""
     raw = read_yaml(path, shown)
     data, problems = interpolate(raw, shown, env)
-    if problems:
-        raise ConfigError(problems)
-    policy = validate(ProviderPolicy, data, shown)
-    problems = [f"{shown}: {where}: {message}" for where, message in cross_check(policy)]
+    try:
+        policy = validate(ProviderPolicy, data, shown)
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems) from None
+    problems += [f"{shown}: {where}: {message}" for where, message in cross_check(policy)]
     if problems:
         raise ConfigError(problems)
     return policy

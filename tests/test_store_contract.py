@@ -253,3 +253,28 @@ async def test_purge_deletes_what_stopped_waiting_before_the_cutoff(store: Store
     for kept in ("op_new", "op_wait", "op_other"):
         assert await store.get(kept) is not None
     assert await store.claim_idempotency(idem("gone"), now) is None  # the expired key went
+
+
+async def test_open_escalations_follow_every_write_and_purge(store: Store) -> None:
+    """The escalations waiting on a person, per provider and reason, as the store holds
+    them: counted when escalated, uncounted when resumed or purged."""
+    now = time.time()
+    for i, reason in enumerate([Reason.UNKNOWN_STATE, Reason.UNKNOWN_STATE, Reason.RATE_LIMITED]):
+        created = await store.create(record(f"op_{i}", f"job_{i}"))
+        escalation = Escalation(reason, now, "d", ("abandon",))
+        escalated = created.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=now)
+        assert await store.save(escalated)
+    assert await store.open_escalations() == {
+        ("demo-jobs", "unknown_state"): 2,
+        ("demo-jobs", "rate_limited"): 1,
+    }
+    stored = await store.get("op_0")
+    assert stored is not None
+    resumed = stored.evolve(outcome=Outcome.PENDING, escalation=None, ended_at=None)
+    assert await store.save(resumed)
+    assert await store.open_escalations() == {
+        ("demo-jobs", "unknown_state"): 1,
+        ("demo-jobs", "rate_limited"): 1,
+    }
+    assert await store.purge("demo-jobs", now + 1, now) == 2
+    assert await store.open_escalations() == {}

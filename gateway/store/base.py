@@ -74,6 +74,11 @@ class Store(abc.ABC):
         deadline first, at most ``limit``: an indexed read, whatever the store holds."""
 
     @abc.abstractmethod
+    async def open_escalations(self) -> dict[tuple[str, str], int]:
+        """Escalated operations waiting on a person, per (provider, reason), across
+        everything the store holds (right across replicas and restarts)."""
+
+    @abc.abstractmethod
     async def active_counts(self) -> dict[str, int]:
         """Pending operations per provider, across everything the store holds."""
 

@@ -61,6 +61,14 @@ class MemoryStore(Store):
         late = [r for r in self._records.values() if is_overdue(r, provider, now)]
         return [r.operation_id for r in sorted(late, key=lambda r: r.deadline_at)[:limit]]
 
+    async def open_escalations(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for record in self._records.values():
+            if record.outcome is Outcome.ESCALATED and record.escalation is not None:
+                pair = (record.provider, record.escalation.reason.value)
+                counts[pair] = counts.get(pair, 0) + 1
+        return counts
+
     async def active_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for record in self._records.values():

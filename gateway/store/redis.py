@@ -52,7 +52,8 @@ SYNC_TOLERANCE = 0.05
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 
-# KEYS: the record, then its provider's active set, deadlines and ended sorted sets.
+# KEYS: the record, then its provider's active set, deadlines and ended sorted sets, and its
+# open-escalations hash (operation id -> reason).
 # ARGV: expected version, record JSON, clock tolerance, operation id, deadline_at, ended_at
 # ('' when none). Returns 1 written, 0 stale version, -1 no record, -2 refused: spending a
 # status request is not admissible by Redis time.
@@ -85,6 +86,11 @@ else
   else
     redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
   end
+end
+if new.outcome == 'escalated' and type(new.escalation) == 'table' then
+  redis.call('HSET', KEYS[5], ARGV[4], new.escalation.reason)
+else
+  redis.call('HDEL', KEYS[5], ARGV[4])
 end
 return 1
 """
@@ -197,8 +203,10 @@ class RedisStore(Store):
         return f"{self.prefix}:lease:{{{name}}}"
 
     def _indexes(self, provider: str) -> list[str]:
-        """The provider's active set, deadlines and ended sorted sets, in CAS's KEYS order."""
-        return [f"{self.prefix}:{kind}:{provider}" for kind in ("active", "deadlines", "ended")]
+        """The provider's active set, deadlines and ended sorted sets and open-escalations
+        hash, in CAS's KEYS order."""
+        kinds = ("active", "deadlines", "ended", "open")
+        return [f"{self.prefix}:{kind}:{provider}" for kind in kinds]
 
     # -- plumbing -----------------------------------------------------------------------
     async def _call(self, operation: str, work: Any) -> Any:
@@ -261,13 +269,15 @@ class RedisStore(Store):
 
     def _index(self, pipe: Any, record: OperationRecord) -> None:
         """What the CAS script does to the provider's sets, for a record created whole."""
-        active, deadlines, ended = self._indexes(record.provider)
+        active, deadlines, ended, escalated = self._indexes(record.provider)
         operation_id = record.operation_id
         if record.outcome is Outcome.PENDING:
             pipe.sadd(active, operation_id)
             pipe.zadd(deadlines, {operation_id: record.deadline_at})
         elif record.ended_at is not None:
             pipe.zadd(ended, {operation_id: record.ended_at})
+        if record.outcome is Outcome.ESCALATED and record.escalation is not None:
+            pipe.hset(escalated, operation_id, record.escalation.reason.value)
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         data = await self._call("get", self._redis.hget(self._op(operation_id), "d"))
@@ -339,7 +349,7 @@ class RedisStore(Store):
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
         """From the provider's ended set, oldest first; idempotency keys expire by themselves."""
-        active, deadlines, ended = self._indexes(provider)
+        active, deadlines, ended, escalated = self._indexes(provider)
         ids = await self._call(
             "purge",
             self._redis.zrangebyscore(ended, "-inf", f"({ended_before!r}", 0, PURGE_BATCH),
@@ -359,6 +369,7 @@ class RedisStore(Store):
             delete.zrem(f"{self.prefix}:ops", raw)
             delete.srem(active, raw)
             delete.zrem(deadlines, raw)
+            delete.hdel(escalated, raw)
             gone += 1
         await self._call("purge", delete.execute())
         return gone
@@ -380,6 +391,19 @@ class RedisStore(Store):
             await self._call("overdue", self._redis.zrem(deadlines, *missing))
         pending = Outcome.PENDING.value.encode()
         return [raw.decode() for raw, o in zip(ids, outcomes, strict=True) if o == pending]
+
+    async def open_escalations(self) -> dict[tuple[str, str], int]:
+        providers = await self._call(
+            "open_escalations", self._redis.smembers(f"{self.prefix}:providers")
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for raw in providers:
+            provider = raw.decode()
+            key = self._indexes(provider)[3]
+            for reason in await self._call("open_escalations", self._redis.hvals(key)):
+                pair = (provider, reason.decode())
+                counts[pair] = counts.get(pair, 0) + 1
+        return counts
 
     async def active_counts(self) -> dict[str, int]:
         providers = await self._call(

@@ -432,6 +432,14 @@ class SQLiteStore(Store):
 
         return await self._read("overdue", work)
 
+    async def open_escalations(self) -> dict[tuple[str, str], int]:
+        sql = (
+            "SELECT provider, json_extract(data, '$.escalation.reason'), count(*)"
+            " FROM operations WHERE outcome = 'escalated' GROUP BY 1, 2"
+        )
+        rows = await self._read("open_escalations", lambda conn: conn.execute(sql).fetchall())
+        return {(str(p), str(r)): int(n) for p, r, n in rows if r is not None}
+
     async def active_counts(self) -> dict[str, int]:
         sql = (
             "SELECT provider, count(*) FROM operations WHERE outcome = 'pending' GROUP BY provider"

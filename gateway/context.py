@@ -1,0 +1,56 @@
+"""What one agent or operator request learns about itself while it is handled: its request
+id (SPEC 13), the account, and the provider call it caused, for its log line and its audit
+lines.
+
+The middleware puts a fresh ``RequestContext`` in a context variable; code below reads or
+fills it in place. Tasks started for the request (a shared poll) inherit the same object,
+so the provider call they make is seen by the request that started them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import secrets
+from dataclasses import dataclass
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    account: str | None = None
+    provider_status: int | None = None
+    provider_ms: float | None = None
+
+
+CURRENT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "statusgate_request", default=None
+)
+
+
+def request_id_from(header: str | None) -> str:
+    """The agent's ``X-Request-Id`` when it is well-formed, else a new one."""
+    if header is not None and REQUEST_ID.fullmatch(header):
+        return header
+    return secrets.token_hex(12)
+
+
+def current_request_id() -> str | None:
+    context = CURRENT.get()
+    return None if context is None else context.request_id
+
+
+def note_provider_call(status: int | None, seconds: float) -> None:
+    """Record on the current request the provider call it made (the last one wins)."""
+    context = CURRENT.get()
+    if context is not None:
+        context.provider_status = status
+        context.provider_ms = round(seconds * 1000, 3)
+
+
+def note_account(account: str) -> None:
+    context = CURRENT.get()
+    if context is not None:
+        context.account = account
