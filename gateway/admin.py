@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import actions
+from . import actions, reloading
 from .audit import iso, records
 from .bodies import read_limited
 from .calls import send_upstream
@@ -37,6 +37,7 @@ def routes(app: web.Application) -> None:
     app.router.add_get("/admin/operations", list_operations)
     app.router.add_get("/admin/operations/{operation_id}", show_operation)
     app.router.add_post("/admin/operations/{operation_id}/{action}", act)
+    app.router.add_post("/admin/reload", reload_config)
 
 
 def _operator(request: web.Request) -> Operator | web.Response:
@@ -108,6 +109,20 @@ async def show_operation(request: web.Request) -> web.StreamResponse:
     lines = records(audit.path) if audit is not None and audit.path.exists() else ()
     body["story"] = story(lines, record.operation_id)
     return web.json_response(body)
+
+
+async def reload_config(request: web.Request) -> web.StreamResponse:
+    """Re-read the config and every policy; 422 config-rejected with the check messages."""
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    runtime = request.app[RUNTIME]
+    problems = await reloading.reload(runtime)
+    if problems:
+        detail = f"{len(problems)} problem(s); the running config and policies stay in force."
+        return problem("config-rejected", detail, extra={"problems": problems})
+    policies = sorted(runtime.settings.policies)
+    return web.json_response({"result": "ok", "policies": policies, "actor": operator.id})
 
 
 async def _record(runtime: Runtime, operation_id: str) -> OperationRecord | web.Response:

@@ -24,12 +24,13 @@ from . import admin, decide, proxy
 from .audit import AuditLog, Fsync
 from .bodies import BodyTimeout, BodyTooLarge
 from .config import Settings
+from .context import CURRENT, RequestContext, request_id_from
 from .decide import Decision
 from .effects import Effects
 from .errors import StoreError
+from .logs import request_line
 from .metrics import Metrics
 from .models import Clock, OperationRecord
-from .notify import Notifier, secret_key
 from .policy import ProviderPolicy
 from .problems import SLUG, explain, problem
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
@@ -79,7 +80,9 @@ def create_app(
         effects=effects,
         sleep=sleep if sleep is not None else asyncio.sleep,
     )
-    app = web.Application(middlewares=[observe, errors], client_max_size=limits.max_request_body)
+    app = web.Application(
+        middlewares=[observe, listeners, errors], client_max_size=limits.max_request_body
+    )
     app[RUNTIME] = runtime
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -100,18 +103,7 @@ async def _start(app: web.Application) -> None:
     effects = runtime.effects
     if effects.audit is not None:
         effects.audit.open()
-    hook = runtime.settings.file.escalation
-    if hook.webhook_url is not None:
-        effects.notifier = Notifier(
-            hook.webhook_url,
-            on_outcome=effects.notified,
-            attempts=hook.webhook_attempts,
-            timeout=hook.webhook_timeout,
-            backoff=hook.webhook_backoff,
-            key=secret_key(secret) if (secret := runtime.settings.webhook_secret) else None,
-            on_drop=lambda: effects.metrics.webhook_deliveries.labels("dropped").inc(),
-        )
-        effects.notifier.start()
+    await effects.restart_notifier(runtime.settings)
     cut = await proxy.recover_cut_polls(runtime)
     if cut:
         log.warning("recorded %d status requests cut short by an earlier crash", cut)
@@ -221,18 +213,68 @@ def _route(request: web.Request) -> str:
 
 @web.middleware
 async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Duration of every answer; agent requests by provider, route and outcome."""
+    """Request id (kept or made, echoed), duration of every answer, agent requests by
+    provider, route and outcome, and one log line per request (SPEC 13)."""
     started = time.perf_counter()
-    response = await handler(request)
+    context = RequestContext(request_id_from(request.headers.get("X-Request-Id")))
+    token = CURRENT.set(context)
+    try:
+        response = await handler(request)
+    finally:
+        CURRENT.reset(token)
+    response.headers["X-Request-Id"] = context.request_id
+    elapsed = time.perf_counter() - started
     route = _route(request)
-    runtime = request.app[RUNTIME]
-    metrics = runtime.effects.metrics
-    metrics.request_duration.labels(route).observe(time.perf_counter() - started)
+    metrics = request.app[RUNTIME].effects.metrics
+    metrics.request_duration.labels(route).observe(elapsed)
     provider = request.get(PROVIDER)
     if provider is not None:
         outcome = response.get(SLUG) or request.get(OUTCOME, "forwarded")
         metrics.agent_requests.labels(provider, route, outcome).inc()
+    request_line(
+        {
+            "request_id": context.request_id,
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "duration_ms": round(elapsed * 1000, 3),
+            "account": context.account,
+            "provider": provider,
+            "operation_id": response.headers.get("Statusgate-Operation"),
+            "outcome": response.headers.get("Statusgate-Outcome") or response.get(SLUG),
+            "provider_status": context.provider_status,
+            "provider_ms": context.provider_ms,
+        }
+    )
     return response
+
+
+ADMIN_PATHS = ("/admin", "/console", "/metrics")
+AGENT_PATHS = ("/p/", "/mcp")
+
+
+@web.middleware
+async def listeners(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With ``admin_listen`` set (SPEC 13), the operator API, the console and the metrics
+    answer only on the admin listener, and agents' paths only on the agent listener;
+    health checks and problem explanations answer on both."""
+    runtime = request.app[RUNTIME]
+    admin = runtime.settings.file.admin_listen
+    if admin is None:
+        return await handler(request)
+    on_admin = _local_port(request) == (runtime.admin_port or admin.port)
+    path = request.path
+    if path.startswith(ADMIN_PATHS) and not on_admin:
+        return problem("route-not-allowed", "This path is served on the admin listener only.")
+    if path.startswith(AGENT_PATHS) and on_admin:
+        return problem("route-not-allowed", "Agents use the agent listener.")
+    return await handler(request)
+
+
+def _local_port(request: web.Request) -> int | None:
+    transport = request.transport
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    return int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
 
 
 @web.middleware

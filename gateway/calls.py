@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .config import Account
+from .context import note_provider_call
 from .credentials import Outgoing
 from .decide import Decision, Failure, ProviderAnswer, Reply
 from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
@@ -73,10 +74,12 @@ async def send_upstream(
         failure = Failure.TOO_LARGE
     except UpstreamUnavailable as exc:
         failure = Failure.CONNECTION if exc.sent else Failure.UNREACHABLE
-    metrics.upstream_duration.labels(policy.provider, route).observe(time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    metrics.upstream_duration.labels(policy.provider, route).observe(elapsed)
     status = response.status if response is not None else None
     label = status_class(status, failure.value if failure is not None else None)
     metrics.upstream_requests.labels(policy.provider, route, label).inc()
+    note_provider_call(status, elapsed)
     if response is None:
         return ProviderAnswer(None, failure=failure), None
     answer = ProviderAnswer(

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import ConfigError, StoreError
+from . import __version__
+from .errors import ConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="statusgate", description="Policy gateway for agents waiting on provider jobs."
     )
+    parser.add_argument("--version", action="version", version=f"statusgate {__version__}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the gateway")
@@ -131,32 +132,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Run until stopped; a store another process owns (a SQLite file) is one line, exit 1."""
-    from aiohttp import web
-
-    from .app import ParserNoise, create_app
     from .config import load_settings
+    from .server import serve
 
-    settings = load_settings(args.config)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("aiohttp.server").addFilter(ParserNoise())
-    app = create_app(settings)
-    listen = settings.file.listen
-    try:
-        web.run_app(
-            app,
-            host=listen.host,
-            port=listen.port,
-            print=lambda _: print(
-                f"statusgate listening on http://{listen.host}:{listen.port}", flush=True
-            ),
-            access_log=None,
-            handler_cancellation=True,  # a held call whose client left stops waiting
-        )
-    except StoreError as exc:  # raised while starting: the store could not be opened
-        print(f"statusgate serve: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return serve(load_settings(args.config))
 
 
 def _token_hash(args: argparse.Namespace) -> int:

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .audit import AuditLog, iso, line_fields
+from .config import Settings
 from .context import current_request_id
 from .decide import Decision, Reply
 from .escalation import message, problem_members
 from .metrics import Metrics
 from .models import Clock, DelaySource, OperationRecord
-from .notify import Notifier
+from .notify import Notifier, notifier_for
 from .policy import ProviderPolicy
 
 
@@ -70,6 +71,21 @@ class Effects:
         self.audit = audit
         self.notifier: Notifier | None = None  # set at start when a webhook is configured
         self.refusals = RefusalWindows()
+
+    async def restart_notifier(self, settings: Settings) -> None:
+        """Start (or, on a reload that changed it, replace) the webhook notifier."""
+        if self.notifier is not None:
+            await self.notifier.close()
+        hook = settings.file.escalation
+        self.notifier = notifier_for(
+            hook.webhook_url,
+            attempts=hook.webhook_attempts,
+            timeout=hook.webhook_timeout,
+            backoff=hook.webhook_backoff,
+            secret=settings.webhook_secret,
+            on_outcome=self.notified,
+            on_drop=lambda: self.metrics.webhook_deliveries.labels("dropped").inc(),
+        )
 
     async def decided(
         self,

@@ -21,6 +21,28 @@ AGENT_OUTCOMES = ("forwarded", "cached", *PROBLEMS)
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error", "timeout")
 FINISHED = (*(o.value for o in Outcome if o.terminal), "abandoned")
 GUIDANCE = ("provider_retry_after", "provider_poll_hint", "hint_rejected")
+STORE_OPERATIONS = (
+    "acquire_lease",
+    "active_counts",
+    "claim_idempotency",
+    "create",
+    "drop_idempotency",
+    "find",
+    "get",
+    "list",
+    "mutate",
+    "open",
+    "open_escalations",
+    "overdue",
+    "pace",
+    "ping",
+    "purge",
+    "put_idempotency",
+    "release_lease",
+    "save",
+    "tighten",
+    "time",
+)
 
 
 def status_class(status: int | None, failure: str | None = None) -> str:
@@ -131,6 +153,14 @@ class Metrics:
             self.webhook_deliveries.labels(result)
         for result in ("ok", "error"):
             self.config_reloads.labels(result)
+        self.last_reload_ok = Gauge(
+            "statusgate_config_last_reload_successful",
+            "1 if the last reload was applied (or none was tried), 0 if it was refused",
+            registry=r,
+        )
+        self.last_reload_ok.set(1)
+        for operation in STORE_OPERATIONS:
+            self.store_errors.labels(operation)
 
     def prime(self, providers: Iterable[str]) -> None:
         """Every series of every configured provider exists from the start at 0, so that

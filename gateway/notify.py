@@ -133,3 +133,29 @@ class Notifier:
             if attempt < self._attempts:
                 await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
         return f"failed after {self._attempts} attempts ({problem})"
+
+
+def notifier_for(
+    url: str | None,
+    *,
+    attempts: int,
+    timeout: float,
+    backoff: float,
+    secret: str | None,
+    on_outcome: Outcome,
+    on_drop: Callable[[], None],
+) -> Notifier | None:
+    """The webhook notifier a config asks for (started), or None without a webhook URL."""
+    if url is None:
+        return None
+    notifier = Notifier(
+        url,
+        on_outcome=on_outcome,
+        attempts=attempts,
+        timeout=timeout,
+        backoff=backoff,
+        key=secret_key(secret) if secret else None,
+        on_drop=on_drop,
+    )
+    notifier.start()
+    return notifier

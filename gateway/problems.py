@@ -157,6 +157,13 @@ PROBLEMS: Mapping[str, ProblemType] = {
         "The request body did not arrive within limits.body_timeout.",
         retry=True,
     ),
+    "config-rejected": ProblemType(
+        422,
+        "Config rejected",
+        "The reloaded config or a policy is invalid, or changes a setting that needs a "
+        "restart. Nothing changed: the gateway keeps serving the running set. The member "
+        "problems lists what statusgate check would say.",
+    ),
     "internal-error": ProblemType(
         500,
         "Internal error",

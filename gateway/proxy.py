@@ -24,6 +24,7 @@ from .calls import (
     unknown_operation,
     upstream_problem,
 )
+from .context import note_account
 from .decide import Decision, ProviderAnswer, Reply
 from .errors import NotAdmissible
 from .headers import agent_query, format_wait, prefer_wait, to_provider
@@ -46,6 +47,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     account = runtime.agent(request.headers)
     if account is None:
         return problem("unauthenticated", "Send 'Authorization: Bearer <agent token>'.")
+    note_account(account.id)
     name = request.match_info["provider"]
     policy = runtime.settings.policies.get(name)
     if policy is None:

@@ -48,15 +48,38 @@ class Runtime:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     holding: int = 0  # status calls held for Prefer: wait right now
     last_send: dict[str, float] = field(default_factory=dict)  # per provider, for spacing
+    admin_port: int | None = None  # the admin listener's bound port, once serving
 
     def __post_init__(self) -> None:
-        base = self.settings.file.public_base_url
-        self.routes = {name: RouteTable(p) for name, p in self.settings.policies.items()}
-        self.rewriters = {name: Rewriter(p, base) for name, p in self.settings.policies.items()}
-        self.credentials = {
-            name: applier_for(p, upstream=self.upstream, clock=self.clock)
-            for name, p in self.settings.policies.items()
+        self.credentials = {}
+        self.apply(self.settings)
+
+    def apply(self, settings: Settings) -> None:
+        """Make ``settings`` the running set, all at once (no await in between, so no
+        request sees half of it). A credential that did not change keeps its applier (and
+        an OAuth2 token already fetched)."""
+        base = settings.file.public_base_url
+        policies = settings.policies
+        credentials = {
+            name: self.credentials[name]
+            if name in self.credentials
+            and self.settings.policies.get(name) is not None
+            and self.settings.policies[name].credential == policy.credential
+            else applier_for(policy, upstream=self.upstream, clock=self.clock)
+            for name, policy in policies.items()
         }
+        routes = {name: RouteTable(p) for name, p in policies.items()}
+        rewriters = {name: Rewriter(p, base) for name, p in policies.items()}
+        self.settings, self.routes, self.rewriters, self.credentials = (
+            settings,
+            routes,
+            rewriters,
+            credentials,
+        )
+        limits = settings.file.limits
+        self.upstream.configure(
+            timeout=limits.upstream_timeout, max_response_body=limits.max_response_body
+        )
 
     async def pause(self, seconds: float) -> bool:
         """Wait ``seconds`` on the injected sleeper; False at once if the gateway stops."""

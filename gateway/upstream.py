@@ -39,6 +39,11 @@ class Upstream:
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
 
+    def configure(self, *, timeout: float, max_response_body: int) -> None:
+        """New limits for the requests sent from now on (a live reload)."""
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._max_body = max_response_body
+
     async def start(self) -> None:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._pool_size, ttl_dns_cache=60)
@@ -74,7 +79,12 @@ class Upstream:
         headers = {**headers, "Accept-Encoding": "gzip, deflate"}
         try:
             async with self._session.request(
-                method, url, headers=headers, data=body, allow_redirects=False
+                method,
+                url,
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                timeout=self._timeout,
             ) as response:
                 data = await self._read(response)
                 kept = _without_encoding(response.headers)

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -408,3 +409,143 @@ async def make_harness(
 async def harness(make_harness: Callable[..., Any]) -> Harness:
     h: Harness = await make_harness()
     return h
+
+
+class Served:
+    """One `statusgate serve` process on a SQLite file, on a port of its own."""
+
+    def __init__(self, folder: Path, upstream: str, db: Path, **changes: Any) -> None:
+        self.port = free_port()
+        self.folder = folder
+        self.db = db
+        config_changes = {"listen": {"port": self.port}, **changes.pop("config", {})}
+        self.config = write_config(
+            folder, upstream, store=f"sqlite:///{db}", config_changes=config_changes, **changes
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+        self.process = start_statusgate(["serve", "--config", str(self.config)], env)
+        return self.process
+
+    async def up(self) -> Served:
+        await asyncio.to_thread(wait_until_up, self.port, self.start())
+        return self
+
+    def stop(self, number: int = signal.SIGTERM) -> str:
+        """Stop the process; its stderr."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(number)
+        _, stderr = self.process.communicate(timeout=15)
+        return stderr.decode()
+
+    def audit(self) -> list[dict[str, Any]]:
+        path = self.folder / "audit.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[DemoProvider, str]]:
+    demo = DemoProvider(api_key=PROVIDER_KEY)
+    server = TestServer(demo.app(), host="127.0.0.1")
+    await server.start_server()
+    yield demo, str(server.make_url("")).rstrip("/")
+    await server.close()
+
+
+@pytest.fixture
+async def gateways() -> AsyncIterator[list[Served]]:
+    started: list[Served] = []
+    yield started
+    for served in started:
+        if served.process is not None and served.process.poll() is None:
+            served.stop(signal.SIGKILL)
+
+
+# -- real SDKs and real providers as agents and upstreams (tests/test_provider_*.py) ----------
+
+
+@pytest.fixture
+async def live_demo() -> AsyncIterator[tuple[DemoProvider, str]]:
+    """The demo provider on real time, on loopback: the provider and its base URL."""
+    demo = DemoProvider(api_key=PROVIDER_KEY)
+    server = TestServer(demo.app(), host="127.0.0.1")
+    await server.start_server()
+    yield demo, str(server.make_url("")).rstrip("/")
+    await server.close()
+
+
+@contextlib.asynccontextmanager
+async def live_gateway(
+    folder: Path,
+    upstream: str,
+    demo: DemoProvider | None = None,
+    *,
+    policy_changes: dict[str, dict[str, Any]] | None = None,
+    config_changes: dict[str, Any] | None = None,
+) -> AsyncIterator[Harness]:
+    """A gateway on real time whose public_base_url is its own loopback address, so an SDK
+    can follow the URLs it hands out (Operation-Location, results_url), in front of
+    ``upstream``. ``harness.client.make_url("")`` is the base URL agents use."""
+    port = free_port()
+    changes = merge({"public_base_url": f"http://127.0.0.1:{port}"}, config_changes or {})
+    path = write_config(folder, upstream, policy_changes=policy_changes, config_changes=changes)
+    settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY})
+    app = create_app(settings, store=store_from_url(settings.store_url), rng=random.Random(7))
+    client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1", port=port))
+    await client.start_server()
+    try:
+        yield Harness(client, demo or DemoProvider(api_key=PROVIDER_KEY), None)
+    finally:
+        await client.close()
+
+
+def fast_polling(**changes: Any) -> dict[str, Any]:
+    """A policy's polling section scaled down so a real-time test takes seconds: 200 ms
+    base delay doubling to 800 ms, jitter 0.5 to 1, a budget of 40 and a 60 s deadline."""
+    polling: dict[str, Any] = {
+        "base_delay": "200ms",
+        "max_delay": "800ms",
+        "jitter": {"min": 0.5, "max": 1.0},
+        "max_status_requests": 40,
+        "deadline": "60s",
+        "final_poll_margin": "100ms",
+        "not_found_grace": "5s",
+    }
+    polling.update(changes)
+    return polling
+
+
+def permitted_polls(polling: dict[str, Any], elapsed: float) -> int:
+    """The most provider polls a schedule of local backoff (no provider guidance) can allow
+    within ``elapsed`` seconds of the submit: the k-th poll comes at least
+    sum(jitter.min * min(max_delay, base_delay * 2^i) for i < k) after it; one poll of
+    slack for the first being due at once."""
+    from gateway.units import parse_duration
+
+    base, top = parse_duration(polling["base_delay"]), parse_duration(polling["max_delay"])
+    floor = float(polling["jitter"]["min"])
+    polls, at = 1, 0.0
+    while polls < int(polling["max_status_requests"]):
+        at += floor * min(top, base * 2.0 ** (polls - 1))
+        if at > elapsed:
+            break
+        polls += 1
+    return polls
+
+
+class Wire:
+    """The HTTP status of every answer an SDK's client received, from a response hook."""
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+
+    def note(self, response: Any) -> None:
+        self.statuses.append(int(response.status_code))
+
+    def count(self, status: int) -> int:
+        return self.statuses.count(status)

@@ -1,0 +1,67 @@
+"""Live reload of the config and every policy (SPEC 13): on SIGHUP and POST /admin/reload.
+
+A valid set replaces the running one at once (calls in flight keep the policy they started
+with); an invalid set is refused whole with the same messages as ``statusgate check``, and
+the running set stays. Settings bound to sockets, files or the store cannot change live and
+are refused by name.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import logs
+from .config import GatewayFile, Settings, load_settings
+from .errors import ConfigError
+from .runtime import Runtime
+
+log = logging.getLogger("statusgate")
+FIXED = ("listen", "admin_listen", "store", "audit")  # need a restart
+
+
+def fixed_changes(running: GatewayFile, loaded: GatewayFile, shown: str) -> list[str]:
+    """One message per setting that differs but cannot change while running."""
+    return [
+        f"{shown}: {name}: cannot change while the gateway runs; restart it to apply"
+        for name in FIXED
+        if getattr(running, name) != getattr(loaded, name)
+    ]
+
+
+async def reload(runtime: Runtime) -> list[str]:
+    """Re-read and apply the config; the problems that refused it, or [] when applied."""
+    metrics = runtime.effects.metrics
+    settings, problems = _load(runtime.settings)
+    if settings is None:
+        metrics.config_reloads.labels("error").inc()
+        metrics.last_reload_ok.set(0)
+        log.error("config reload refused: %d problem(s); the running set stays", len(problems))
+        for line in problems:
+            log.error("config reload: %s", line)
+        return problems
+    webhook_changed = (
+        settings.file.escalation != runtime.settings.file.escalation
+        or settings.webhook_secret != runtime.settings.webhook_secret
+    )
+    runtime.apply(settings)
+    metrics.prime(settings.policies)
+    logs.configure(settings.file.logging)
+    if webhook_changed:
+        await runtime.effects.restart_notifier(settings)
+    metrics.config_reloads.labels("ok").inc()
+    metrics.last_reload_ok.set(1)
+    names = ", ".join(sorted(settings.policies)) or "none"
+    log.info("config reloaded: %d policies (%s)", len(settings.policies), names)
+    return []
+
+
+def _load(running: Settings) -> tuple[Settings | None, list[str]]:
+    """The new settings and no problems, or None and why not."""
+    if running.path is None:
+        return None, ["the gateway was not started from a config file; nothing to reload"]
+    try:
+        loaded = load_settings(running.path)
+    except ConfigError as exc:
+        return None, exc.problems
+    problems = fixed_changes(running.file, loaded.file, str(running.path))
+    return (None, problems) if problems else (loaded, [])

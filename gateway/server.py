@@ -1,0 +1,99 @@
+"""``statusgate serve``: the gateway's listeners, signals and life (SPEC 1 and 13).
+
+One aiohttp runner; the agent listener and, with ``admin_listen``, the admin listener.
+SIGTERM and SIGINT stop it gracefully (held calls answer, refusal counts are written);
+SIGHUP reloads the config and every policy. A port already taken or a store another
+process owns is one line on stderr and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from . import logs, reloading
+from .app import ParserNoise, create_app
+from .config import Settings
+from .errors import StoreError
+from .runtime import RUNTIME, Runtime
+
+log = logging.getLogger("statusgate")
+
+
+def serve(settings: Settings) -> int:
+    """Run until SIGTERM or SIGINT; the exit code."""
+    logs.configure(settings.file.logging)
+    logging.getLogger("aiohttp.server").addFilter(ParserNoise())
+    try:
+        return asyncio.run(_run(settings))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        logs.stop()
+
+
+async def _run(settings: Settings) -> int:
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    try:
+        await runner.setup()  # opens the store (on_startup): a locked SQLite file fails here
+    except StoreError as exc:
+        print(f"statusgate serve: {exc}", file=sys.stderr)
+        return 1
+    try:
+        bound = await _listen(runner, settings)
+    except OSError as exc:
+        print(f"statusgate serve: {exc}", file=sys.stderr)
+        await runner.cleanup()
+        return 1
+    runtime = app[RUNTIME]
+    runtime.admin_port = bound.get("admin")
+    for role, port in bound.items():
+        print(f"statusgate {role} listener on http://{_host(settings, role)}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: _reload_soon(runtime))
+    await stop.wait()
+    log.info("stopping: answering held calls and writing refusal counts")
+    await runner.cleanup()
+    return 0
+
+
+async def _listen(runner: web.AppRunner, settings: Settings) -> dict[str, int]:
+    """Bind every listener; the port each one got (``agent``, and ``admin`` when set)."""
+    wanted = {"agent": settings.file.listen}
+    if settings.file.admin_listen is not None:
+        wanted["admin"] = settings.file.admin_listen
+    bound: dict[str, int] = {}
+    for role, listen in wanted.items():
+        site = web.TCPSite(runner, listen.host, listen.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            raise OSError(f"cannot listen on {listen.host}:{listen.port} ({role}): {why}") from None
+        address = runner.addresses[-1]  # the site just started
+        bound[role] = int(address[1]) if isinstance(address, tuple) else listen.port
+    return bound
+
+
+def _host(settings: Settings, role: str) -> str:
+    listen = settings.file.admin_listen if role == "admin" else settings.file.listen
+    assert listen is not None
+    return listen.host
+
+
+_RELOADS: set[asyncio.Task[list[str]]] = set()
+
+
+def _reload_soon(runtime: Runtime) -> None:
+    """SIGHUP: reload in a task of its own (kept referenced until done)."""
+    task = asyncio.ensure_future(reloading.reload(runtime))
+    _RELOADS.add(task)
+    task.add_done_callback(_RELOADS.discard)
