@@ -24,6 +24,7 @@ check: $(STAMP)
 run: $(STAMP)
 	@mkdir -p var
 	@$(PY) -m gateway check --config $(CONFIG)
+	@$(PY) -c "import socket, sys; busy = [p for p in (8080, 8081) if socket.socket().connect_ex(('127.0.0.1', p)) == 0]; busy and sys.exit(f'make run: 127.0.0.1:{busy[0]} is already in use (another make run?); nothing was started')"
 	@$(PY) -m gateway demo-provider --port 8081 & echo $$! > var/demo-provider.pid; \
 	trap 'kill $$(cat var/demo-provider.pid) 2>/dev/null; rm -f var/demo-provider.pid' EXIT INT TERM; \
 	echo ""; \

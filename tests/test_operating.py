@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -323,3 +324,33 @@ async def test_a_second_start_on_a_taken_port_is_one_line(
     assert lines[0].startswith(
         f"statusgate serve: cannot listen on 127.0.0.1:{first.port} (agent):"
     )
+
+
+def test_make_run_on_a_taken_port_says_so_and_starts_nothing() -> None:
+    """A second `make run` (port 8080 taken) says so in one line and leaves nothing running."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".venv" / ".installed-dev").exists():
+        pytest.skip("make run needs the project's .venv (make test builds it)")
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 8080))
+    except OSError:
+        pytest.skip("127.0.0.1:8080 is in use on this machine; cannot stage a second make run")
+    taken.listen()
+    try:
+        env = {**os.environ, "DEMO_API_KEY": "k"}
+        done = subprocess.run(
+            ["make", "-s", "run"], cwd=root, capture_output=True, timeout=60, env=env, check=False
+        )
+    finally:
+        taken.close()
+    output = (done.stdout + done.stderr).decode()
+    ours = [line for line in output.splitlines() if line.startswith("make run:")]
+    assert done.returncode != 0
+    assert ours == [
+        "make run: 127.0.0.1:8080 is already in use (another make run?); nothing was started"
+    ]
+    assert "Traceback" not in output
+    probe = socket.socket()
+    assert probe.connect_ex(("127.0.0.1", 8081)) != 0  # no demo provider was left running
+    probe.close()
