@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from . import admin, decide, proxy
+from . import admin, console, decide, proxy, tracing
 from .audit import AuditLog, Fsync
 from .bodies import BodyTimeout, BodyTooLarge
 from .config import Settings
@@ -81,7 +81,8 @@ def create_app(
         sleep=sleep if sleep is not None else asyncio.sleep,
     )
     app = web.Application(
-        middlewares=[observe, listeners, errors], client_max_size=limits.max_request_body
+        middlewares=[observe, traced, listeners, errors],
+        client_max_size=limits.max_request_body,
     )
     app[RUNTIME] = runtime
     app.router.add_get("/healthz", healthz)
@@ -89,6 +90,7 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/problems/{slug}", explain)
     admin.routes(app)
+    console.routes(app)
     app.router.add_route("*", "/p/{provider}/{tail:.*}", proxy.handle)
     app.on_startup.append(_start)
     app.on_shutdown.append(_drain)
@@ -247,6 +249,35 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         }
     )
     return response
+
+
+UNTRACED = ("/metrics", "/healthz", "/readyz")
+
+
+@web.middleware
+async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A server span per request (SPEC 17), continuing the agent's trace context; provider
+    calls made for it (held polls included) become its client spans."""
+    if not tracing.enabled() or request.path.startswith(UNTRACED):
+        return await handler(request)
+    route = request.path.split("/", 2)[1] if request.path != "/" else ""
+    with tracing.server_span(f"{request.method} /{route}", request.headers) as span:
+        response = await handler(request)
+        context = CURRENT.get()
+        span.set(
+            http__request__method=request.method,
+            url__path=request.path,  # never the query
+            http__route=_route(request),
+            http__response__status_code=response.status,
+            statusgate__provider=request.get(PROVIDER),
+            statusgate__account=context.account if context else None,
+            statusgate__operation_id=response.headers.get("Statusgate-Operation"),
+            statusgate__outcome=response.headers.get("Statusgate-Outcome"),
+            statusgate__request_id=context.request_id if context else None,
+        )
+        if response.status >= 500:
+            span.failed(f"answered {response.status}")
+        return response
 
 
 ADMIN_PATHS = ("/admin", "/console", "/metrics")

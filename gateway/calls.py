@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from . import tracing
 from .config import Account
 from .context import note_provider_call
 from .credentials import Outgoing
@@ -60,20 +62,36 @@ async def send_upstream(
     failure: Failure | None = None
     response: UpstreamResponse | None = None
     credential = runtime.credentials[policy.provider]
-    try:
-        for _ in range(2):
-            out = await credential.apply(Outgoing(method, url, headers, body))
-            response = await runtime.upstream.send(
-                out.method, out.url, out.headers, out.body, secrets=credential.secrets()
-            )
-            if response.status != 401 or not credential.renew():
-                break
-    except UpstreamTimeout:
-        failure = Failure.TIMEOUT
-    except UpstreamBodyTooLarge:
-        failure = Failure.TOO_LARGE
-    except UpstreamUnavailable as exc:
-        failure = Failure.CONNECTION if exc.sent else Failure.UNREACHABLE
+    headers = dict(headers)
+    with tracing.client_span(f"{method} {route}", headers) as span:
+        parts = urlsplit(url)
+        span.set(
+            http__request__method=method,
+            server__address=parts.hostname,
+            server__port=parts.port or (443 if parts.scheme == "https" else 80),
+            url__path=parts.path,  # never the query: it may hold a key
+            statusgate__provider=policy.provider,
+            statusgate__route=route,
+        )
+        try:
+            for _ in range(2):
+                out = await credential.apply(Outgoing(method, url, headers, body))
+                response = await runtime.upstream.send(
+                    out.method, out.url, out.headers, out.body, secrets=credential.secrets()
+                )
+                if response.status != 401 or not credential.renew():
+                    break
+        except UpstreamTimeout:
+            failure = Failure.TIMEOUT
+        except UpstreamBodyTooLarge:
+            failure = Failure.TOO_LARGE
+        except UpstreamUnavailable as exc:
+            failure = Failure.CONNECTION if exc.sent else Failure.UNREACHABLE
+        if response is not None:
+            span.set(http__response__status_code=response.status)
+        else:
+            span.set(error__type=failure.value if failure is not None else "error")
+            span.failed("no usable answer from the provider")
     elapsed = time.perf_counter() - started
     metrics.upstream_duration.labels(policy.provider, route).observe(elapsed)
     status = response.status if response is not None else None

@@ -15,7 +15,7 @@ import sys
 
 from aiohttp import web
 
-from . import logs, reloading
+from . import logs, reloading, tracing
 from .app import ParserNoise, create_app
 from .config import Settings
 from .errors import StoreError
@@ -28,11 +28,13 @@ def serve(settings: Settings) -> int:
     """Run until SIGTERM or SIGINT; the exit code."""
     logs.configure(settings.file.logging)
     logging.getLogger("aiohttp.server").addFilter(ParserNoise())
+    tracing.setup()
     try:
         return asyncio.run(_run(settings))
     except KeyboardInterrupt:
         return 130
     finally:
+        tracing.stop()
         logs.stop()
 
 

@@ -414,7 +414,15 @@ async def harness(make_harness: Callable[..., Any]) -> Harness:
 class Served:
     """One `statusgate serve` process on a SQLite file, on a port of its own."""
 
-    def __init__(self, folder: Path, upstream: str, db: Path, **changes: Any) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        upstream: str,
+        db: Path,
+        env: dict[str, str] | None = None,
+        **changes: Any,
+    ) -> None:
+        self.env = env or {}
         self.port = free_port()
         self.folder = folder
         self.db = db
@@ -425,7 +433,7 @@ class Served:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+        env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY, **self.env}
         self.process = start_statusgate(["serve", "--config", str(self.config)], env)
         return self.process
 
@@ -549,3 +557,54 @@ class Wire:
 
     def count(self, status: int) -> int:
         return self.statuses.count(status)
+
+
+class RecordingProxy:
+    """A loopback HTTP proxy in front of ``target`` that records every request it forwards
+    (method, path with query, headers, body, time): what really reached the provider."""
+
+    HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.requests: list[dict[str, Any]] = []
+        self._server: TestServer | None = None
+        self._http: Any = None
+
+    async def start(self) -> str:
+        """Start listening; the proxy's base URL."""
+        import aiohttp
+
+        self._http = aiohttp.ClientSession(auto_decompress=True)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._server = TestServer(app, host="127.0.0.1")
+        await self._server.start_server()
+        return str(self._server.make_url("")).rstrip("/")
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+        if self._server is not None:
+            await self._server.close()
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.requests.append(
+            {
+                "at": time.time(),
+                "method": request.method,
+                "url": str(request.url),
+                "path": request.path_qs,
+                "headers": dict(request.headers),
+                "body": body,
+            }
+        )
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self.HOP}
+        async with self._http.request(
+            request.method, self.target + request.path_qs, headers=headers, data=body
+        ) as answer:
+            content = await answer.read()
+            drop = self.HOP | {"content-encoding"}
+            kept = {k: v for k, v in answer.headers.items() if k.lower() not in drop}
+            return web.Response(status=answer.status, body=content, headers=kept)
