@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from . import admin, console, decide, proxy, tracing
 from .audit import AuditLog, Fsync
@@ -29,7 +29,7 @@ from .decide import Decision
 from .effects import Effects
 from .errors import StoreError
 from .logs import request_line
-from .metrics import Metrics
+from .metrics import Metrics, exposition
 from .models import Clock, OperationRecord
 from .policy import ProviderPolicy
 from .problems import SLUG, explain, problem
@@ -384,7 +384,6 @@ async def metrics(request: web.Request) -> web.Response:
         registry.set_open(await runtime.store.open_escalations(), providers)
     except StoreError as exc:
         registry.store_errors.labels(exc.operation).inc()
-    body = generate_latest(registry.registry)
-    response = web.Response(body=body)
+    response = web.Response(body=exposition(registry.registry))
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path, required=True)
+    serve.add_argument(
+        "--workers", type=int, default=1, help="processes sharing the port (Redis stores only)"
+    )
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check", help="validate the config and every policy")
@@ -133,9 +136,18 @@ def _check(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from .config import load_settings
-    from .server import serve
+    from .workers import prepare_metrics_dir, refusal, run
 
-    return serve(load_settings(args.config))
+    settings = load_settings(args.config)
+    why = refusal(settings, args.workers)
+    if why is not None:
+        print(f"statusgate serve: {why}", file=sys.stderr)
+        return 1
+    if args.workers == 1:
+        from .server import serve
+
+        return serve(settings)
+    return run(settings, args.workers, prepare_metrics_dir())
 
 
 def _token_hash(args: argparse.Namespace) -> int:

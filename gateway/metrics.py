@@ -6,9 +6,18 @@ job id, account token or anything else unbounded or secret.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    multiprocess,
+)
 
 from . import __version__
 from .models import Outcome, Reason
@@ -43,6 +52,21 @@ STORE_OPERATIONS = (
     "tighten",
     "time",
 )
+
+
+# ``statusgate serve --workers N`` sets this before prometheus_client is imported: every
+# worker writes its values to files there, and a scrape of any worker sums them up.
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def exposition(own: CollectorRegistry) -> bytes:
+    """The text a scrape gets: this process's registry, or with several workers the values
+    of all of them (counters and histograms summed, gauges the most recent)."""
+    if not MULTIPROCESS:
+        return bytes(generate_latest(own))
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    return bytes(generate_latest(merged))
 
 
 def status_class(status: int | None, failure: str | None = None) -> str:
@@ -105,6 +129,7 @@ class Metrics:
             "Pending operations in the store (the whole store, not only this replica's)",
             ["provider"],
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.provider_guidance = Counter(
             "statusgate_provider_guidance",
@@ -131,6 +156,7 @@ class Metrics:
             "Escalated operations waiting on a person's decision (the whole store)",
             ["provider", "reason"],
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.webhook_deliveries = Counter(
             "statusgate_webhook_deliveries",
@@ -145,10 +171,15 @@ class Metrics:
             registry=r,
         )
         build = Gauge(
-            "statusgate_build_info", "The running Statusgate version", ["version"], registry=r
+            "statusgate_build_info",
+            "The running Statusgate version",
+            ["version"],
+            registry=r,
+            multiprocess_mode="max",
         )
         build.labels(__version__).set(1)
-        ProcessCollector(registry=r)
+        if not MULTIPROCESS:  # with --workers, each worker's own figures would mislead
+            ProcessCollector(registry=r)
         for result in ("delivered", "failed", "dropped"):
             self.webhook_deliveries.labels(result)
         for result in ("ok", "error"):
@@ -157,6 +188,7 @@ class Metrics:
             "statusgate_config_last_reload_successful",
             "1 if the last reload was applied (or none was tried), 0 if it was refused",
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.last_reload_ok.set(1)
         for operation in STORE_OPERATIONS:

@@ -24,13 +24,14 @@ from .runtime import RUNTIME, Runtime
 log = logging.getLogger("statusgate")
 
 
-def serve(settings: Settings) -> int:
-    """Run until SIGTERM or SIGINT; the exit code."""
+def serve(settings: Settings, *, reuse_port: bool = False) -> int:
+    """Run until SIGTERM or SIGINT; the exit code. ``reuse_port``: one of several workers
+    sharing the listeners (SO_REUSEPORT)."""
     logs.configure(settings.file.logging)
     logging.getLogger("aiohttp.server").addFilter(ParserNoise())
     tracing.setup()
     try:
-        return asyncio.run(_run(settings))
+        return asyncio.run(_run(settings, reuse_port))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -38,7 +39,7 @@ def serve(settings: Settings) -> int:
         logs.stop()
 
 
-async def _run(settings: Settings) -> int:
+async def _run(settings: Settings, reuse_port: bool) -> int:
     app = create_app(settings)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     try:
@@ -47,7 +48,7 @@ async def _run(settings: Settings) -> int:
         print(f"statusgate serve: {exc}", file=sys.stderr)
         return 1
     try:
-        bound = await _listen(runner, settings)
+        bound = await _listen(runner, settings, reuse_port)
     except OSError as exc:
         print(f"statusgate serve: {exc}", file=sys.stderr)
         await runner.cleanup()
@@ -67,14 +68,14 @@ async def _run(settings: Settings) -> int:
     return 0
 
 
-async def _listen(runner: web.AppRunner, settings: Settings) -> dict[str, int]:
+async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -> dict[str, int]:
     """Bind every listener; the port each one got (``agent``, and ``admin`` when set)."""
     wanted = {"agent": settings.file.listen}
     if settings.file.admin_listen is not None:
         wanted["admin"] = settings.file.admin_listen
     bound: dict[str, int] = {}
     for role, listen in wanted.items():
-        site = web.TCPSite(runner, listen.host, listen.port)
+        site = web.TCPSite(runner, listen.host, listen.port, reuse_port=reuse_port or None)
         try:
             await site.start()
         except OSError as exc:

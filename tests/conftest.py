@@ -420,21 +420,26 @@ class Served:
         upstream: str,
         db: Path,
         env: dict[str, str] | None = None,
+        store_url: str | None = None,
+        args: list[str] | None = None,
         **changes: Any,
     ) -> None:
         self.env = env or {}
+        self.args = args or []  # more `statusgate serve` arguments, e.g. --workers 2
         self.port = free_port()
         self.folder = folder
         self.db = db
         config_changes = {"listen": {"port": self.port}, **changes.pop("config", {})}
+        store = store_url or f"sqlite:///{db}"
         self.config = write_config(
-            folder, upstream, store=f"sqlite:///{db}", config_changes=config_changes, **changes
+            folder, upstream, store=store, config_changes=config_changes, **changes
         )
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY, **self.env}
-        self.process = start_statusgate(["serve", "--config", str(self.config)], env)
+        command = ["serve", "--config", str(self.config), *self.args]
+        self.process = start_statusgate(command, env)
         return self.process
 
     async def up(self) -> Served:

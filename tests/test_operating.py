@@ -354,3 +354,43 @@ def test_make_run_on_a_taken_port_says_so_and_starts_nothing() -> None:
     probe = socket.socket()
     assert probe.connect_ex(("127.0.0.1", 8081)) != 0  # no demo provider was left running
     probe.close()
+
+
+async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
+    tmp_path: Path,
+    upstream: tuple[DemoProvider, str],
+    gateways: list[Served],
+    redis_url: str,
+) -> None:
+    """``--workers 2`` on Redis: both processes answer on one port, metrics merge both
+    workers' counts; on SQLite the command is refused in one line."""
+    _, url = upstream
+    served = Served(
+        tmp_path / "r", url, tmp_path / "unused.db", store_url=redis_url, args=["--workers", "2"]
+    )
+    await served.up()
+    gateways.append(served)
+    base = f"http://127.0.0.1:{served.port}"
+    async with aiohttp.ClientSession() as http:
+        for n in range(40):
+            headers = {**AUTH, "Idempotency-Key": f"w{n}"}
+            async with http.post(f"{base}/p/demo-jobs/v1/jobs", json={}, headers=headers) as r:
+                assert r.status == 202
+        async with http.get(f"{base}/metrics") as r:
+            text = await r.text()
+    assert 'statusgate_operations_started_total{provider="demo-jobs"} 40.0' in text
+    stderr = served.stop()
+    assert "Traceback" not in stderr
+    sqlite = Served(tmp_path / "s", url, tmp_path / "s.db").config
+    refused = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--config", str(sqlite)],
+        capture_output=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY},
+    )
+    assert refused.returncode == 1
+    assert refused.stderr.decode().strip() == (
+        "statusgate serve: --workers 2 needs a Redis store (store: redis://...); "
+        "the sqlite store is owned by one process"
+    )

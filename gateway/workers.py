@@ -1,0 +1,111 @@
+"""``statusgate serve --workers N``: N gateway processes sharing the listeners (SPEC 10).
+
+Only on a Redis store, where every worker shares records, leases, pacing and the clock; a
+SQLite file is owned by one process and ``memory://`` is one process's memory, so both are
+refused with a clear message. The parent forks the workers before any event loop or thread
+exists, forwards SIGTERM, SIGINT and SIGHUP to them, restarts a worker that dies (at most
+once a second), and exits when they have all stopped. Metrics from every worker are merged
+at scrape time through prometheus_client's multiprocess files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+from .config import Settings
+
+RESTART_GAP = 1.0  # a worker that dies is restarted, at most once a second
+START_WINDOW = 5.0  # a worker exiting with 1 this soon after its start could not start
+
+
+def refusal(settings: Settings, workers: int) -> str | None:
+    """Why ``workers`` processes cannot serve these settings, or None."""
+    if workers < 1:
+        return "--workers must be 1 or more"
+    if workers == 1:
+        return None
+    scheme = settings.store_url.split(":", 1)[0]
+    if not scheme.startswith("redis"):
+        return (
+            f"--workers {workers} needs a Redis store (store: redis://...); the {scheme} store "
+            "is owned by one process"
+        )
+    ports = [settings.file.listen.port]
+    if settings.file.admin_listen is not None:
+        ports.append(settings.file.admin_listen.port)
+    if 0 in ports:
+        return f"--workers {workers} needs fixed ports: every worker binds the same one"
+    return None
+
+
+def prepare_metrics_dir() -> Path:
+    """A fresh folder for the workers' metric files; set before prometheus_client loads."""
+    folder = Path(tempfile.mkdtemp(prefix="statusgate-metrics-"))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    return folder
+
+
+def run(settings: Settings, workers: int, metrics_dir: Path | None = None) -> int:
+    """Fork ``workers`` workers and supervise them; the exit code. ``metrics_dir`` is
+    removed once every worker has stopped."""
+    try:
+        return _supervise(settings, workers)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _supervise(settings: Settings, workers: int) -> int:
+    from .server import serve
+
+    children: dict[int, tuple[int, float]] = {}  # pid -> (worker number, started)
+    stopping = False
+
+    def start(number: int) -> None:
+        pid = os.fork()
+        if pid == 0:  # the worker
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            os._exit(serve(settings, reuse_port=True))
+        children[pid] = (number, time.monotonic())
+
+    def forward(number: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        if number in (signal.SIGTERM, signal.SIGINT):
+            stopping = True
+        for pid in children:
+            os.kill(pid, signal.SIGTERM if number == signal.SIGINT else number)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    for index in range(workers):
+        start(index)
+    print(f"statusgate: {workers} workers started", flush=True)
+    failed = False
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if pid not in children:
+            continue
+        worker, started = children.pop(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if stopping:
+            continue
+        if code == 1 and time.monotonic() - started < START_WINDOW:
+            # it could not start (a taken port, an unreachable store): neither will the rest
+            failed = True
+            forward(signal.SIGTERM, None)
+            continue
+        print(f"statusgate: worker {worker} exited with {code}; restarting it", file=sys.stderr)
+        time.sleep(max(0.0, RESTART_GAP - (time.monotonic() - started)))
+        start(worker)
+    return 1 if failed else 0
