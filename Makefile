@@ -79,6 +79,7 @@ lint-docker:
 bench: $(STAMP)
 	@command -v wrk >/dev/null || echo "wrk not found (apt-get install wrk): using a slower Python closed loop"
 	$(PY) bench/run.py
+	$(PY) bench/held.py 10000 60
 	$(PY) bench/audit_verify.py
 
 bench-audit: $(STAMP)

@@ -322,6 +322,7 @@ def main() -> None:
                 audit=False,
                 only_forwarded=True,
             )
+            _extra_rows(folder, agent, seconds, rows, redis)
             rate = 0.6 * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
             fixed: dict[str, Result] = {}
             fixed["B0 provider"] = fixed_rate(provider, job_paths, direct_headers, rate, seconds)
@@ -373,11 +374,15 @@ def _gateway_paths(
     *,
     audit: bool,
     only_forwarded: bool = False,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> None:
     port = free_port()
     config = gateway_config(folder, port, store, audit)
     with spawn(
-        [PY, "-m", "gateway", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
+        [PY, "-m", "gateway", "serve", "--config", str(config), *args],
+        port,
+        {"DEMO_API_KEY": KEY, **(env or {})},
     ):
         base = f"http://127.0.0.1:{port}/p/bench"
         jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
@@ -401,6 +406,43 @@ def _gateway_paths(
             gateway, [f"/p/bench/v1/jobs/{done[0]}"], agent, seconds
         )
         rows[(name, "submit")] = capacity(gateway, ["/p/bench/v1/jobs"], agent, seconds, "POST")
+
+
+def _extra_rows(
+    folder: Path,
+    agent: dict[str, str],
+    seconds: float,
+    rows: dict[tuple[str, str], Result],
+    redis: str | None,
+) -> None:
+    """Forwarded polls with tracing on (spans exported to a local OTLP sink) and, on Redis,
+    with two worker processes sharing the port."""
+    sink = free_port()
+    with spawn([PY, str(ROOT / "bench/otlp_sink.py"), str(sink)], sink):
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}"}
+        _gateway_paths(
+            "G1 tracing on",
+            folder,
+            f"sqlite:///{folder}/g1-traced.db",
+            agent,
+            seconds,
+            rows,
+            audit=True,
+            only_forwarded=True,
+            env=env,
+        )
+    if redis is not None:
+        _gateway_paths(
+            "G2 2 workers",
+            folder,
+            redis + "w",
+            agent,
+            seconds,
+            rows,
+            audit=True,
+            only_forwarded=True,
+            args=("--workers", "2"),
+        )
 
 
 def _gateway_fixed(
@@ -532,6 +574,10 @@ def _print(
         )
     audit = ratio((g1, fwd), ("G1 audit off", fwd))
     print(f"audit on / off forwarded throughput: {audit} [>= 0.95]")
+    traced = ratio(("G1 tracing on", fwd), (g1, fwd))
+    print(f"tracing on / off forwarded throughput: {traced} [>= 0.9]")
+    workers = ratio(("G2 2 workers", fwd), (g2, fwd))
+    print(f"G2 2 workers / 1 worker forwarded throughput: {workers}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import secrets
 import time
@@ -47,6 +48,7 @@ PURGE_ROUNDS = 20  # full batches one purge may delete per provider before the n
 OVERDUE_EVERY = 2  # sweeps between deadline checks: SPEC 16 allows 10 s
 OVERDUE_BATCH = 500  # overdue operations escalated per provider per check
 OVERDUE_LEASE = 10.0  # seconds: the poll lease held while one is escalated
+WORKER_ENV = "STATUSGATE_WORKER"  # set by serve --workers in each worker process
 SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
 
 
@@ -64,7 +66,12 @@ def create_app(
     audit_path = settings.audit_path
     audit = None
     if audit_path is not None:
-        audit = AuditLog(audit_path, key=settings.audit_key, fsync=Fsync(settings.file.audit.fsync))
+        audit = AuditLog(
+            audit_path,
+            key=settings.audit_key,
+            fsync=Fsync(settings.file.audit.fsync),
+            shared=bool(os.environ.get(WORKER_ENV)),
+        )
     if store is None:
         store = store_from_url(settings.store_url, cache_bytes=limits.cache_bytes)
     clock = clock if clock is not None else store.clock

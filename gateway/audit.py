@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import fcntl
 import hashlib
 import hmac
 import json
@@ -130,7 +131,9 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
 class AuditLog:
     """Appends sealed lines to one file; ``append`` returns once the line is written."""
 
-    def __init__(self, path: Path, *, key: bytes | None, fsync: Fsync = Fsync.BATCH) -> None:
+    def __init__(
+        self, path: Path, *, key: bytes | None, fsync: Fsync = Fsync.BATCH, shared: bool = False
+    ) -> None:
         self.path = path
         self._key = key
         self._fsync = fsync
@@ -139,11 +142,17 @@ class AuditLog:
         self._prev = GENESIS
         self._dirty = False
         self._flusher: asyncio.Task[None] | None = None
+        # Several processes (serve --workers) append to one chain: each append then holds
+        # an exclusive flock and first reads the chain's end another process may have moved.
+        self._shared = shared
+        self._size = 0
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch(exist_ok=True)
         with self.path.open("rb+") as handle:
+            if self._shared:  # another worker may be appending: look at the end alone
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             size = handle.seek(0, os.SEEK_END)
             start = max(0, size - TAIL_BYTES)
             handle.seek(start)
@@ -154,19 +163,43 @@ class AuditLog:
                 aside.write_bytes(tail[cut:])
                 handle.truncate(start + cut)
                 tail = tail[:cut]
+        self._follow(tail)
+        self._file = self.path.open("ab", buffering=0)
+        self._size = self.path.stat().st_size
+
+    def _follow(self, tail: bytes) -> None:
+        """Continue the chain from the last complete line of ``tail``."""
         complete = tail.splitlines()
         if complete:
             last = json.loads(complete[-1])
             self._seq, self._prev = int(last["seq"]), str(last["hash"])
-        self._file = self.path.open("ab", buffering=0)
+
+    def _catch_up(self) -> None:
+        """Under the flock: if another process appended since our last write, read the
+        chain's new end (its last line)."""
+        size = os.fstat(self._file.fileno()).st_size
+        if size != self._size:
+            with self.path.open("rb") as handle:
+                handle.seek(max(0, size - TAIL_BYTES))
+                self._follow(handle.read(size - handle.tell()))
 
     async def append(self, fields: dict[str, Any]) -> dict[str, Any]:
         """Seal and write one line (no await between seq and write, so lines never
         interleave); with fsync ``always`` also wait until it is on disk."""
         if self._file is None:
             self.open()
-        line = seal(fields, self._seq + 1, self._prev, self._key)
-        self._file.write(canonical_json(line) + b"\n")
+        if self._shared:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        try:
+            if self._shared:
+                self._catch_up()
+            line = seal(fields, self._seq + 1, self._prev, self._key)
+            data = canonical_json(line) + b"\n"
+            self._file.write(data)
+            self._size = os.fstat(self._file.fileno()).st_size if self._shared else 0
+        finally:
+            if self._shared:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
         self._seq, self._prev = line["seq"], line["hash"]
         if self._fsync is Fsync.ALWAYS:
             await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())

@@ -73,6 +73,7 @@ def _supervise(settings: Settings, workers: int) -> int:
         if pid == 0:  # the worker
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
+            os.environ["STATUSGATE_WORKER"] = str(number)  # the audit chain is shared
             os._exit(serve(settings, reuse_port=True))
         children[pid] = (number, time.monotonic())
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.audit import AuditLog, Fsync, verify
+from gateway.audit import AuditLog, Fsync, read_lines, verify
 from gateway.cli import main
 
 from conftest import PROVIDER_KEY, Harness
@@ -204,3 +204,20 @@ async def test_hmac_chain_from_the_gateway(make_harness: Any, capsys, monkeypatc
     path = str(harness.audit_path)
     assert run(["audit", "verify", path, "--key-env", "STATUSGATE_AUDIT_KEY"], capsys)[0] == 0
     assert run(["audit", "verify", path], capsys)[0] == 1
+
+
+async def test_workers_append_to_one_chain(tmp_path: Path) -> None:
+    """Two writers in shared mode (serve --workers) interleave appends into one chain that
+    verifies: each reads the end another moved before it seals its line."""
+    path = tmp_path / "audit.jsonl"
+    first = AuditLog(path, key=None, shared=True)
+    second = AuditLog(path, key=None, shared=True)
+    first.open()
+    second.open()
+    for n in range(50):
+        writer = first if n % 3 else second
+        await writer.append({"event": "polled", "n": n})
+    await first.close()
+    await second.close()
+    verdict = verify(read_lines(path), None)
+    assert verdict.intact and verdict.records == 50

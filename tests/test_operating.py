@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestServer
 from standardwebhooks.webhooks import Webhook
 
 from gateway import __version__
+from gateway.audit import read_lines, verify
 from gateway.demo_provider import DemoProvider
 
 from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_KEY, Served, free_port
@@ -381,6 +382,9 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
     assert 'statusgate_operations_started_total{provider="demo-jobs"} 40.0' in text
     stderr = served.stop()
     assert "Traceback" not in stderr
+    audit = served.folder / "audit.jsonl"
+    assert verify(read_lines(audit), None).intact  # both workers wrote one chain
+    assert sum(1 for line in served.audit() if line["event"] == "submitted") == 40
     sqlite = Served(tmp_path / "s", url, tmp_path / "s.db").config
     refused = subprocess.run(
         [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--config", str(sqlite)],
