@@ -1,13 +1,26 @@
 """The operator API under ``/admin`` (SPEC section 6): list, show, extend, cancel, abandon,
 resume. Operator tokens only; an agent token is ``forbidden``.
 
+- ``GET /admin/operations?outcome=&provider=&account=&limit=&cursor=``: newest first,
+  ``{"operations": [...], "next_cursor": "..." | null}``. The cursor is opaque (the last
+  listed operation's start time and id), so operations created meanwhile never make a
+  later page repeat or skip one; ``limit`` is 1 to 500 (default 100).
+- ``GET /admin/escalations?limit=``: the queue of escalated operations waiting on a person,
+  oldest escalation first, each with its reason, age (by the gateway's clock), permitted
+  actions and message; ``total`` counts them all.
+- ``GET /admin/operations/{id}``: the record, the escalation, the message, the audit story,
+  and ``extension_left`` (what ``escalation.max_extension`` still allows, or null).
+- ``POST /admin/operations/{id}/{extend|cancel|abandon|resume}``, ``POST /admin/reload``.
+
 Each action is a pure function of actions.py applied to the freshest record inside one
 compare-and-set, and audited with the operator's id before the answer goes back.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +31,7 @@ from .audit import iso, records
 from .bodies import read_limited
 from .calls import send_upstream
 from .config import Operator
-from .decide import Decision, ProviderAnswer, Reply
+from .decide import Decision, ProviderAnswer, Reply, extension_left
 from .escalation import message, problem_members
 from .headers import to_provider
 from .models import OperationFilter, OperationRecord, Outcome
@@ -27,14 +40,17 @@ from .problems import problem
 from .routing import body_with_job_id, fill
 from .runtime import ROUTE, RUNTIME, Runtime
 from .story import story
-from .units import parse_duration
+from .units import format_duration, parse_duration, rfc3339
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_LIST = 500
+MAX_CURSOR = 512  # characters: a cursor holds one start time and one operation id
+QUEUE_SCAN = 10_000  # escalated operations read to order the queue oldest first
 
 
 def routes(app: web.Application) -> None:
     app.router.add_get("/admin/operations", list_operations)
+    app.router.add_get("/admin/escalations", list_escalations)
     app.router.add_get("/admin/operations/{operation_id}", show_operation)
     app.router.add_post("/admin/operations/{operation_id}/{action}", act)
     app.router.add_post("/admin/reload", reload_config)
@@ -79,17 +95,118 @@ async def list_operations(request: web.Request) -> web.StreamResponse:
     query = request.query
     try:
         outcome = Outcome(query["outcome"]) if query.get("outcome") else None
-        limit = min(MAX_LIST, int(query.get("limit", "100")))
-    except ValueError:
-        return problem("invalid-request", "outcome must be an outcome name; limit a number.")
+        limit = _limit(query.get("limit"))
+        before = _from_cursor(query["cursor"]) if query.get("cursor") else None
+    except ValueError as exc:
+        return problem("invalid-request", f"Bad query: {exc}.")
     where = OperationFilter(
         outcome=outcome,
         provider=query.get("provider") or None,
         account=query.get("account") or None,
-        limit=limit,
+        limit=limit + 1,  # one more than shown: whether there is a next page
+        before=before,
     )
     found = await request.app[RUNTIME].store.list(where)
-    return web.json_response({"operations": [view(r) for r in found]})
+    shown = found[:limit]
+    more = len(found) > limit
+    next_cursor = _to_cursor(shown[-1]) if more and shown else None
+    return web.json_response({"operations": [view(r) for r in shown], "next_cursor": next_cursor})
+
+
+def _limit(text: str | None, default: int = 100) -> int:
+    if not text:
+        return default
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ValueError(f"limit must be a whole number from 1 to {MAX_LIST}") from None
+    if not 1 <= limit <= MAX_LIST:
+        raise ValueError(f"limit must be a whole number from 1 to {MAX_LIST}")
+    return limit
+
+
+def _to_cursor(record: OperationRecord) -> str:
+    """The position after ``record`` in list order, as an opaque URL-safe string."""
+    raw = json.dumps([record.started_at, record.operation_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _from_cursor(cursor: str) -> tuple[float, str]:
+    """A cursor back to its position; ValueError for anything this API did not hand out."""
+    bad = ValueError("cursor is not one this API handed out (use next_cursor as given)")
+    if len(cursor) > MAX_CURSOR:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        started, operation_id = json.loads(raw)
+        if isinstance(started, bool) or not isinstance(started, int | float):
+            raise bad
+        if not isinstance(operation_id, str):
+            raise bad
+        position = float(started), operation_id
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise bad from None
+    if not math.isfinite(position[0]):
+        raise bad
+    return position
+
+
+async def list_escalations(request: web.Request) -> web.StreamResponse:
+    """The queue: escalated operations, oldest escalation first (the console's front page)."""
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    try:
+        limit = _limit(request.query.get("limit"))
+    except ValueError as exc:
+        return problem("invalid-request", f"Bad query: {exc}.")
+    runtime = request.app[RUNTIME]
+    waiting = await _escalated(runtime)
+    waiting.sort(key=lambda r: (r.escalation.at if r.escalation else r.started_at, r.operation_id))
+    now = runtime.clock()
+    queue = [_queued(runtime, record, now) for record in waiting[:limit]]
+    return web.json_response({"escalations": queue, "total": len(waiting), "now": rfc3339(now)})
+
+
+async def _escalated(runtime: Runtime) -> list[OperationRecord]:
+    """Every escalated operation (up to QUEUE_SCAN), read page by page."""
+    found: list[OperationRecord] = []
+    where = OperationFilter(outcome=Outcome.ESCALATED, limit=MAX_LIST)
+    while len(found) < QUEUE_SCAN:
+        page = await runtime.store.list(where)
+        found += page
+        if len(page) < MAX_LIST:
+            break
+        where = OperationFilter(
+            outcome=Outcome.ESCALATED,
+            limit=MAX_LIST,
+            before=(page[-1].started_at, page[-1].operation_id),
+        )
+    return found
+
+
+def _queued(runtime: Runtime, record: OperationRecord, now: float) -> dict[str, Any]:
+    escalation = record.escalation
+    at = escalation.at if escalation is not None else record.started_at
+    policy = runtime.settings.policies.get(record.provider)
+    text = (
+        message(record, policy)
+        if policy is not None
+        else f"No policy is loaded for {record.provider!r}: load it again to decide."
+    )
+    return {
+        "operation_id": record.operation_id,
+        "provider": record.provider,
+        "account": record.account,
+        "provider_job_id": record.provider_job_id,
+        "reason": escalation.reason.value if escalation is not None else None,
+        "escalated_at": rfc3339(at),
+        "age_seconds": max(0.0, now - at),
+        "permitted_actions": list(escalation.permitted_actions) if escalation else [],
+        "status_requests_used": record.status_requests_used,
+        "max_status_requests": record.max_status_requests,
+        "message": text,
+    }
 
 
 async def show_operation(request: web.Request) -> web.StreamResponse:
@@ -105,10 +222,26 @@ async def show_operation(request: web.Request) -> web.StreamResponse:
     if record.escalation is not None and policy is not None:
         body["escalation"] = problem_members(record, policy)
         body["message"] = message(record, policy)
+    body["extension_left"] = _extension_left(policy, record)
     audit = runtime.effects.audit
     lines = records(audit.path) if audit is not None and audit.path.exists() else ()
     body["story"] = story(lines, record.operation_id)
     return web.json_response(body)
+
+
+def _extension_left(policy: ProviderPolicy | None, record: OperationRecord) -> Any:
+    """What ``escalation.max_extension`` still allows this operation, or None when spent."""
+    left = extension_left(policy, record) if policy is not None else None
+    if policy is None or left is None:
+        return None
+    bound = policy.escalation.max_extension
+    return {
+        "time": format_duration(left[0]),
+        "seconds": left[0],
+        "requests": left[1],
+        "max_time": format_duration(bound.time),
+        "max_requests": bound.requests,
+    }
 
 
 async def reload_config(request: web.Request) -> web.StreamResponse:

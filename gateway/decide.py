@@ -486,7 +486,7 @@ def lookup(data: Any, dotted: str | None) -> Any:
     for part in dotted.split("."):
         if isinstance(node, dict):
             node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
             return None

@@ -215,7 +215,14 @@ class IdempotencyEntry:
 
 @dataclass(frozen=True, slots=True)
 class OperationFilter:
+    """Which operations ``Store.list`` returns: newest first by (started_at, operation_id).
+
+    ``before`` is a page's position: only operations strictly before that (started_at,
+    operation_id) pair in this order. Operations inserted later start later, so a page read
+    from a position never repeats or skips one that existed when paging began."""
+
     outcome: Outcome | None = None
     provider: str | None = None
     account: str | None = None
     limit: int = 100
+    before: tuple[float, str] | None = None

@@ -29,9 +29,9 @@ def serve(settings: Settings, *, reuse_port: bool = False) -> int:
     sharing the listeners (SO_REUSEPORT)."""
     logs.configure(settings.file.logging)
     logging.getLogger("aiohttp.server").addFilter(ParserNoise())
-    tracing.setup()
+    traces = tracing.setup()
     try:
-        return asyncio.run(_run(settings, reuse_port))
+        return asyncio.run(_run(settings, reuse_port, traces))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -39,7 +39,7 @@ def serve(settings: Settings, *, reuse_port: bool = False) -> int:
         logs.stop()
 
 
-async def _run(settings: Settings, reuse_port: bool) -> int:
+async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     app = create_app(settings)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     try:
@@ -57,6 +57,7 @@ async def _run(settings: Settings, reuse_port: bool) -> int:
     runtime.admin_port = bound.get("admin")
     for role, port in bound.items():
         print(f"statusgate {role} listener on http://{_host(settings, role)}:{port}", flush=True)
+    log.info(traces)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

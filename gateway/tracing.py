@@ -13,12 +13,10 @@ are never recorded at all.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-log = logging.getLogger("statusgate")
 ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
@@ -30,13 +28,12 @@ class _State:
 _state = _State()
 
 
-def setup(environ: Mapping[str, str] | None = None) -> bool:
-    """Turn tracing on if the environment asks for it and the SDK is there; say once at
-    start when it is off, and why."""
+def setup(environ: Mapping[str, str] | None = None) -> str:
+    """Turn tracing on if the environment asks for it and the SDK is there; the one line
+    to log once the gateway serves, saying whether tracing is on, or why it is off."""
     env = os.environ if environ is None else environ
     if not any(env.get(name) for name in ENDPOINTS):
-        log.info("tracing off: OTEL_EXPORTER_OTLP_ENDPOINT is not set")
-        return False
+        return "tracing off: OTEL_EXPORTER_OTLP_ENDPOINT is not set"
     try:
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -44,15 +41,13 @@ def setup(environ: Mapping[str, str] | None = None) -> bool:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        log.warning("tracing off: the otel extra is not installed (pip install statusgate[otel])")
-        return False
+        return "tracing off: the otel extra is not installed (pip install statusgate[otel])"
     service = env.get("OTEL_SERVICE_NAME") or "statusgate"
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _state.provider = provider
     _state.tracer = trace.get_tracer("statusgate", tracer_provider=provider)
-    log.info("tracing on: OTLP/HTTP export as service %s", service)
-    return True
+    return f"tracing on: OTLP/HTTP export as service {service}"
 
 
 def stop() -> None:

@@ -11,7 +11,14 @@ from gateway.models import Reason
 from gateway.policy import load_policy
 from gateway.runtime import RUNTIME
 
-from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_KEY, Harness, pending_record
+from conftest import (
+    AGENT_TOKEN,
+    OPERATOR_TOKEN,
+    OTHER_TOKEN,
+    PROVIDER_KEY,
+    Harness,
+    pending_record,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -275,3 +282,125 @@ async def test_resume_compares_with_what_was_in_force_at_the_escalation(
     fixed = await make_harness(store=good.client.app[RUNTIME].store)
     assert (await act(fixed, operation, "resume")).status == 200
     assert (await fixed.poll_when_due(job)).status == 200
+
+
+async def _started(harness: Harness, key: str, token: str = AGENT_TOKEN) -> str:
+    harness.clock.advance(1)
+    response = await harness.submit([{"state": "running"}], key=key, token=token)
+    assert response.status == 202, await response.text()
+    return str(response.headers["Statusgate-Operation"])
+
+
+async def _page(harness: Harness, query: str) -> dict[str, Any]:
+    response = await harness.client.get(f"/admin/operations?{query}", headers=OPS)
+    assert response.status == 200, await response.text()
+    body: dict[str, Any] = await response.json()
+    return body
+
+
+async def test_operations_page_by_cursor_and_new_operations_never_disturb_paging(
+    harness: Harness,
+) -> None:
+    """Pages newest first with an opaque next_cursor (null on the last page); operations
+    started between pages appear on no later page and shift nothing; filters hold across
+    pages."""
+    made = [await _started(harness, f"k{n}") for n in range(5)]
+    other = await _started(harness, "b1", token=OTHER_TOKEN)
+    first = await _page(harness, "limit=2")
+    assert [o["operation_id"] for o in first["operations"]] == [other, made[4]]
+    seen = [o["operation_id"] for o in first["operations"]]
+    cursor = first["next_cursor"]
+    new: list[str] = []
+    while cursor is not None:
+        new.append(await _started(harness, f"new-{len(seen)}"))  # newer than any listed
+        page = await _page(harness, f"limit=2&cursor={cursor}")
+        seen += [o["operation_id"] for o in page["operations"]]
+        cursor = page["next_cursor"]
+    assert seen == [other, *reversed(made)]
+    only = "account=team-a&outcome=pending&provider=demo-jobs&limit=4"
+    mine = await _page(harness, only)
+    assert len(mine["operations"]) == 4 and mine["next_cursor"] is not None
+    rest = await _page(harness, f"{only}&cursor={mine['next_cursor']}")
+    assert rest["next_cursor"] is None
+    listed = [o["operation_id"] for o in mine["operations"] + rest["operations"]]
+    assert len(new) == 2
+    assert listed == [*reversed(new), *reversed(made)]
+    everything = await _page(harness, "limit=500")
+    assert everything["next_cursor"] is None and len(everything["operations"]) == 8
+
+
+async def test_bad_limits_and_cursors_are_invalid_requests(harness: Harness) -> None:
+    """A limit outside 1..500 or a cursor the API did not hand out is a 400 problem, never
+    a 500."""
+    import base64
+
+    def encoded(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    cursors = [
+        "x",
+        "%%%",
+        encoded(b"[1]"),
+        encoded(b'{"a": 1, "b": 2}'),
+        encoded(b'["1.5", "op"]'),
+        encoded(b'[true, "op"]'),
+        encoded(b'[1e999, "op"]'),
+        encoded(b'[NaN, "op"]'),
+        encoded(b"[" + b"9" * 400 + b', "op"]'),
+        encoded(b"[1.5, 7]"),
+        encoded(b"[" * 5000),
+        "A" * 600,
+    ]
+    queries = [f"cursor={c}" for c in cursors] + ["limit=0", "limit=-1", "limit=501", "limit=x"]
+    for query in queries:
+        response = await harness.client.get(f"/admin/operations?{query}", headers=OPS)
+        assert response.status == 400, query
+        assert (await response.json())["type"] == "/problems/invalid-request"
+    refused = await harness.client.get("/admin/escalations?limit=0", headers=OPS)
+    assert refused.status == 400
+
+
+async def test_escalation_queue_is_oldest_first_with_age_and_message(harness: Harness) -> None:
+    """GET /admin/escalations lists escalated operations only, oldest escalation first,
+    with reason, age by the gateway's clock, permitted actions and the message; agents are
+    refused."""
+    _, first = await escalate_budget(harness, "k1")
+    _, second = await escalate_budget(harness, "k2")
+    await _started(harness, "k3")  # pending: not in the queue
+    harness.clock.advance(60)
+    response = await harness.client.get("/admin/escalations", headers=OPS)
+    body = await response.json()
+    assert [e["operation_id"] for e in body["escalations"]] == [first, second]
+    assert body["total"] == 2
+    oldest = body["escalations"][0]
+    assert oldest["reason"] == "deadline_exceeded"
+    assert oldest["age_seconds"] == 601 + 1 + 60
+    assert oldest["permitted_actions"] == ["extend", "cancel_at_provider", "abandon"]
+    assert oldest["message"].startswith("External job needs a decision")
+    assert (oldest["provider"], oldest["account"]) == ("demo-jobs", "team-a")
+    limited = await harness.client.get("/admin/escalations?limit=1", headers=OPS)
+    assert [e["operation_id"] for e in (await limited.json())["escalations"]] == [first]
+    agent = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+    assert (await harness.client.get("/admin/escalations", headers=agent)).status == 403
+    assert (await harness.client.get("/admin/escalations")).status == 401
+
+
+async def test_show_tells_what_extension_is_left(harness: Harness) -> None:
+    """The show endpoint's extension_left is the policy's max_extension less what was
+    used, and null once it is spent."""
+    _, operation = await escalate_budget(harness)
+    shown = await (await harness.client.get(f"/admin/operations/{operation}", headers=OPS)).json()
+    assert shown["extension_left"] == {
+        "time": "30m",
+        "seconds": 1800,
+        "requests": 8,
+        "max_time": "30m",
+        "max_requests": 8,
+    }
+    assert (await act(harness, operation, "extend", {"time": "5m", "requests": 2})).status == 200
+    shown = await (await harness.client.get(f"/admin/operations/{operation}", headers=OPS)).json()
+    assert (shown["extension_left"]["time"], shown["extension_left"]["requests"]) == ("25m", 6)
+    _, spent = await escalate_budget(harness, "key-2")
+    assert (await act(harness, spent, "extend", {"time": "30m", "requests": 8})).status == 200
+    shown = await (await harness.client.get(f"/admin/operations/{spent}", headers=OPS)).json()
+    assert shown["extension_left"] is None

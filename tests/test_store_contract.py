@@ -278,3 +278,30 @@ async def test_open_escalations_follow_every_write_and_purge(store: Store) -> No
     }
     assert await store.purge("demo-jobs", now + 1, now) == 2
     assert await store.open_escalations() == {}
+
+
+async def test_list_pages_from_a_position_and_new_operations_never_disturb_paging(
+    store: Store,
+) -> None:
+    """``before`` pages newest first by (started_at, operation_id), ties by id, with filters;
+    operations created between pages neither repeat nor shift the pages that follow."""
+    t = time.time()
+    starts = {"op_a": t, "op_b": t, "op_c": t - 1, "op_d": t - 2, "op_e": t - 2, "op_f": t - 3}
+    for n, (op, started) in enumerate(starts.items()):
+        made = record(op, f"j{n}").evolve(started_at=started)
+        await store.create(made.evolve(outcome=Outcome.SUCCEEDED) if op == "op_c" else made)
+    expected = ["op_b", "op_a", "op_c", "op_e", "op_d", "op_f"]
+    assert [r.operation_id for r in await store.list(OperationFilter())] == expected
+    seen: list[str] = []
+    before = None
+    while True:
+        page = await store.list(OperationFilter(limit=2, before=before))
+        if not page:
+            break
+        seen += [r.operation_id for r in page]
+        before = (page[-1].started_at, page[-1].operation_id)
+        await store.create(record(f"op_new{len(seen)}", f"new{len(seen)}"))  # newer than all
+    assert seen == expected
+    pending = OperationFilter(outcome=Outcome.PENDING, before=(t - 1, "op_c"), limit=10)
+    assert [r.operation_id for r in await store.list(pending)] == ["op_e", "op_d", "op_f"]
+    assert await store.list(OperationFilter(before=(t - 3, "op_f"))) == []

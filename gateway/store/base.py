@@ -58,7 +58,9 @@ class Store(abc.ABC):
         ``record.version``; False (and nothing written) if another writer came first."""
 
     @abc.abstractmethod
-    async def list(self, where: OperationFilter) -> list[OperationRecord]: ...
+    async def list(self, where: OperationFilter) -> list[OperationRecord]:
+        """Records matching ``where``, newest first by (started_at, operation_id), at most
+        ``where.limit``, only those strictly before ``where.before`` when it is set."""
 
     @abc.abstractmethod
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
@@ -197,4 +199,10 @@ def matches(record: OperationRecord, where: OperationFilter) -> bool:
         (where.outcome is None or record.outcome == where.outcome)
         and (where.provider is None or record.provider == where.provider)
         and (where.account is None or record.account == where.account)
+        and (where.before is None or listed_at(record) < where.before)
     )
+
+
+def listed_at(record: OperationRecord) -> tuple[float, str]:
+    """A record's place in ``list`` order (newest first): what paging positions compare."""
+    return record.started_at, record.operation_id

@@ -7,7 +7,7 @@ on the event loop without locks.
 from __future__ import annotations
 
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from .base import PURGE_BATCH, Ids, Store, is_overdue, matches, purgeable
+from .base import PURGE_BATCH, Ids, Store, is_overdue, listed_at, matches, purgeable
 
 
 class MemoryStore(Store):
@@ -45,7 +45,7 @@ class MemoryStore(Store):
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found = [r for r in self._records.values() if matches(r, where)]
-        return sorted(found, key=lambda r: r.started_at, reverse=True)[: where.limit]
+        return sorted(found, key=listed_at, reverse=True)[: where.limit]
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
         gone = [r for r in self._records.values() if purgeable(r, provider, ended_before)]

@@ -51,6 +51,7 @@ from .base import PURGE_BATCH, Ids, Store, matches, purgeable
 SYNC_TOLERANCE = 0.05
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
+Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 # KEYS: the record, then its provider's active set, deadlines and ended sorted sets, and its
 # open-escalations hash (operation id -> reason).
@@ -317,17 +318,26 @@ class RedisStore(Store):
                 operation=operation,
             )
 
-    async def _page(
-        self, operation: str, start: int, newest_first: bool
-    ) -> list[OperationRecord] | None:
-        """One page of records in start-time order; None past the last page."""
+    async def _page(self, operation: str, before: Position | None) -> list[Position]:
+        """Up to SCAN_PAGE (start time, id) entries of the ops set strictly before
+        ``before`` in list order: newest first, equal start times by id descending (as
+        ZREVRANGEBYSCORE orders them). Positions are entries, not offsets, so inserts and
+        purges between pages neither repeat nor skip an operation."""
         ops = f"{self.prefix}:ops"
-        end = start + SCAN_PAGE - 1
-        ranged = self._redis.zrevrange if newest_first else self._redis.zrange
-        ids = await self._call(operation, ranged(ops, start, end))
-        if not ids:
-            return None
-        return [r for r in await self._records(operation, ids) if r is not None]
+        top = "+inf" if before is None else repr(before[0])
+        skipped = 0
+        while True:
+            rows = await self._call(
+                operation,
+                self._redis.zrevrangebyscore(
+                    ops, top, "-inf", start=skipped, num=SCAN_PAGE, withscores=True
+                ),
+            )
+            entries = [(float(score), member.decode()) for member, score in rows]
+            kept = [e for e in entries if before is None or e < before]
+            if kept or len(rows) < SCAN_PAGE:
+                return kept
+            skipped += len(rows)  # a full page of ties at the position's own start time
 
     async def _records(self, operation: str, ids: list[bytes]) -> list[OperationRecord | None]:
         read = self._redis.pipeline(transaction=False)
@@ -338,13 +348,15 @@ class RedisStore(Store):
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found: list[OperationRecord] = []
-        start = 0
+        position = where.before
         while len(found) < where.limit:
-            page = await self._page("list", start, newest_first=True)
-            if page is None:
+            entries = await self._page("list", position)
+            if not entries:
                 break
-            found.extend(record for record in page if matches(record, where))
-            start += SCAN_PAGE
+            ids = [operation_id.encode() for _, operation_id in entries]
+            records = await self._records("list", ids)
+            found.extend(r for r in records if r is not None and matches(r, where))
+            position = entries[-1]
         return found[: where.limit]
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:

@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS operations (
     UNIQUE (account, provider, provider_job_id)
 );
 CREATE INDEX IF NOT EXISTS operations_outcome ON operations (outcome, provider);
+CREATE INDEX IF NOT EXISTS operations_started ON operations (started_at, operation_id);
 CREATE INDEX IF NOT EXISTS operations_deadline
     ON operations (provider, json_extract(data, '$.deadline_at')) WHERE outcome = 'pending';
 CREATE INDEX IF NOT EXISTS operations_ended
@@ -394,7 +395,8 @@ class SQLiteStore(Store):
         return await self._write("mutate", work)
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[str | float] = []
         for column, value in (
             ("outcome", where.outcome),
             ("provider", where.provider),
@@ -404,9 +406,13 @@ class SQLiteStore(Store):
                 clauses.append(f"{column} = ?")
                 args.append(str(value))
         sql = "SELECT data FROM operations"
+        if where.before is not None:  # a page's position: strictly older in list order
+            clauses.append("(started_at < ? OR (started_at = ? AND operation_id < ?))")
+            started, operation_id = where.before
+            args += [started, started, operation_id]
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
-        sql += " ORDER BY started_at DESC LIMIT ?"
+        sql += " ORDER BY started_at DESC, operation_id DESC LIMIT ?"
 
         def work(conn: sqlite3.Connection) -> list[OperationRecord]:
             rows = conn.execute(sql, (*args, where.limit)).fetchall()
