@@ -137,8 +137,9 @@ def render(
     record = decision.record
     headers = operation_headers(record, now)
     if decision.reply is Reply.FINAL and record.final_response is not None:
-        final = record.final_response
-        return _raw(200, headers, final.body, final.content_type)
+        final = record.final_response  # stored as the provider sent it: rewrite it again
+        body = rewrite_body(call, final.body, final.content_type)
+        return _raw(200, headers, body, final.content_type)
     if decision.reply is Reply.PROVIDER and upstream is not None:
         return passthrough(call, upstream, headers)
     slug = decision.problem or "operation-escalated"

@@ -1,19 +1,40 @@
 """A scriptable stand-in for real async job APIs, used by ``make run``, the demo and the tests.
 
-Three route families, each shaped after a public API style:
+Five route families, each shaped after a public API style (the shipped example policies
+point at them; Celery Flower and AWS Transcribe are driven against the real things instead):
 
 - ``jobs``: ``POST /v1/jobs`` -> 202 ``{"id", "state", "status_url"}`` + Location;
   ``GET /v1/jobs/{id}``, ``GET /v1/jobs/{id}/result``, ``POST /v1/jobs/{id}/cancel``.
-- ``batches`` (a batch API): ``POST /v1/batches`` -> 200 ``{"id", "object": "batch",
-  "status": "validating"}``; ``GET /v1/batches/{id}``; ``POST /v1/batches/{id}/cancel``;
-  around them ``POST /v1/files`` (upload, -> ``{"id": "file-..."}``) and
-  ``GET /v1/files/{id}/content`` (an uploaded file, or the batch output ``file-demo-output``).
+  Credential ``Authorization: Bearer <key>``.
+- ``batches`` (OpenAI Batch): ``POST /v1/batches`` -> 200 batch object (``"status":
+  "validating"``, echoing ``endpoint``, ``input_file_id``, ``completion_window``);
+  ``GET /v1/batches/{id}``; ``POST /v1/batches/{id}/cancel`` (-> ``cancelling``); around them
+  ``POST /v1/files`` (upload, raw or multipart with ``file`` and ``purpose``, -> file object)
+  and ``GET /v1/files/{id}/content`` (an uploaded file, or the batch output
+  ``file-demo-output``). Credential ``Authorization: Bearer <key>``.
 - ``azure`` (an Azure-style long-running operation): ``POST /documentintelligence/
   documentModels/prebuilt-read:analyze`` -> 202, empty body, ``Operation-Location`` header;
-  ``GET .../analyzeResults/{id}`` -> ``{"status": "running", ...}``.
+  ``GET .../analyzeResults/{id}`` -> ``{"status": "Running", ...}``. Credential
+  ``Ocp-Apim-Subscription-Key: <key>``.
+- ``anthropic`` (Anthropic Message Batches): ``POST /v1/messages/batches`` -> 200
+  ``message_batch`` with ``"processing_status": "in_progress"``; ``GET
+  /v1/messages/batches/{id}``; once ``ended``, ``results_url`` names ``GET
+  /v1/messages/batches/{id}/results`` (JSONL, one line per ``custom_id`` of the request);
+  ``POST /v1/messages/batches/{id}/cancel`` (-> ``canceling``, then ``ended`` with the
+  requests counted as canceled). Credential ``x-api-key: <key>``.
+- ``google`` (Google long-running operations): ``POST /v1/projects/{p}/locations/{l}/jobs``
+  -> 200 Operation ``{"name": "projects/p/locations/l/operations/op-...", "metadata"}``
+  (``done`` absent, as proto3 JSON leaves out false); ``GET /v1/projects/{p}/locations/{l}/
+  operations/{op}``; ``POST .../operations/{op}:cancel``. Step states: ``running`` (``done``
+  absent), ``pending`` (``done: false``), ``done`` (``done: true`` with ``response``),
+  ``failed`` (``done: true`` with ``error``), ``cancelled`` (``done: true``, error code 1).
+  Credential: the API key in the query, ``?key=<key>``.
 
-A job's answers are scripted at submit time with a ``demo_script`` list in the JSON body; each
-status GET consumes one step and the last step repeats. A step is an object such as
+A job's answers are scripted at submit time with a ``demo_script`` list in the JSON body (SDKs
+send it as an extra body field); each status call consumes one step and the last step
+repeats. Jobs submitted without one follow ``DemoProvider.default_scripts[family]`` (tests set
+it for SDKs that cannot add a field), else the family's own default, which runs through its
+pending states to success over a few polls. A step is an object such as
 ``{"state": "running"}``, with any of:
 
 - ``poll_after_seconds``, ``next_check_in`` (seconds), ``retry_after`` (header value),
@@ -30,7 +51,8 @@ status GET consumes one step and the last step repeats. A step is an object such
 ``demo_submit`` scripts the submit answer the same way (``http``, ``delay``, ``retry_after``,
 ``omit_id``, ``poll_after_seconds``, ``cancel: ignored`` for a job that finishes as scripted
 whatever cancel it accepts). A repeated ``Idempotency-Key`` returns the job it first
-created. Every request is logged; ``GET /_demo/log[?job=ID]`` returns the log as JSON.
+created. Every request is logged (``kind`` says ``submit``, ``status``, ``result``,
+``cancel`` or ``file``); ``GET /_demo/log[?job=ID]`` returns the log as JSON.
 """
 
 from __future__ import annotations
@@ -48,16 +70,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 DEFAULT_KEY = "demo-provider-key"
 AZURE_PREFIX = "/documentintelligence/documentModels/prebuilt-read"
+ANTHROPIC_PREFIX = "/v1/messages/batches"
+GOOGLE_OPERATION = "/v1/projects/{project}/locations/{location}/operations/{op}"
 DEFAULT_SCRIPT: list[dict[str, Any]] = [
     {"state": "queued"},
     {"state": "running"},
     {"state": "running"},
     {"state": "succeeded"},
 ]
+BATCH_OUTPUT = b'{"custom_id": "request-1", "response": {"status_code": 200}}\n'
 
 
 @dataclass(frozen=True)
@@ -69,16 +94,46 @@ class Family:
     result_field: str
     result_value: Any
     error_field: str
+    default_script: tuple[dict[str, Any], ...]
+    pending: str  # the state of a step that names none
 
 
 FAMILIES = {
-    "jobs": Family("jobs", "state", "job_", "succeeded", "result", {"pages": 3}, "error"),
+    "jobs": Family(
+        "jobs", "state", "job_", "succeeded", "result", {"pages": 3}, "error",
+        tuple(DEFAULT_SCRIPT), "running",
+    ),
     "batches": Family(
-        "batches", "status", "batch_", "completed", "output_file_id", "file-demo-output", "errors"
+        "batches", "status", "batch_", "completed", "output_file_id", "file-demo-output",
+        "errors",
+        ({"state": "validating"}, {"state": "in_progress"}, {"state": "finalizing"},
+         {"state": "completed"}),
+        "in_progress",
     ),
     "azure": Family(
-        "azure", "status", "", "Succeeded", "analyzeResult", {"content": "demo text"}, "error"
+        "azure", "status", "", "Succeeded", "analyzeResult", {"content": "demo text"}, "error",
+        ({"state": "NotStarted"}, {"state": "Running"}, {"state": "Running"},
+         {"state": "Succeeded"}),
+        "Running",
     ),
+    "anthropic": Family(
+        "anthropic", "processing_status", "msgbatch_", "ended", "results_url", None, "error",
+        ({"state": "in_progress"}, {"state": "in_progress"}, {"state": "ended"}),
+        "in_progress",
+    ),
+    "google": Family(
+        "google", "done", "op-", "done", "response",
+        {"@type": "type.googleapis.com/demo.v1.JobResult", "pages": 3}, "error",
+        ({"state": "running"}, {"state": "running"}, {"state": "done"}),
+        "running",
+    ),
+}  # fmt: skip
+# A cancel the provider accepts: what it answers, and the script the job follows from then on.
+CANCELLED_SCRIPT: dict[str, list[dict[str, Any]]] = {
+    "jobs": [{"state": "cancelled"}],
+    "batches": [{"state": "cancelled"}],
+    "anthropic": [{"state": "canceling"}, {"state": "ended", "canceled": True}],
+    "google": [{"state": "cancelled"}],
 }
 
 
@@ -92,6 +147,9 @@ class Job:
     cancelled: bool = False
     index: int = 0
     cancel_ignored: bool = False  # accepts a cancel request but runs on (a race lost)
+    request: dict[str, Any] = field(default_factory=dict)  # the submitted JSON body
+    cancelled_at: float | None = None
+    canceled_requests: bool = False  # anthropic: the batch ended by a cancel
 
     def next_step(self, now: float) -> dict[str, Any]:
         """Each step answers once, the last forever; a step with ``until`` answers every
@@ -123,6 +181,9 @@ class DemoProvider:
     # called with the job id just before a status answer is sent (tests use it to act at
     # the instant the provider has answered)
     before_answer: Callable[[str], Awaitable[None]] | None = None
+    # per family, the script of jobs submitted without a demo_script (tests set it when the
+    # agent is an SDK that cannot add a field to the submit body)
+    default_scripts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -137,17 +198,25 @@ class DemoProvider:
         app.router.add_get("/v1/files/{file_id}/content", self._file_content)
         app.router.add_post(AZURE_PREFIX + ":analyze", self._submit_azure)
         app.router.add_get(AZURE_PREFIX + "/analyzeResults/{job_id}", self._status)
+        app.router.add_post(ANTHROPIC_PREFIX, self._submit_anthropic)
+        app.router.add_get(ANTHROPIC_PREFIX + "/{job_id}", self._status)
+        app.router.add_get(ANTHROPIC_PREFIX + "/{job_id}/results", self._anthropic_results)
+        app.router.add_post(ANTHROPIC_PREFIX + "/{job_id}/cancel", self._cancel)
+        app.router.add_post("/v1/projects/{project}/locations/{location}/jobs", self._submit_google)
+        app.router.add_get(GOOGLE_OPERATION, self._status)
+        app.router.add_post(GOOGLE_OPERATION + ":cancel", self._cancel)
         app.router.add_get("/_demo/log", self._log)
         return app
 
     # -- helpers ------------------------------------------------------------------------
-    def _record(self, request: web.Request, job_id: str | None) -> None:
+    def _record(self, request: web.Request, job_id: str | None, kind: str) -> None:
         self.log.append(
             {
                 "at": self.clock(),
                 "method": request.method,
                 "path": request.path_qs,
                 "job_id": job_id,
+                "kind": kind,
                 "headers": dict(request.headers),
             }
         )
@@ -155,6 +224,10 @@ class DemoProvider:
     def _authorised(self, request: web.Request, family: Family) -> bool:
         if family.name == "azure":
             return request.headers.get("Ocp-Apim-Subscription-Key") == self.api_key
+        if family.name == "anthropic":
+            return request.headers.get("x-api-key") == self.api_key
+        if family.name == "google":
+            return request.query.get("key") == self.api_key
         return request.headers.get("Authorization") == f"Bearer {self.api_key}"
 
     def _denied(self) -> web.Response:
@@ -163,6 +236,19 @@ class DemoProvider:
     def _instant(self, seconds_from_now: float) -> str:
         moment = datetime.fromtimestamp(self.clock() + seconds_from_now, tz=UTC)
         return moment.isoformat().replace("+00:00", "Z")
+
+    def _new_id(self, request: web.Request, family: Family) -> str:
+        # unique across restarts, so a gateway store that outlives the provider never sees
+        # a job id come back
+        if family.name == "azure":
+            return f"{next(self._ids):08d}-demo-{secrets.token_hex(6)}"
+        if family.name == "google":
+            info = request.match_info
+            return (
+                f"projects/{info['project']}/locations/{info['location']}/operations/"
+                f"{family.id_prefix}{secrets.token_hex(6)}"
+            )
+        return f"{family.id_prefix}{secrets.token_hex(6)}"
 
     async def _new_job(
         self, request: web.Request, family: Family
@@ -176,18 +262,18 @@ class DemoProvider:
         key = request.headers.get("Idempotency-Key")
         if key is not None and key in self._keys:  # the provider dedups retried submissions
             job = self.jobs[self._keys[key]]
-            self._record(request, job.id)
+            self._record(request, job.id, "submit")
             return job, {}, None
-        # unique across restarts, so a gateway store that outlives the provider never sees
-        # a job id come back
-        job_id = f"{family.id_prefix}{secrets.token_hex(6)}"
-        if family.name == "azure":
-            job_id = f"{next(self._ids):08d}-demo-{secrets.token_hex(6)}"
-        script = payload.get("demo_script") or DEFAULT_SCRIPT
+        job_id = self._new_id(request, family)
+        script = (
+            payload.get("demo_script")
+            or self.default_scripts.get(family.name)
+            or list(family.default_script)
+        )
         submit = payload.get("demo_submit") or {}
-        job = Job(job_id, family, list(script), created_at=self.clock())
+        job = Job(job_id, family, list(script), created_at=self.clock(), request=payload)
         job.cancel_ignored = submit.get("cancel") == "ignored"
-        self._record(request, job_id)
+        self._record(request, job_id, "submit")
         if not self._authorised(request, family):
             return job, submit, self._denied()
         if submit.get("http"):
@@ -226,18 +312,24 @@ class DemoProvider:
         return web.json_response(body, status=202, headers=headers)
 
     async def _submit_batches(self, request: web.Request) -> web.Response:
-        job, submit, refused = await self._new_job(request, FAMILIES["batches"])
+        return await self._submit_with_body(request, FAMILIES["batches"], "validating")
+
+    async def _submit_anthropic(self, request: web.Request) -> web.Response:
+        return await self._submit_with_body(request, FAMILIES["anthropic"], "in_progress")
+
+    async def _submit_google(self, request: web.Request) -> web.Response:
+        return await self._submit_with_body(request, FAMILIES["google"], "running")
+
+    async def _submit_with_body(
+        self, request: web.Request, family: Family, state: str
+    ) -> web.Response:
+        """The families whose submit answers 200 with the new job's status object."""
+        job, submit, refused = await self._new_job(request, family)
         if refused is not None:
             return refused
-        body: dict[str, Any] = {
-            "id": job.id,
-            "object": "batch",
-            "endpoint": "/v1/chat/completions",
-            "status": "validating",
-            "created_at": int(self.clock()),
-        }
+        body = self._status_body(request, job, {"state": state})
         if submit.get("omit_id"):
-            del body["id"]
+            body.pop("name" if family.name == "google" else "id", None)
         return web.json_response(body, status=200, headers=self._submit_headers(submit))
 
     async def _submit_azure(self, request: web.Request) -> web.Response:
@@ -252,10 +344,15 @@ class DemoProvider:
         return web.Response(status=202, headers=headers)
 
     # -- status -------------------------------------------------------------------------
-    def _job(self, request: web.Request) -> Job | web.Response:
+    def _job(self, request: web.Request, kind: str) -> Job | web.Response:
         """The job a request names (logged), or the 404/401 answer to give instead."""
-        job_id = request.match_info["job_id"]
-        self._record(request, job_id)
+        info = request.match_info
+        job_id = info.get("job_id")
+        if job_id is None:  # a Google operation: its id is its resource name
+            job_id = (
+                f"projects/{info['project']}/locations/{info['location']}/operations/{info['op']}"
+            )
+        self._record(request, job_id, kind)
         job = self.jobs.get(job_id)
         if job is None:
             return web.json_response({"error": {"code": "not_found"}}, status=404)
@@ -264,7 +361,7 @@ class DemoProvider:
         return job
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
-        job = self._job(request)
+        job = self._job(request, "status")
         if isinstance(job, web.Response):
             return job
         job_id = job.id
@@ -303,25 +400,25 @@ class DemoProvider:
         if http != 200:
             body = {"error": {"code": "scripted", "status": http}}
             return web.json_response(body, status=http, headers=headers)
-        body = self._status_body(job, step)
+        body = self._status_body(request, job, step)
         if step.get("echo_auth"):
             received = request.headers.get("Authorization", "")
             body["debug"] = {"authorization": received}
             headers["X-Debug-Auth"] = received
         return web.json_response(body, headers=headers)
 
-    def _status_body(self, job: Job, step: dict[str, Any]) -> dict[str, Any]:
+    def _status_body(self, request: web.Request, job: Job, step: dict[str, Any]) -> dict[str, Any]:
         family = job.family
-        state = step.get("state", "running")
-        body: dict[str, Any] = {"id": job.id, family.state_field: state}
-        if family.name == "azure":
-            del body["id"]
-            body["createdDateTime"] = self._instant(job.created_at - self.clock())
-            body["lastUpdatedDateTime"] = self._instant(0)
-        if state == family.success:
-            body[family.result_field] = family.result_value
-        if state in ("failed", "Failed"):
-            body[family.error_field] = {"code": "demo_failure", "message": "scripted failure"}
+        state = step.get("state", family.pending)
+        shape = _SHAPES.get(family.name)
+        if shape is not None:
+            body = shape(self, request, job, state, step)
+        else:
+            body = {"id": job.id, family.state_field: state}
+            if state == family.success:
+                body[family.result_field] = family.result_value
+            if state in ("failed", "Failed"):
+                body[family.error_field] = {"code": "demo_failure", "message": "scripted failure"}
         if "poll_after_seconds" in step:
             body["poll_after_seconds"] = step["poll_after_seconds"]
         if "next_check_in" in step:
@@ -335,41 +432,190 @@ class DemoProvider:
         body.update(step.get("set", {}))
         return body
 
+    def _batch_body(
+        self, request: web.Request, job: Job, state: str, step: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An OpenAI Batch object."""
+        asked = job.request
+        body: dict[str, Any] = {
+            "id": job.id,
+            "object": "batch",
+            "endpoint": asked.get("endpoint", "/v1/chat/completions"),
+            "input_file_id": asked.get("input_file_id"),
+            "completion_window": asked.get("completion_window", "24h"),
+            "status": state,
+            "created_at": int(job.created_at),
+        }
+        if state == "completed":
+            body["output_file_id"] = job.family.result_value
+            body["request_counts"] = {"total": 1, "completed": 1, "failed": 0}
+        if state == "failed":
+            body["errors"] = {
+                "object": "list",
+                "data": [{"code": "demo_failure", "message": "scripted failure"}],
+            }
+        return body
+
+    def _azure_body(
+        self, request: web.Request, job: Job, state: str, step: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An Azure AI Document Intelligence analyze result."""
+        body: dict[str, Any] = {
+            "status": state,
+            "createdDateTime": self._instant(job.created_at - self.clock()),
+            "lastUpdatedDateTime": self._instant(0),
+        }
+        if state == "Succeeded":
+            body["analyzeResult"] = job.family.result_value
+        if state in ("failed", "Failed"):
+            body["error"] = {"code": "demo_failure", "message": "scripted failure"}
+        return body
+
+    def _anthropic_body(
+        self, request: web.Request, job: Job, state: str, step: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An Anthropic ``message_batch``: ``results_url`` once it has ended."""
+        count = max(1, len(job.request.get("requests") or []))
+        ended = state == "ended"
+        canceled = ended and bool(step.get("canceled") or job.canceled_requests)
+        if canceled:
+            job.canceled_requests = True
+        counts = {"processing": 0 if ended else count, "succeeded": 0, "errored": 0}
+        counts |= {"canceled": count if canceled else 0, "expired": 0}
+        if ended and not canceled:
+            counts["succeeded"] = count
+        cancelled_at = job.cancelled_at
+        return {
+            "id": job.id,
+            "type": "message_batch",
+            "processing_status": state,
+            "request_counts": counts,
+            "created_at": self._instant(job.created_at - self.clock()),
+            "expires_at": self._instant(job.created_at + 86400 - self.clock()),
+            "ended_at": self._instant(0) if ended else None,
+            "cancel_initiated_at": (
+                None if cancelled_at is None else self._instant(cancelled_at - self.clock())
+            ),
+            "archived_at": None,
+            "results_url": (
+                f"{self._base(request)}{ANTHROPIC_PREFIX}/{job.id}/results" if ended else None
+            ),
+        }
+
+    def _google_body(
+        self, request: web.Request, job: Job, state: str, step: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A google.longrunning.Operation."""
+        body: dict[str, Any] = {
+            "name": job.id,
+            "metadata": {
+                "@type": "type.googleapis.com/demo.v1.JobMetadata",
+                "createTime": self._instant(job.created_at - self.clock()),
+                "state": state.upper(),
+            },
+        }
+        if state == "pending":
+            body["done"] = False
+        elif state == "done":
+            body["done"] = True
+            body["response"] = job.family.result_value
+        elif state == "failed":
+            body["done"] = True
+            body["error"] = {"code": 3, "message": "scripted failure"}
+        elif state == "cancelled":
+            body["done"] = True
+            body["error"] = {"code": 1, "message": "CANCELLED"}
+        return body
+
     async def _result(self, request: web.Request) -> web.Response:
-        job = self._job(request)
+        job = self._job(request, "result")
         if isinstance(job, web.Response):
             return job
         return web.json_response({"id": job.id, "data": job.family.result_value})
 
+    async def _anthropic_results(self, request: web.Request) -> web.Response:
+        job = self._job(request, "result")
+        if isinstance(job, web.Response):
+            return job
+        requests = job.request.get("requests") or [{"custom_id": "request-1"}]
+        lines = []
+        for item in requests:
+            custom_id = item.get("custom_id") if isinstance(item, dict) else None
+            if job.canceled_requests:
+                result: dict[str, Any] = {"type": "canceled"}
+            else:
+                message = {
+                    "id": f"msg_{secrets.token_hex(6)}",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "demo-model",
+                    "content": [{"type": "text", "text": "demo answer"}],
+                    "stop_reason": "end_turn",
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 3, "output_tokens": 2},
+                }
+                result = {"type": "succeeded", "message": message}
+            lines.append(json.dumps({"custom_id": custom_id, "result": result}))
+        return web.Response(
+            body=("\n".join(lines) + "\n").encode(), content_type="application/x-jsonl"
+        )
+
     async def _cancel(self, request: web.Request) -> web.Response:
-        job = self._job(request)
+        job = self._job(request, "cancel")
         if isinstance(job, web.Response):
             return job
         job.cancelled = True
-        final = "cancelling" if job.family.name == "batches" else "cancelled"
+        job.cancelled_at = self.clock()
+        family = job.family.name
         if not job.cancel_ignored:
-            job.script = [{"state": "cancelled"}]
+            job.script = list(CANCELLED_SCRIPT.get(family, [{"state": "cancelled"}]))
             job.index = 0
-        return web.json_response({"id": job.id, job.family.state_field: final})
+        if family == "google":
+            return web.json_response({})
+        if family in ("batches", "anthropic"):
+            state = "cancelling" if family == "batches" else "canceling"
+            return web.json_response(self._status_body(request, job, {"state": state}))
+        return web.json_response({"id": job.id, job.family.state_field: "cancelled"})
 
     # -- files around batches -----------------------------------------------------------
     async def _upload(self, request: web.Request) -> web.Response:
-        self._record(request, None)
+        self._record(request, None, "file")
         if not self._authorised(request, FAMILIES["batches"]):
             return self._denied()
-        content = await request.read()
+        filename, purpose = "upload", "batch"
+        if request.content_type == "multipart/form-data":
+            content = b""
+            async for part in await request.multipart():
+                if not isinstance(part, BodyPartReader):
+                    continue
+                if part.name == "file":
+                    filename = part.filename or filename
+                    content = await part.read()
+                elif part.name == "purpose":
+                    purpose = await part.text()
+        else:
+            content = await request.read()
         file_id = f"file-{secrets.token_hex(6)}"
         self.files[file_id] = content
-        return web.json_response({"id": file_id, "object": "file", "bytes": len(content)})
+        body = {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": int(self.clock()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+        }
+        return web.json_response(body)
 
     async def _file_content(self, request: web.Request) -> web.Response:
         file_id = request.match_info["file_id"]
-        self._record(request, file_id)
+        self._record(request, file_id, "file")
         if not self._authorised(request, FAMILIES["batches"]):
             return self._denied()
         content = self.files.get(file_id)
         if content is None and file_id == FAMILIES["batches"].result_value:
-            content = b'{"custom_id": "request-1", "response": {"status_code": 200}}\n'
+            content = BATCH_OUTPUT
         if content is None:
             return web.json_response({"error": {"code": "not_found"}}, status=404)
         return web.Response(body=content, content_type="application/jsonl")
@@ -378,6 +624,15 @@ class DemoProvider:
         wanted = request.query.get("job")
         entries = [e for e in self.log if wanted is None or e["job_id"] == wanted]
         return web.json_response(entries)
+
+
+Shape = Callable[[DemoProvider, web.Request, Job, str, dict[str, Any]], dict[str, Any]]
+_SHAPES: dict[str, Shape] = {
+    "batches": DemoProvider._batch_body,
+    "azure": DemoProvider._azure_body,
+    "anthropic": DemoProvider._anthropic_body,
+    "google": DemoProvider._google_body,
+}
 
 
 async def _stall_body(request: web.Request, step: dict[str, Any]) -> web.StreamResponse:
