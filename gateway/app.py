@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from . import admin, console, decide, proxy, tracing
+from . import admin, console, decide, mcp, openapi, proxy, tracing
 from .audit import AuditLog, Fsync
 from .bodies import BodyTimeout, BodyTooLarge
 from .config import Settings
@@ -96,8 +96,11 @@ def create_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/problems/{slug}", explain)
+    app.router.add_get("/openapi.json", openapi.serve)
     admin.routes(app)
+    mcp.routes(app)
     console.routes(app)
+    app.router.add_route("*", "/p/{provider}", proxy.handle)  # SDKs that post to the root
     app.router.add_route("*", "/p/{provider}/{tail:.*}", proxy.handle)
     app.on_startup.append(_start)
     app.on_shutdown.append(_drain)

@@ -214,7 +214,7 @@ class Metrics:
                 self.provider_guidance.labels(provider, source)
             self.operations_active.labels(provider)
             self.requests_per_operation.labels(provider)
-        for route in (*ROUTES, "admin", "other"):
+        for route in (*ROUTES, "admin", "mcp", "other"):
             self.request_duration.labels(route)
 
     def set_active(self, counts: dict[str, int], providers: list[str]) -> None:

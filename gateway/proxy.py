@@ -3,6 +3,10 @@
 Each handler loads, asks the pure core, sends at most what the decision allows, asks the core
 again about the answer, saves, and answers. No polling rule lives here; if one seems to, it
 belongs in decide.py or schedule.py.
+
+Also owns the hold (``Prefer: wait``) and the shared poll for callers without an HTTP status
+call: ``wait_for`` is how the MCP server waits for an account's operation, through the same
+schedule, budgets and coalescing.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -24,6 +30,7 @@ from .calls import (
     unknown_operation,
     upstream_problem,
 )
+from .config import Account
 from .context import note_account
 from .decide import Decision, ProviderAnswer, Reply
 from .errors import NotAdmissible
@@ -31,7 +38,7 @@ from .headers import agent_query, format_wait, prefer_wait, to_provider
 from .models import OperationFilter, OperationRecord, Outcome
 from .policy import ProviderPolicy
 from .problems import problem
-from .routing import fill, job_id_from_body, valid_job
+from .routing import body_with_job_id, fill, job_id_from_body, valid_job
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, PollTask, Runtime
 from .schedule import provider_limit
 from .submit import read_body, submit
@@ -55,7 +62,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if not account.allows(name):
         return problem("forbidden", f"This account may not use provider {name!r}.")
     request[PROVIDER] = name
-    raw_path = request.rel_url.raw_path.removeprefix(f"/p/{name}")
+    raw_path = request.rel_url.raw_path.removeprefix(f"/p/{name}") or "/"  # the API's root
     match = runtime.routes[name].match(request.method, raw_path, request.headers)
     if match is None:
         detail = f"{request.method} {raw_path} is not a declared route of {name!r}."
@@ -101,6 +108,60 @@ async def _with_body_job_id(call: Call, path: str) -> Call:
 # -- status -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Asker:
+    """Whom a poll is made for: the provider job, what of the asker's own request goes to
+    the provider with it, and how to tell that the asker went away. An agent's status call
+    forwards its headers, allowed query parameters and body; a wait the gateway makes for
+    an account (MCP) forwards nothing of an agent's."""
+
+    runtime: Runtime
+    policy: ProviderPolicy
+    job_id: str
+    headers: Mapping[str, str]  # ready for the provider (headers.to_provider)
+    query: str = ""  # the agent's query parameters the status route lets through
+    body: bytes | None = None
+    gone: Callable[[], bool] = lambda: False
+    request: web.Request | None = None  # an agent's HTTP call, told when it joins a poll
+
+
+def _asker(call: Call) -> Asker:
+    request = call.request
+    route = call.policy.routes.status
+    return Asker(
+        call.runtime,
+        call.policy,
+        call.job_id,
+        to_provider(request.headers.items(), call.policy),
+        agent_query(request.rel_url.raw_query_string, route.query_params),
+        call.body,
+        gone=lambda: _gone(request),
+        request=request,
+    )
+
+
+def record_asker(
+    runtime: Runtime,
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    gone: Callable[[], bool] | None = None,
+) -> Asker:
+    """A poll the gateway makes for the record's account with nothing of an agent's request:
+    the status route's match headers, and the job id in a JSON body where the route reads it
+    there (as an operator's cancel is sent)."""
+    route = policy.routes.status
+    headers = to_provider(route.match.headers.items() if route.match else [], policy)
+    body = None
+    if route.job_id is not None and route.job_id.path is not None:
+        body = body_with_job_id(route.job_id.path, record.provider_job_id)
+        headers.setdefault("Content-Type", "application/json")
+    return Asker(runtime, policy, record.provider_job_id, headers, body=body, gone=gone or _never)
+
+
+def _never() -> bool:
+    return False
+
+
 async def status(call: Call) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
     record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
@@ -115,7 +176,7 @@ async def status(call: Call) -> web.StreamResponse:
         if _holds_early(policy, decision):
             return await _hold(call, record, 0.0)
         return _refusal(call, decision, now)
-    decision, response = await _shared_poll(call, record, pace=decision.forward)
+    decision, response = await _shared_poll(_asker(call), record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
 
 
@@ -131,45 +192,75 @@ def _holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
 
 
 async def _hold(call: Call, record: OperationRecord, wait: float) -> web.StreamResponse:
-    """``Prefer: wait=N``: wait for the next permitted poll, poll for the agent, and keep
-    waiting through pending answers until the job ends, waiting must end, N seconds pass,
-    the deadline comes or the gateway stops. A held call costs only timers.
+    """``Prefer: wait=N`` on a status call: the hold below, answered as a status call.
 
-    ``wait`` 0 is an early call held (``early_calls: hold``): it waits for the next
-    permitted poll only and gets that poll's answer, pending or not."""
-    runtime = call.runtime
+    ``wait`` 0 is an early call held (``early_calls: hold``)."""
     early = wait == 0
-    limit = call.policy.polling.max_hold if early else wait
-    end = min(runtime.clock() + limit, record.deadline_at)
-    runtime.holding += 1
-    try:
-        decision, response = await _step(call, record)
-        while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
-            if early and response is not None:
-                break  # the one poll an early call waited for
-            now = runtime.clock()
-            wake = now + max(decision.retry_after, MIN_HOLD_STEP)
-            if wake > end or _gone(call.request) or not await runtime.pause(wake - now):
-                break
-            current = await runtime.store.get(record.operation_id)
-            assert current is not None
-            decision, response = await _step(call, current)
-            if early:
-                break
-    finally:
-        runtime.holding -= 1
-    answer = render(call, decision, response, runtime.clock())
+    decision, response = await _held(_asker(call), record, wait, early=early)
+    answer = render(call, decision, response, call.runtime.clock())
     if not early:
         answer.headers["Preference-Applied"] = f"wait={format_wait(wait)}"
     return answer
 
 
-async def _step(call: Call, record: OperationRecord) -> tuple[Decision, UpstreamResponse | None]:
+async def wait_for(
+    runtime: Runtime,
+    account: Account,
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    seconds: float,
+    *,
+    gone: Callable[[], bool] | None = None,
+) -> tuple[Decision, UpstreamResponse | None]:
+    """``Prefer: wait`` without an HTTP status call (MCP): hold for ``account``'s operation
+    up to ``seconds`` (capped at the policy's ``max_hold``, never past the deadline), polling
+    only as the schedule permits. ``seconds`` 0 is one look: the answer from the record, or
+    the one poll that is due. Forwards nothing of an agent's request."""
+    if record.account != account.id or record.provider != policy.provider:
+        raise ValueError("an operation is waited for by its own account, under its own policy")
+    limit = min(max(0.0, seconds), policy.polling.max_hold)
+    asker = record_asker(runtime, policy, record, gone)
+    return await _held(asker, record, limit, early=False)
+
+
+async def _held(
+    asker: Asker, record: OperationRecord, wait: float, *, early: bool
+) -> tuple[Decision, UpstreamResponse | None]:
+    """Wait for the next permitted poll, poll for the asker, and keep waiting through
+    pending answers until the job ends, waiting must end, ``wait`` seconds pass, the
+    deadline comes, the asker goes away or the gateway stops. Costs only timers.
+
+    ``early``: wait for the next permitted poll only (up to ``max_hold``) and answer that
+    poll, pending or not."""
+    runtime = asker.runtime
+    limit = asker.policy.polling.max_hold if early else wait
+    end = min(runtime.clock() + limit, record.deadline_at)
+    runtime.holding += 1
+    try:
+        decision, response = await _step(asker, record)
+        while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
+            if early and response is not None:
+                break  # the one poll an early call waited for
+            now = runtime.clock()
+            wake = now + max(decision.retry_after, MIN_HOLD_STEP)
+            if wake > end or asker.gone() or not await runtime.pause(wake - now):
+                break
+            current = await runtime.store.get(record.operation_id)
+            assert current is not None
+            decision, response = await _step(asker, current)
+            if early:
+                break
+    finally:
+        runtime.holding -= 1
+    return decision, response
+
+
+async def _step(asker: Asker, record: OperationRecord) -> tuple[Decision, UpstreamResponse | None]:
     """One look at the operation: the answer from the record, or one shared poll."""
-    decision = decide.admit(call.policy, record, call.runtime.clock())
+    decision = decide.admit(asker.policy, record, asker.runtime.clock())
     if not decision.forward and not decision.changed:
         return decision, None
-    return await _shared_poll(call, record, pace=decision.forward)
+    return await _shared_poll(asker, record, pace=decision.forward)
 
 
 def _gone(request: web.Request) -> bool:
@@ -178,18 +269,18 @@ def _gone(request: web.Request) -> bool:
 
 
 async def _shared_poll(
-    call: Call, record: OperationRecord, *, pace: bool
+    asker: Asker, record: OperationRecord, *, pace: bool
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Step 7: one poll per operation in this process at a time; every caller gets its
     answer. The poll is a task of its own, so a caller that goes away never cuts it short."""
-    runtime, operation_id = call.runtime, record.operation_id
+    runtime, operation_id = asker.runtime, record.operation_id
     task = runtime.inflight.get(operation_id)
     if task is None:
-        task = asyncio.create_task(_poll(call, record, pace=pace))
+        task = asyncio.create_task(_poll(asker, record, pace=pace))
         runtime.inflight[operation_id] = task
         task.add_done_callback(lambda done: _forget(runtime, operation_id, done))
-    else:
-        call.request[OUTCOME] = "cached"
+    elif asker.request is not None:
+        asker.request[OUTCOME] = "cached"
     return await asyncio.shield(task)
 
 
@@ -206,11 +297,11 @@ def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
 
 
 async def _poll(
-    call: Call, record: OperationRecord, *, pace: bool
+    asker: Asker, record: OperationRecord, *, pace: bool
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Steps 8 and 9: lease, re-check and reserve (or escalate), send exactly one request,
     classify, save. Every write to the record happens under the lease."""
-    runtime, policy, operation_id = call.runtime, call.policy, record.operation_id
+    runtime, policy, operation_id = asker.runtime, asker.policy, record.operation_id
     lease = f"poll:{operation_id}"
     token = secrets.token_hex(16)
     ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN
@@ -223,7 +314,7 @@ async def _poll(
         if pace:
             wait = await runtime.store.pace(policy.provider, policy.polling.provider_rate, now)
             if wait > 0:
-                return await _paused(call, record, now, wait), None
+                return await _paused(asker, record, now, wait), None
         window = effects.refusals.close(operation_id)
         refusals = window.count if window is not None else 0
         try:
@@ -242,14 +333,11 @@ async def _poll(
             await effects.decided(policy, decision)
             return decision, None
         route = policy.routes.status
-        query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
-        url = policy.upstream + fill(route.path, {"job_id": call.job_id}, query)
-        headers = to_provider(call.request.headers.items(), policy)
-        method = route.method
+        url = policy.upstream + fill(route.path, {"job_id": asker.job_id}, asker.query)
         if policy.polling.provider_rate is not None:
             await runtime.space_sends(policy.provider, policy.polling.provider_rate)
         answer, response = await send_upstream(
-            runtime, policy, "status", method, url, headers, call.body
+            runtime, policy, "status", route.method, url, dict(asker.headers), asker.body
         )
         done = runtime.clock()
         limit = provider_limit(answer.status, response.headers if response else {}, done)
@@ -274,16 +362,16 @@ async def _poll(
         await runtime.store.release_lease(lease, token)
 
 
-async def _paused(call: Call, record: OperationRecord, now: float, wait: float) -> Decision:
+async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float) -> Decision:
     """The provider is paused or at its ceiling: too-early, or (SPEC 16) escalated when the
     pause outlasts the operation's deadline. Runs under the lease."""
-    policy = call.policy
-    decision = await call.runtime.store.mutate(
+    policy, runtime = asker.policy, asker.runtime
+    decision = await runtime.store.mutate(
         record.operation_id,
         lambda current: _persisting(decide.paused(policy, current, now, wait)),
         known=record,
     )
-    await call.runtime.effects.decided(policy, decision)
+    await runtime.effects.decided(policy, decision)
     return decision
 
 

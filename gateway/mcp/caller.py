@@ -1,0 +1,93 @@
+"""Who is asking over MCP and what they may touch: the account's own operations only.
+
+Owns the two ways a tool or task reaches an operation: reading it (another account's
+operation is indistinguishable from none) and waiting for it through proxy.wait_for, the
+same hold, schedule, budgets and shared poll as ``Prefer: wait``. Never polls a provider any
+other way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import proxy
+from ..config import Account
+from ..models import OperationRecord
+from ..policy import ProviderPolicy
+from ..problems import PROBLEMS
+from ..runtime import Runtime
+
+MAX_ID = 200  # characters of an operation id worth looking up
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    runtime: Runtime
+    account: Account
+    version: str  # the session's protocol revision
+    extension: bool  # the tasks extension is declared (at initialize or on this request)
+    gone: Callable[[], bool]  # the client went away
+
+
+class Refused(Exception):
+    """A tool-level failure named by a problem slug (answered as an ``isError`` result)."""
+
+    def __init__(self, slug: str, detail: str, operation_id: str | None = None) -> None:
+        super().__init__(detail)
+        self.slug = slug
+        self.detail = detail
+        self.operation_id = operation_id
+
+    def problem(self) -> dict[str, Any]:
+        kind = PROBLEMS[self.slug]
+        body: dict[str, Any] = {
+            "type": f"/problems/{self.slug}",
+            "title": kind.title,
+            "status": kind.status,
+            "detail": self.detail,
+        }
+        if self.operation_id is not None:
+            body["operation_id"] = self.operation_id
+        return body
+
+
+async def owned(caller: Caller, operation_id: str) -> OperationRecord | None:
+    """The caller's operation of that id; None for none and for another account's."""
+    if not 0 < len(operation_id) <= MAX_ID:
+        return None
+    record = await caller.runtime.store.get(operation_id)
+    if record is None or record.account != caller.account.id:
+        return None
+    return record
+
+
+def policy_of(caller: Caller, record: OperationRecord) -> ProviderPolicy | None:
+    return caller.runtime.settings.policies.get(record.provider)
+
+
+async def wait(caller: Caller, record: OperationRecord, seconds: float) -> OperationRecord:
+    """The operation after waiting up to ``seconds`` (capped at ``max_hold``) as
+    ``Prefer: wait`` does; 0 is one look (at most the one poll that is due)."""
+    policy = policy_of(caller, record)
+    if policy is None:
+        detail = f"No policy is loaded for {record.provider!r}; the operation cannot be polled."
+        raise Refused("unknown-provider", detail, record.operation_id)
+    if not caller.account.allows(record.provider):
+        detail = f"This account may no longer use provider {record.provider!r}."
+        raise Refused("forbidden", detail, record.operation_id)
+    runtime = caller.runtime
+    decision, _ = await proxy.wait_for(
+        runtime, caller.account, policy, record, seconds, gone=caller.gone
+    )
+    return decision.record
+
+
+async def look(caller: Caller, record: OperationRecord) -> OperationRecord:
+    """The freshest record for a task poll: one look, or the record as it is when the
+    operation cannot be polled (no policy, or a provider the account lost)."""
+    try:
+        return await wait(caller, record, 0.0)
+    except Refused:
+        return record

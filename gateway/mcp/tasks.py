@@ -1,0 +1,248 @@
+"""MCP tasks for wait_for_operation: the task id is the operation id (SPEC 15).
+
+Two wire formats, chosen per request by what the client negotiated:
+
+- the tasks utility of revision 2025-11-25 (``tools/call`` with a ``task`` param answered by
+  ``CreateTaskResult {task}``; ``tasks/get``, blocking ``tasks/result``, ``tasks/list``;
+  ``ttl`` and ``pollInterval`` in milliseconds);
+- the ``io.modelcontextprotocol/tasks`` extension, when the client declares it (at
+  initialize or in the request's ``_meta`` client capabilities): ``resultType: "task"``,
+  ``ttlMs``, ``pollIntervalMs``, the final result inline in ``tasks/get``, ack-only
+  ``tasks/update`` and ``tasks/cancel``, no ``tasks/list`` or ``tasks/result``.
+
+Statuses: pending -> working; escalated -> working, its statusMessage naming the reason (an
+operator may still resume it); succeeded -> completed; failed, expired, abandoned -> failed;
+cancelled -> cancelled. A ``tasks/get`` before the next permitted poll is answered from the
+record; one when a poll is due makes at most that poll (caller.look). Never cancels or
+changes an operation: cancelling at the provider is an operator's decision (SPEC 4).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any
+
+from ..models import OperationFilter, OperationRecord, Outcome
+from ..policy import ProviderPolicy
+from ..units import rfc3339
+from . import tools
+from .caller import Caller, Refused, look, owned, policy_of, wait
+from .jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, OPERATION_ENDED, RpcError
+
+STATUS = {
+    Outcome.PENDING: "working",
+    Outcome.ESCALATED: "working",
+    Outcome.SUCCEEDED: "completed",
+    Outcome.FAILED: "failed",
+    Outcome.EXPIRED: "failed",
+    Outcome.ABANDONED: "failed",
+    Outcome.CANCELLED: "cancelled",
+}
+MIN_POLL_MS = 250  # a due poll is suggested this soon, never as a tight loop
+ESCALATED_POLL_MS = 60_000  # an escalation waits on a person: look again in a minute
+RESULT_RECHECK = 5.0  # seconds between looks at an escalated task while tasks/result blocks
+LIST_PAGE = 100
+MAX_CURSOR = 512
+RELATED = "io.modelcontextprotocol/related-task"
+IMMEDIATE = "io.modelcontextprotocol/model-immediate-response"
+
+
+def status(record: OperationRecord) -> str:
+    return STATUS[record.outcome]
+
+
+def done(record: OperationRecord) -> bool:
+    return status(record) != "working"
+
+
+def message(record: OperationRecord) -> str:
+    state = f" (provider state {record.last_known_state})" if record.last_known_state else ""
+    if record.outcome is Outcome.PENDING:
+        due = rfc3339(record.next_poll_at, millis=True)
+        return f"pending{state}; the next status request is permitted at {due}"
+    if record.outcome is Outcome.ESCALATED and record.escalation is not None:
+        actions = ", ".join(record.escalation.permitted_actions) or "none"
+        reason = record.escalation.reason.value
+        return f"escalated: {reason}; waiting for an operator (permitted actions: {actions})"
+    if record.outcome is Outcome.ABANDONED:
+        return "abandoned by an operator"
+    return f"{record.outcome.value} at the provider{state}"
+
+
+def poll_ms(record: OperationRecord, now: float) -> int | None:
+    if record.outcome is Outcome.ESCALATED:
+        return ESCALATED_POLL_MS
+    if record.outcome is not Outcome.PENDING:
+        return None
+    return max(MIN_POLL_MS, math.ceil((record.next_poll_at - now) * 1000))
+
+
+def ttl_ms(record: OperationRecord, policy: ProviderPolicy | None) -> int | None:
+    """How long the record is kept from its start: until its retention after it ended (or
+    after its deadline while it waits); None (unlimited) when no policy would purge it."""
+    if policy is None:
+        return None
+    end = record.ended_at if record.ended_at is not None else record.deadline_at
+    return max(0, math.ceil((end + policy.retention - record.started_at) * 1000))
+
+
+def _fields(record: OperationRecord) -> dict[str, Any]:
+    instants = [
+        record.started_at,
+        record.last_polled_at,
+        record.ended_at,
+        record.cancel_requested_at,
+        record.escalation.at if record.escalation is not None else None,
+    ]
+    return {
+        "taskId": record.operation_id,
+        "status": status(record),
+        "statusMessage": message(record),
+        "createdAt": rfc3339(record.started_at, millis=True),
+        "lastUpdatedAt": rfc3339(max(t for t in instants if t is not None), millis=True),
+    }
+
+
+def legacy(record: OperationRecord, policy: ProviderPolicy | None, now: float) -> dict[str, Any]:
+    """A 2025-11-25 Task."""
+    task = {**_fields(record), "ttl": ttl_ms(record, policy)}
+    interval = poll_ms(record, now)
+    if interval is not None:
+        task["pollInterval"] = interval
+    return task
+
+
+def extension(record: OperationRecord, policy: ProviderPolicy | None, now: float) -> dict[str, Any]:
+    """An io.modelcontextprotocol/tasks Task."""
+    task = {**_fields(record), "ttlMs": ttl_ms(record, policy)}
+    interval = poll_ms(record, now)
+    if interval is not None:
+        task["pollIntervalMs"] = interval
+    return task
+
+
+# -- methods ---------------------------------------------------------------------------------
+
+
+def create(caller: Caller, record: OperationRecord, *, legacy_shape: bool) -> dict[str, Any]:
+    """The answer to a task-augmented wait_for_operation: the task as the record has it (no
+    provider call: the operation is already durable, so tasks/get resolves at once)."""
+    now, policy = caller.runtime.clock(), policy_of(caller, record)
+    if not legacy_shape:
+        return {"resultType": "task", **extension(record, policy, now)}
+    hint = (
+        f"Waiting for operation {record.operation_id} as task {record.operation_id}: "
+        f"poll tasks/get, then tasks/result."
+    )
+    return {"task": legacy(record, policy, now), "_meta": {IMMEDIATE: hint}}
+
+
+async def _task(caller: Caller, params: dict[str, Any]) -> OperationRecord:
+    task_id = params.get("taskId")
+    if not isinstance(task_id, str):
+        raise RpcError(INVALID_PARAMS, "Invalid params: taskId must be a string.")
+    record = await owned(caller, task_id)
+    if record is None:
+        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
+    return record
+
+
+async def get(caller: Caller, params: dict[str, Any], *, legacy_shape: bool) -> dict[str, Any]:
+    record = await look(caller, await _task(caller, params))
+    now, policy = caller.runtime.clock(), policy_of(caller, record)
+    if legacy_shape:
+        return legacy(record, policy, now)
+    answer = {"resultType": "complete", **extension(record, policy, now)}
+    if status(record) == "completed":
+        answer["result"] = tools.waited(caller, record, 0.0, 0.0)
+    elif status(record) == "failed":
+        data = tools.waited(caller, record, 0.0, 0.0)["structuredContent"]
+        answer["error"] = {"code": OPERATION_ENDED, "message": message(record), "data": data}
+    return answer
+
+
+async def result(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+    """2025-11-25 tasks/result: blocks until the task is done (holding and polling as the
+    schedule permits), then exactly what wait_for_operation answers for it."""
+    runtime = caller.runtime
+    record = await _task(caller, params)
+    started = runtime.clock()
+    while not done(record):
+        if caller.gone():
+            raise RpcError(INTERNAL_ERROR, "The client went away.")
+        fresh = await _progress(caller, record)
+        if fresh is None:
+            raise RpcError(INTERNAL_ERROR, "The gateway is stopping; ask for the result again.")
+        record = fresh
+    answer = tools.waited(caller, record, runtime.clock() - started, 0.0)
+    answer["_meta"] = {RELATED: {"taskId": record.operation_id}}
+    return answer
+
+
+async def _progress(caller: Caller, record: OperationRecord) -> OperationRecord | None:
+    """One round of waiting for a task that is not done; None when the gateway stops."""
+    runtime, policy = caller.runtime, policy_of(caller, record)
+    hold = policy.polling.max_hold if policy is not None else RESULT_RECHECK
+    if record.outcome is Outcome.PENDING:
+        try:
+            record = await wait(caller, record, hold)
+        except Refused as refused:
+            raise RpcError(INTERNAL_ERROR, refused.detail, refused.problem()) from None
+        if done(record):
+            return record
+    pause = RESULT_RECHECK
+    if record.outcome is Outcome.PENDING:
+        pause = min(hold, max(0.005, record.next_poll_at - runtime.clock()))
+    if not await runtime.pause(pause):
+        return None
+    fresh = await owned(caller, record.operation_id)
+    if fresh is None:
+        raise RpcError(INVALID_PARAMS, "Failed to retrieve task: Task has expired")
+    return fresh
+
+
+async def listing(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+    """2025-11-25 tasks/list: every operation of the account (each is a task), newest
+    first, in pages with an opaque nextCursor."""
+    before = _position(params.get("cursor"))
+    where = OperationFilter(account=caller.account.id, limit=LIST_PAGE + 1, before=before)
+    found = await caller.runtime.store.list(where)
+    page, now = found[:LIST_PAGE], caller.runtime.clock()
+    answer: dict[str, Any] = {"tasks": [legacy(r, policy_of(caller, r), now) for r in page]}
+    if len(found) > LIST_PAGE and page:
+        answer["nextCursor"] = _cursor(page[-1])
+    return answer
+
+
+def _cursor(record: OperationRecord) -> str:
+    raw = json.dumps([record.started_at, record.operation_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _position(cursor: Any) -> tuple[float, str] | None:
+    if cursor is None:
+        return None
+    bad = RpcError(INVALID_PARAMS, "Invalid params: the cursor is not one this server gave.")
+    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR:
+        raise bad
+    try:
+        started, operation_id = json.loads(
+            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        )
+    except (ValueError, TypeError, RecursionError):
+        raise bad from None
+    if isinstance(started, bool) or not isinstance(started, int | float):
+        raise bad
+    if not isinstance(operation_id, str) or not math.isfinite(started):
+        raise bad
+    return float(started), operation_id
+
+
+async def acknowledge(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+    """Extension tasks/update and tasks/cancel: an ack for a task of the account. Nothing
+    changes: these tasks never need input, and a provider job is cancelled only by an
+    operator (cancellation is cooperative in the extension)."""
+    await _task(caller, params)
+    return {"resultType": "complete"}
