@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .decide import ProviderAnswer
-from .models import DelaySource, OperationRecord, Outcome, Reason
+from .models import DelaySource, Event, OperationRecord, Outcome, ProviderAnswer, Reason
 from .policy import ProviderPolicy
 from .units import format_duration
 
@@ -20,12 +19,12 @@ class ActionResult:
     """What an action does: a new record and its audit event, or a refusal."""
 
     record: OperationRecord | None
-    event: str
+    event: Event
     refusal: str | None = None
     detail: str | None = None
 
 
-def _refuse(event: str, why: str) -> ActionResult:
+def _refuse(event: Event, why: str) -> ActionResult:
     return ActionResult(None, event, refusal=why)
 
 
@@ -54,15 +53,15 @@ def extend(
     """More time and requests, within max_extension in total; waiting resumes at once."""
     why = _permits(record, "extend")
     if why is not None:
-        return _refuse("extended", why)
+        return _refuse(Event.EXTENDED, why)
     bound = policy.escalation.max_extension
     if seconds < 0 or requests < 0 or (seconds == 0 and requests == 0):
-        return _refuse("extended", "an extension needs a positive time or number of requests")
+        return _refuse(Event.EXTENDED, "an extension needs a positive time or number of requests")
     time_left = bound.time - record.extended_seconds
     requests_left = bound.requests - record.extended_requests
     if seconds > time_left or requests > requests_left:
         return _refuse(
-            "extended",
+            Event.EXTENDED,
             f"over the policy's escalation.max_extension of {format_duration(bound.time)} and "
             f"{bound.requests} requests in total ({_left(time_left)} and "
             f"{max(0, requests_left)} requests left)",
@@ -70,9 +69,9 @@ def extend(
     deadline = max(record.deadline_at, now) + seconds
     budget = max(record.max_status_requests, record.status_requests_used) + requests
     if deadline <= now:
-        return _refuse("extended", "the deadline has passed: extend by a positive time")
+        return _refuse(Event.EXTENDED, "the deadline has passed: extend by a positive time")
     if budget <= record.status_requests_used:
-        return _refuse("extended", "the request budget is spent: add requests")
+        return _refuse(Event.EXTENDED, "the request budget is spent: add requests")
     polling = policy.polling
     new = record.evolve(
         outcome=Outcome.PENDING,
@@ -88,7 +87,7 @@ def extend(
         extended_requests=record.extended_requests + requests,
     )
     detail = f"+{format_duration(seconds) if seconds else '0s'}, +{requests} requests"
-    return ActionResult(new, "extended", detail=f"{detail}: {reason}" if reason else detail)
+    return ActionResult(new, Event.EXTENDED, detail=f"{detail}: {reason}" if reason else detail)
 
 
 def _left(seconds: float) -> str:
@@ -100,15 +99,15 @@ def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> Actio
     or policy is compared with the one in force when the escalation happened (SPEC 12)."""
     why = _permits(record, "resume")
     if why is not None:
-        return _refuse("resumed", why)
+        return _refuse(Event.RESUMED, why)
     escalation = record.escalation
     assert escalation is not None
     if escalation.reason is Reason.AUTHORIZATION_DENIED:
         then = escalation.credential_fingerprint or record.credential_fingerprint
         if policy.credential_fingerprint == then:
-            return _refuse("resumed", "the provider credential has not changed since")
+            return _refuse(Event.RESUMED, "the provider credential has not changed since")
     elif policy.fingerprint == (escalation.policy_fingerprint or record.policy_fingerprint):
-        return _refuse("resumed", "the provider's policy has not changed since")
+        return _refuse(Event.RESUMED, "the provider's policy has not changed since")
     new = record.evolve(
         outcome=Outcome.PENDING,
         escalation=None,
@@ -118,7 +117,7 @@ def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> Actio
         next_poll_at=now,
         delay_source=DelaySource.LOCAL_BACKOFF,
     )
-    return ActionResult(new, "resumed")
+    return ActionResult(new, Event.RESUMED)
 
 
 def abandon(
@@ -127,9 +126,9 @@ def abandon(
     """Stop waiting for good; status calls answer operation-escalated from now on."""
     why = _permits(record, "abandon")
     if why is not None:
-        return _refuse("abandoned", why)
+        return _refuse(Event.ABANDONED, why)
     abandoned = record.evolve(outcome=Outcome.ABANDONED, ended_at=now)
-    return ActionResult(abandoned, "abandoned", detail=reason or None)
+    return ActionResult(abandoned, Event.ABANDONED, detail=reason or None)
 
 
 def may_cancel(policy: ProviderPolicy, record: OperationRecord) -> str | None:
@@ -153,11 +152,11 @@ def cancelled(
     requests, until the provider reports a terminal state, which becomes the outcome."""
     why = may_cancel(policy, record)
     if why is not None:
-        return _refuse("cancelled", why)
+        return _refuse(Event.CANCELLED, why)
     status = answer.status
     if status is None or not 200 <= status < 300:
         shown = "no answer" if status is None else f"HTTP {status}"
-        return _refuse("cancelled", f"the provider did not accept the cancel request ({shown})")
+        return _refuse(Event.CANCELLED, f"the provider did not accept the cancel request ({shown})")
     polling, checks = policy.polling, policy.escalation.cancel_checks
     new = record.evolve(
         outcome=Outcome.PENDING,
@@ -172,4 +171,4 @@ def cancelled(
         delay_source=DelaySource.LOCAL_BACKOFF,
     )
     detail = f"the provider accepted the cancel request (HTTP {status}); waiting for its outcome"
-    return ActionResult(new, "cancelled", detail=f"{detail}: {reason}" if reason else detail)
+    return ActionResult(new, Event.CANCELLED, detail=f"{detail}: {reason}" if reason else detail)

@@ -31,10 +31,10 @@ from .audit import iso, records
 from .bodies import read_limited
 from .calls import send_upstream
 from .config import Operator
-from .decide import Decision, ProviderAnswer, Reply, extension_left
+from .decide import Decision, Reply, extension_left
 from .escalation import message, problem_members
 from .headers import to_provider
-from .models import OperationFilter, OperationRecord, Outcome
+from .models import OperationFilter, OperationRecord, Outcome, ProviderAnswer
 from .policy import ProviderPolicy
 from .problems import problem
 from .routing import body_with_job_id, fill

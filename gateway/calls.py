@@ -15,11 +15,11 @@ from . import tracing
 from .config import Account
 from .context import note_provider_call
 from .credentials import Outgoing
-from .decide import Decision, Failure, ProviderAnswer, Reply
+from .decide import Decision, Reply
 from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from .escalation import problem_members
 from .metrics import status_class
-from .models import OperationRecord, Outcome
+from .models import Failure, OperationRecord, Outcome, ProviderAnswer
 from .policy import ProviderPolicy
 from .problems import problem, retry_after_value
 from .routing import Match

@@ -18,33 +18,16 @@ from typing import Any
 from .models import (
     DelaySource,
     Escalation,
+    Event,
+    Failure,
     FinalResponse,
     OperationRecord,
     Outcome,
+    ProviderAnswer,
     Reason,
 )
 from .policy import ProviderPolicy, RequiredField
 from .schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
-
-
-class Failure(enum.Enum):
-    """Why a provider request produced no usable HTTP answer."""
-
-    CONNECTION = "connection"  # failed after the request may have reached the provider
-    UNREACHABLE = "unreachable"  # failed before anything was sent
-    TIMEOUT = "timeout"
-    TOO_LARGE = "too_large"
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderAnswer:
-    """One upstream answer as the core sees it; ``status`` is None when ``failure`` is set."""
-
-    status: int | None
-    body: bytes = b""
-    content_type: str = ""
-    retry_after: str | None = None
-    failure: Failure | None = None
 
 
 class Reply(enum.Enum):
@@ -61,7 +44,7 @@ class Decision:
     forward: bool = False
     problem: str | None = None
     retry_after: float | None = None  # seconds the agent should wait, when it should
-    event: str | None = None  # audit event name
+    event: Event | None = None  # the audit line this decision writes
     plan: Plan | None = None
     detail: str | None = None  # why, for the agent, when the record does not say it
     cut_at: float | None = None  # an earlier request reserved then, its answer never recorded
@@ -114,7 +97,7 @@ def escalate(
     )
     new = new.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=now)
     return Decision(
-        new, Reply.PROBLEM, changed=True, problem="operation-escalated", event="escalated"
+        new, Reply.PROBLEM, changed=True, problem="operation-escalated", event=Event.ESCALATED
     )
 
 
@@ -132,7 +115,7 @@ def admit(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decisi
     if now < record.next_poll_at:
         wait = record.next_poll_at - now
         return Decision(
-            record, Reply.PROBLEM, problem="too-early", retry_after=wait, event="refused"
+            record, Reply.PROBLEM, problem="too-early", retry_after=wait, event=Event.REFUSED
         )
     return Decision(record, Reply.PROVIDER, forward=True)
 
@@ -407,7 +390,7 @@ def _finish(
 ) -> Decision:
     final = FinalResponse(answer.status or 200, answer.content_type, answer.body)
     new = record.evolve(outcome=outcome, final_response=final, ended_at=now)
-    return Decision(new, Reply.PROVIDER, changed=True, event="finished")
+    return Decision(new, Reply.PROVIDER, changed=True, event=Event.FINISHED)
 
 
 _PROBLEM_FOR = {
@@ -453,7 +436,7 @@ def _schedule(
         changed=True,
         problem=problem,
         retry_after=max(0.0, the_plan.next_poll_at - now),
-        event="polled",
+        event=Event.POLLED,
         plan=the_plan,
     )
 

@@ -17,7 +17,7 @@ from .context import current_request_id
 from .decide import Decision, Reply
 from .escalation import message, problem_members
 from .metrics import Metrics
-from .models import Clock, DelaySource, OperationRecord
+from .models import Clock, DelaySource, Event, OperationRecord
 from .notify import Notifier, notifier_for
 from .policy import ProviderPolicy
 
@@ -57,10 +57,10 @@ class RefusalWindows:
 
 # Operator actions by audit event, as named in operation.decided webhooks.
 OPERATOR_EVENTS = {
-    "extended": "extend",
-    "resumed": "resume",
-    "abandoned": "abandon",
-    "cancelled": "cancel",
+    Event.EXTENDED: "extend",
+    Event.RESUMED: "resume",
+    Event.ABANDONED: "abandon",
+    Event.CANCELLED: "cancel",
 }
 
 
@@ -92,7 +92,7 @@ class Effects:
         policy: ProviderPolicy,
         decision: Decision,
         *,
-        event: str | None = None,
+        event: Event | None = None,
         http_status: int | None = None,
         detail: str | None = None,
         actor: str = "gateway",
@@ -102,7 +102,7 @@ class Effects:
         if event is None:
             return
         record = decision.record
-        if event == "escalated" and record.escalation is not None:
+        if event is Event.ESCALATED and record.escalation is not None:
             detail = record.escalation.detail if detail is None else detail
         if self.audit is not None:
             await self._append(
@@ -119,7 +119,7 @@ class Effects:
         self._count(policy, decision, event)
         if self.notifier is None:
             return
-        if event == "escalated":
+        if event is Event.ESCALATED:
             self.notifier.submit(self._notice("operation.escalated", policy, record))
         elif event in OPERATOR_EVENTS and actor != "gateway":
             notice = self._notice("operation.decided", policy, record)
@@ -133,7 +133,7 @@ class Effects:
         await self._append(
             line_fields(
                 record.evolve(next_poll_at=window.ends_at),
-                event="refused",
+                event=Event.REFUSED,
                 at=self._clock(),
                 decision="too-early",
                 detail=f"first at {iso(window.first_at)}",
@@ -149,7 +149,7 @@ class Effects:
         detail = f"request sent at {iso(sent_at)} was cut short; no answer was recorded"
         await self._append(
             line_fields(
-                record, event="polled", at=self._clock(), decision="interrupted", detail=detail
+                record, event=Event.POLLED, at=self._clock(), decision="interrupted", detail=detail
             )
         )
 
@@ -158,7 +158,7 @@ class Effects:
         *,
         provider: str,
         account: str,
-        event: str,
+        event: Event,
         http_status: int | None,
         detail: str,
         operation: OperationRecord | None = None,
@@ -202,7 +202,7 @@ class Effects:
                 "operation_id": notice["operation_id"],
                 "provider": notice["provider"],
                 "account": notice["account"],
-                "event": "notified",
+                "event": Event.NOTIFIED.value,
                 "decision": "webhook",
                 "reason": notice["reason"],
                 "detail": outcome,
@@ -218,14 +218,14 @@ class Effects:
             fields["request_id"] = request_id
         await self.audit.append(fields)
 
-    def _count(self, policy: ProviderPolicy, decision: Decision, event: str) -> None:
+    def _count(self, policy: ProviderPolicy, decision: Decision, event: Event) -> None:
         record, m = decision.record, self.metrics
         provider = record.provider
-        if event == "submitted":
+        if event is Event.SUBMITTED:
             m.operations_started.labels(provider).inc()
-        if event == "escalated" and record.escalation is not None:
+        if event is Event.ESCALATED and record.escalation is not None:
             m.escalations.labels(provider, record.escalation.reason.value).inc()
-        if event in ("finished", "abandoned"):  # the operation ended
+        if event in (Event.FINISHED, Event.ABANDONED):  # the operation ended
             m.operations_finished.labels(provider, record.outcome.value).inc()
             m.requests_per_operation.labels(provider).observe(record.status_requests_used)
         plan = decision.plan

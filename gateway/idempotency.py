@@ -11,8 +11,7 @@ import enum
 import hashlib
 import re
 
-from .decide import Failure
-from .models import IdempotencyEntry, IdemState
+from .models import Failure, IdempotencyEntry, IdemState
 
 KEY = re.compile(r"[\x21-\x7e]{1,255}")
 

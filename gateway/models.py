@@ -44,6 +44,44 @@ class Reason(enum.StrEnum):
     AUTHORIZATION_DENIED = "authorization_denied"
 
 
+class Event(enum.StrEnum):
+    """What an audit line records (SPEC section 8, and the additions in docs/reference.md)."""
+
+    SUBMITTED = "submitted"
+    SUBMIT_REJECTED = "submit_rejected"
+    POLLED = "polled"
+    REFUSED = "refused"
+    FINISHED = "finished"
+    ESCALATED = "escalated"
+    EXTENDED = "extended"
+    RESUMED = "resumed"
+    ABANDONED = "abandoned"
+    CANCELLED = "cancelled"
+    RESULT_FETCHED = "result_fetched"
+    PASSTHROUGH = "passthrough"
+    NOTIFIED = "notified"
+
+
+class Failure(enum.Enum):
+    """Why a provider request produced no usable HTTP answer."""
+
+    CONNECTION = "connection"  # failed after the request may have reached the provider
+    UNREACHABLE = "unreachable"  # failed before anything was sent
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderAnswer:
+    """One upstream answer as the core sees it; ``status`` is None when ``failure`` is set."""
+
+    status: int | None
+    body: bytes = b""
+    content_type: str = ""
+    retry_after: str | None = None
+    failure: Failure | None = None
+
+
 class DelaySource(enum.StrEnum):
     PROVIDER_RETRY_AFTER = "provider_retry_after"
     PROVIDER_POLL_HINT = "provider_poll_hint"

@@ -13,8 +13,7 @@ from typing import Any
 import pydantic
 
 from . import decide
-from .decide import ProviderAnswer
-from .models import Outcome
+from .models import Outcome, ProviderAnswer
 from .policy import ProviderPolicy
 
 SAMPLE_NOW = 1_800_000_000.0  # any instant: the sample is classified right after submit

@@ -32,10 +32,10 @@ from .calls import (
 )
 from .config import Account
 from .context import note_account
-from .decide import Decision, ProviderAnswer, Reply
+from .decide import Decision, Reply
 from .errors import NotAdmissible
 from .headers import agent_query, format_wait, prefer_wait, to_provider
-from .models import OperationFilter, OperationRecord, Outcome
+from .models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
 from .policy import ProviderPolicy
 from .problems import problem
 from .routing import body_with_job_id, fill, job_id_from_body, valid_job
@@ -482,7 +482,7 @@ async def result(call: Call) -> web.StreamResponse:
     await runtime.effects.call(
         provider=policy.provider,
         account=call.account.id,
-        event="result_fetched",
+        event=Event.RESULT_FETCHED,
         http_status=answer.status,
         detail=f"result fetch {fetched.result_fetches} of {policy.polling.max_result_fetches}"
         + (f", {answer.failure.value}" if answer.failure is not None else ""),
@@ -519,7 +519,7 @@ async def passthrough_call(call: Call) -> web.StreamResponse:
     await runtime.effects.call(
         provider=policy.provider,
         account=call.account.id,
-        event="passthrough",
+        event=Event.PASSTHROUGH,
         http_status=answer.status,
         detail=f"{request.method} {header_safe(raw_path)}"
         + (f", {answer.failure.value}" if answer.failure is not None else ""),

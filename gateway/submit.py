@@ -21,10 +21,18 @@ from .calls import (
     send_upstream,
     upstream_problem,
 )
-from .decide import Failure, ProviderAnswer
 from .headers import to_provider
 from .idempotency import Seen
-from .models import IdempotencyEntry, IdemState, OperationRecord, Outcome, StoredResponse
+from .models import (
+    Event,
+    Failure,
+    IdempotencyEntry,
+    IdemState,
+    OperationRecord,
+    Outcome,
+    ProviderAnswer,
+    StoredResponse,
+)
 from .problems import problem
 from .routing import fill, job_id_from_body, valid_job
 from .upstream import UpstreamResponse
@@ -101,7 +109,7 @@ async def _credential_rejected(call: Call, status: int) -> web.Response:
     await call.runtime.effects.call(
         provider=policy.provider,
         account=call.account.id,
-        event="submit_rejected",
+        event=Event.SUBMIT_REJECTED,
         http_status=status,
         detail="the provider refused the gateway's credential; no operation was created",
     )
@@ -160,7 +168,7 @@ async def _open(
         )
     record = await runtime.store.create(decision.record, completed)
     if record.operation_id == decision.record.operation_id:  # new, not a known job
-        opened = dataclasses.replace(decision, event="submitted")
+        opened = dataclasses.replace(decision, event=Event.SUBMITTED)
         await runtime.effects.decided(policy, opened, http_status=response.status)
         if record.outcome is Outcome.ESCALATED:
             await runtime.effects.decided(policy, decision)

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import decide
-from gateway.decide import Failure, ProviderAnswer, Reply
-from gateway.models import OperationRecord, Outcome, Reason
+from gateway.decide import Reply
+from gateway.models import Failure, OperationRecord, Outcome, ProviderAnswer, Reason
 from gateway.policy import ProviderPolicy, load_policy
 
 ROOT = Path(__file__).resolve().parent.parent

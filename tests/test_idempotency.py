@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.decide import Failure
 from gateway.idempotency import Seen, judge, retry_is_safe
-from gateway.models import IdempotencyEntry, IdemState, StoredResponse
+from gateway.models import Failure, IdempotencyEntry, IdemState, StoredResponse
 
 NOW = 1_800_000_000.0
 

@@ -12,9 +12,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.decide import ProviderAnswer, classify, lookup
+from gateway.decide import classify, lookup
 from gateway.errors import ConfigError
 from gateway.headers import Rewriter, prefer_wait, to_provider
+from gateway.models import ProviderAnswer
 from gateway.policy import load_policy
 from gateway.schedule import (
     parse_next_check_at,

@@ -21,8 +21,8 @@ from botocore.credentials import Credentials
 from gateway import decide
 from gateway.app import create_app
 from gateway.config import load_settings
-from gateway.decide import ProviderAnswer
 from gateway.errors import ConfigError
+from gateway.models import ProviderAnswer
 from gateway.policy import load_policy
 from gateway.routing import RouteTable
 
