@@ -220,6 +220,8 @@ def gateway_config(folder: Path, port: int, store: str, audit: bool) -> Path:
         "policies_dir": "policies",
         "accounts": [{"id": "bench", "token_sha256": [hashlib.sha256(TOKEN.encode()).hexdigest()]}],
     }
+    if os.environ.get("BENCH_LOG_LEVEL"):
+        config["logging"] = {"level": os.environ["BENCH_LOG_LEVEL"]}
     if audit:
         config["audit"] = {"path": "audit.jsonl"}
     path = folder / f"gateway-{port}.yaml"

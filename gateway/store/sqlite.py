@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from ..errors import StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord
 from .base import DEFAULT_CACHE_BYTES, PURGE_BATCH, Ids, Mutation, Store
@@ -78,12 +80,12 @@ def dump(record: OperationRecord) -> tuple[Any, ...]:
         record.outcome.value,
         record.started_at,
         record.version,
-        json.dumps(record.to_dict(), separators=(",", ":")),
+        orjson.dumps(record.to_dict()).decode(),
     )
 
 
 def _load(row: tuple[Any, ...] | None) -> OperationRecord | None:
-    return None if row is None else OperationRecord.from_dict(json.loads(row[0]))
+    return None if row is None else OperationRecord.from_dict(orjson.loads(row[0]))
 
 
 class _Pending:
@@ -129,6 +131,11 @@ class _Cache:
             return None
         self.records.move_to_end(operation_id)
         return entry[0]
+
+    def peek(self, operation_id: str) -> OperationRecord | None:
+        """``get`` without touching the recency order (safe from the writer thread)."""
+        entry = self.records.get(operation_id)
+        return None if entry is None else entry[0]
 
     def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         operation_id = self.jobs.get((account, provider, job_id))
@@ -194,6 +201,7 @@ class SQLiteStore(Store):
         self._flusher: asyncio.Task[None] | None = None
         self._cache = _Cache(cache_bytes)
         self._writing: _Pending | None = None  # the write running now (writer thread)
+        self._batch: dict[str, OperationRecord] = {}  # written in the batch being committed
         self._lock: int | None = None  # the descriptor holding FILE.lock
         self._closed = False
 
@@ -303,6 +311,7 @@ class SQLiteStore(Store):
         """One transaction for the batch; each write in a savepoint, so one failing write
         is rolled back alone. Runs on the writer thread."""
         conn = self._connection("write")
+        self._batch = {}
         conn.execute("BEGIN IMMEDIATE")
         outcomes: list[tuple[bool, Any]] = []
         try:
@@ -344,6 +353,7 @@ class SQLiteStore(Store):
         """Called on the writer thread: ``record`` is in the write being done now."""
         assert self._writing is not None
         self._writing.written = record
+        self._batch[record.operation_id] = record
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         cached = self._cache.get(operation_id)
@@ -380,17 +390,23 @@ class SQLiteStore(Store):
         """In one transaction; ``known`` is not needed (the read is local)."""
 
         def work(conn: sqlite3.Connection) -> T:
-            current = _get(conn, operation_id)
-            if current is None:
-                raise StoreError(f"{operation_id} vanished from the store", operation="mutate")
-            new, result = change(current)
-            if new is not None:
-                if not _cas(conn, new):
-                    raise StoreError(
-                        f"{operation_id}: version moved in a transaction", operation="mutate"
-                    )
-                self._wrote(new.evolve(version=new.version + 1))
-            return result
+            # The newest version this process knows (written earlier in this batch, or
+            # cached; the cache is current when a batch starts) spares a read and a parse;
+            # the compare-and-set proves it, and a miss falls back to reading the file.
+            known = self._batch.get(operation_id) or self._cache.peek(operation_id)
+            for current in (known, None):
+                current = current or _get(conn, operation_id)
+                if current is None:
+                    raise StoreError(f"{operation_id} vanished from the store", operation="mutate")
+                new, result = change(current)
+                if new is None:
+                    return result
+                if _cas(conn, new):
+                    self._wrote(new.evolve(version=new.version + 1))
+                    return result
+                if known is None:
+                    break
+            raise StoreError(f"{operation_id}: version moved in a transaction", operation="mutate")
 
         return await self._write("mutate", work)
 
