@@ -305,16 +305,17 @@ async def _poll(
     lease = f"poll:{operation_id}"
     token = secrets.token_hex(16)
     ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN
-    if not await runtime.store.acquire_lease(lease, token, runtime.clock(), ttl):
+    rate = policy.polling.provider_rate if pace else None
+    wait = await runtime.store.start_poll(lease, token, runtime.clock(), ttl, policy.provider, rate)
+    if wait is None:
         detail = "A status request for this operation is already in flight."
         return await _come_back(runtime, operation_id, 1.0, detail), None
+    released = False
     try:
         now = runtime.clock()
         effects = runtime.effects
-        if pace:
-            wait = await runtime.store.pace(policy.provider, policy.polling.provider_rate, now)
-            if wait > 0:
-                return await _paused(asker, record, now, wait), None
+        if pace and wait > 0:
+            return await _paused(asker, record, now, wait), None
         window = effects.refusals.close(operation_id)
         refusals = window.count if window is not None else 0
         try:
@@ -345,7 +346,8 @@ async def _poll(
             await runtime.store.tighten(policy.provider, *limit)
         u = runtime.rng.random()
         reserved = decision.record
-        decided = await runtime.store.mutate(
+        released = True  # finish_poll releases the lease with the write
+        decided = await runtime.store.finish_poll(
             operation_id,
             lambda current: _persisting(
                 decide.classify(policy, current, answer, done, u)
@@ -353,13 +355,16 @@ async def _poll(
                 else decide.superseded(current, done)
             ),
             known=reserved.evolve(version=reserved.version + 1),
+            lease=lease,
+            token=token,
         )
         await effects.decided(
             policy, decided, http_status=answer.status, detail=_answer_detail(answer, decided)
         )
         return decided, response
     finally:
-        await runtime.store.release_lease(lease, token)
+        if not released:
+            await runtime.store.release_lease(lease, token)
 
 
 async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float) -> Decision:

@@ -305,3 +305,46 @@ async def test_list_pages_from_a_position_and_new_operations_never_disturb_pagin
     pending = OperationFilter(outcome=Outcome.PENDING, before=(t - 1, "op_c"), limit=10)
     assert [r.operation_id for r in await store.list(pending)] == ["op_e", "op_d", "op_f"]
     assert await store.list(OperationFilter(before=(t - 3, "op_f"))) == []
+
+
+async def test_start_poll_takes_the_lease_and_a_place_in_the_pacing_window(store: Store) -> None:
+    """One step (one round trip on Redis): the lease is exclusive, the window counts the
+    call, a full window says how long to wait (the lease is still taken)."""
+    now = time.time()
+    assert await store.start_poll("poll:a", "t1", now, 5.0, "prov-a", 1.0) == 0
+    assert await store.start_poll("poll:a", "t2", now, 5.0, "prov-a", 1.0) is None
+    wait = await store.start_poll("poll:b", "t3", now, 5.0, "prov-a", 1.0)
+    assert wait is not None and 0 < wait <= 1.1
+    assert not await store.acquire_lease("poll:b", "t4", now, 5.0)  # taken although paced
+    await store.release_lease("poll:a", "t1")
+    assert await store.start_poll("poll:a", "t5", now, 5.0, "prov-b", None) == 0
+
+
+async def test_tightening_pauses_the_provider_in_start_poll_and_pace(store: Store) -> None:
+    """A provider's 429 pause (rate 0 until a moment) is seen by every later call."""
+    now = store.clock()
+    await store.tighten("prov-c", 0.0, now + 30)
+    wait = await store.start_poll("poll:c", "t1", now, 5.0, "prov-c", None)
+    assert wait is not None and 25 < wait <= 30.5
+    assert 25 < await store.pace("prov-c", 10.0, now) <= 30.5
+    assert await store.pace("prov-other", 10.0, now) == 0
+
+
+async def test_finish_poll_writes_and_releases_in_one_step(store: Store) -> None:
+    """From the record in hand when it is current, by the usual loop when it is not; the
+    lease is released either way."""
+    created = await store.create(record())
+    assert await store.acquire_lease("poll:op_1", "t1", time.time(), 5.0)
+
+    def bump(current: OperationRecord) -> tuple[OperationRecord, int]:
+        return current.evolve(early_refusals=current.early_refusals + 1), current.version
+
+    seen = await store.finish_poll("op_1", bump, known=created, lease="poll:op_1", token="t1")
+    assert seen == 1
+    assert await store.acquire_lease("poll:op_1", "t2", time.time(), 5.0)
+    stale = created  # version 1, the store has 2 now
+    seen = await store.finish_poll("op_1", bump, known=stale, lease="poll:op_1", token="t2")
+    assert seen == 2
+    stored = await store.get("op_1")
+    assert stored is not None and stored.early_refusals == 2 and stored.version == 3
+    assert await store.acquire_lease("poll:op_1", "t3", time.time(), 5.0)

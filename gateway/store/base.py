@@ -141,6 +141,34 @@ class Store(abc.ABC):
         if held is not None and held[0] == token:
             del self._leases[name]
 
+    # -- a poll's two store steps around the provider call ---------------------------------
+    async def start_poll(
+        self, lease: str, token: str, now: float, ttl: float, provider: str, rate: float | None
+    ) -> float | None:
+        """Take the poll lease and a place in the provider's pacing window: None when the
+        lease is held elsewhere; else the lease is ours, and 0 means the call may go now
+        (counted in the window), more than 0 how long the provider's pacing asks to wait.
+        Shared stores do both in one round trip."""
+        if not await self.acquire_lease(lease, token, now, ttl):
+            return None
+        return await self.pace(provider, rate, now)
+
+    async def finish_poll(
+        self,
+        operation_id: str,
+        change: Mutation[T],
+        *,
+        known: OperationRecord,
+        lease: str,
+        token: str,
+    ) -> T:
+        """``mutate`` (trying ``known`` first), then release the poll lease. Shared stores
+        write and release in one round trip when ``known`` is current."""
+        try:
+            return await self.mutate(operation_id, change, known=known)
+        finally:
+            await self.release_lease(lease, token)
+
     # -- pacing -------------------------------------------------------------------------
     async def pace(self, provider: str, rate: float | None, now: float) -> float:
         """0 if a status call to ``provider`` may go now (it is counted), else seconds to

@@ -37,6 +37,7 @@ import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
+import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -45,12 +46,13 @@ from redis.exceptions import RedisError
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import GUARD, MIN_WAIT
-from .base import PURGE_BATCH, Ids, Store, matches, purgeable
+from .base import PURGE_BATCH, Ids, Mutation, Store, T, matches, purgeable
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
+JOB_IDS = 100_000  # job -> operation id mappings kept per process
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 # KEYS: the record, then its provider's active set, deadlines and ended sorted sets, and its
@@ -58,43 +60,57 @@ Position = tuple[float, str]  # (started_at, operation_id): a place in list orde
 # ARGV: expected version, record JSON, clock tolerance, operation id, deadline_at, ended_at
 # ('' when none). Returns 1 written, 0 stale version, -1 no record, -2 refused: spending a
 # status request is not admissible by Redis time.
-CAS = """
-local stored = redis.call('HGET', KEYS[1], 'v')
-if not stored then return -1 end
-if tonumber(stored) ~= tonumber(ARGV[1]) then return 0 end
-local new = cjson.decode(ARGV[2])
-local old = cjson.decode(redis.call('HGET', KEYS[1], 'd'))
-if new.status_requests_used > old.status_requests_used then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  if old.outcome ~= 'pending' or now >= old.deadline_at
-     or old.status_requests_used >= old.max_status_requests
-     or now < old.next_poll_at - tonumber(ARGV[3])
-     or new.status_requests_used ~= old.status_requests_used + 1 then
-    return -2
+CAS_FUNCTION = """
+local function cas()
+  local stored = redis.call('HGET', KEYS[1], 'v')
+  if not stored then return -1 end
+  if tonumber(stored) ~= tonumber(ARGV[1]) then return 0 end
+  local new = cjson.decode(ARGV[2])
+  local old = cjson.decode(redis.call('HGET', KEYS[1], 'd'))
+  if new.status_requests_used > old.status_requests_used then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+    if old.outcome ~= 'pending' or now >= old.deadline_at
+       or old.status_requests_used >= old.max_status_requests
+       or now < old.next_poll_at - tonumber(ARGV[3])
+       or new.status_requests_used ~= old.status_requests_used + 1 then
+      return -2
+    end
   end
-end
-redis.call('HSET', KEYS[1], 'v', tonumber(ARGV[1]) + 1, 'd', ARGV[2], 'o', new.outcome)
-if new.outcome == 'pending' then
-  redis.call('SADD', KEYS[2], ARGV[4])
-  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
-  redis.call('ZREM', KEYS[4], ARGV[4])
-else
-  redis.call('SREM', KEYS[2], ARGV[4])
-  redis.call('ZREM', KEYS[3], ARGV[4])
-  if ARGV[6] == '' then
+  redis.call('HSET', KEYS[1], 'v', tonumber(ARGV[1]) + 1, 'd', ARGV[2], 'o', new.outcome)
+  if new.outcome == 'pending' then
+    redis.call('SADD', KEYS[2], ARGV[4])
+    redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
     redis.call('ZREM', KEYS[4], ARGV[4])
   else
-    redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
+    redis.call('SREM', KEYS[2], ARGV[4])
+    redis.call('ZREM', KEYS[3], ARGV[4])
+    if ARGV[6] == '' then
+      redis.call('ZREM', KEYS[4], ARGV[4])
+    else
+      redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
+    end
   end
+  if new.outcome == 'escalated' and type(new.escalation) == 'table' then
+    redis.call('HSET', KEYS[5], ARGV[4], new.escalation.reason)
+  else
+    redis.call('HDEL', KEYS[5], ARGV[4])
+  end
+  return 1
 end
-if new.outcome == 'escalated' and type(new.escalation) == 'table' then
-  redis.call('HSET', KEYS[5], ARGV[4], new.escalation.reason)
-else
-  redis.call('HDEL', KEYS[5], ARGV[4])
-end
-return 1
 """
+CAS = CAS_FUNCTION + "return cas()\n"
+
+# CAS, then the poll lease released (KEYS[6], token ARGV[7]) when the write went through: a
+# poll's answer recorded and its lease given back in one round trip.
+CAS_RELEASE = (
+    CAS_FUNCTION
+    + """
+local written = cas()
+if written == 1 and redis.call('GET', KEYS[6]) == ARGV[7] then redis.call('DEL', KEYS[6]) end
+return written
+"""
+)
 
 CLAIM = """
 local seen = redis.call('GET', KEYS[1])
@@ -114,12 +130,12 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
-# KEYS: window zset, tightening hash. ARGV: rate (0 = none), guard, unique member, min wait.
-PACE = """
+# The pacing window: wk window zset, tk tightening hash; rate (0 = none), guard, a unique
+# member, the least wait. Returns the seconds to wait as a string ('0': counted, go now).
+PACE_BODY = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local rate = tonumber(ARGV[1])
-local tight = redis.call('HMGET', KEYS[2], 'rate', 'until')
+local tight = redis.call('HMGET', tk, 'rate', 'until')
 if tight[2] and tonumber(tight[2]) > now then
   local trate = tonumber(tight[1])
   if trate <= 0 then return tostring(tonumber(tight[2]) - now) end
@@ -127,16 +143,41 @@ if tight[2] and tonumber(tight[2]) > now then
 end
 if rate <= 0 then return '0' end
 local limit = math.max(1, math.floor(rate))
-local window = limit / rate * tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-if redis.call('ZCARD', KEYS[1]) < limit then
-  redis.call('ZADD', KEYS[1], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000) + 1000)
+local window = limit / rate * guard
+redis.call('ZREMRANGEBYSCORE', wk, '-inf', now - window)
+if redis.call('ZCARD', wk) < limit then
+  redis.call('ZADD', wk, now, member)
+  redis.call('PEXPIRE', wk, math.ceil(window * 1000) + 1000)
   return '0'
 end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return tostring(math.max(tonumber(oldest[2]) + window - now, tonumber(ARGV[4])))
+local oldest = redis.call('ZRANGE', wk, 0, 0, 'WITHSCORES')
+return tostring(math.max(tonumber(oldest[2]) + window - now, minwait))
 """
+
+# KEYS: window zset, tightening hash. ARGV: rate (0 = none), guard, unique member, min wait.
+PACE = (
+    """
+local wk, tk = KEYS[1], KEYS[2]
+local rate, guard = tonumber(ARGV[1]), tonumber(ARGV[2])
+local member, minwait = ARGV[3], tonumber(ARGV[4])
+"""
+    + PACE_BODY
+)
+
+# The poll lease (KEYS[1], token ARGV[1], PX ARGV[2]) and then the pacing window (KEYS[2],
+# KEYS[3], ARGV[3..6] as PACE): '-1' when another holds the lease, else PACE's answer, the
+# lease kept either way. One round trip where there were two.
+START_POLL = (
+    """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return '-1' end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local wk, tk = KEYS[2], KEYS[3]
+local rate, guard = tonumber(ARGV[3]), tonumber(ARGV[4])
+local member, minwait = ARGV[5], tonumber(ARGV[6])
+"""
+    + PACE_BODY
+)
 
 TIGHTEN = """
 local t = redis.call('TIME')
@@ -186,8 +227,11 @@ class RedisStore(Store):
         self._acquire = self._redis.register_script(ACQUIRE)
         self._release = self._redis.register_script(RELEASE)
         self._pace = self._redis.register_script(PACE)
+        self._start_poll = self._redis.register_script(START_POLL)
+        self._cas_release = self._redis.register_script(CAS_RELEASE)
         self._tighten = self._redis.register_script(TIGHTEN)
         self._offset = 0.0
+        self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
         self._resync: asyncio.Task[None] | None = None
 
     # -- keys ---------------------------------------------------------------------------
@@ -282,21 +326,42 @@ class RedisStore(Store):
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         data = await self._call("get", self._redis.hget(self._op(operation_id), "d"))
-        return None if data is None else OperationRecord.from_dict(json.loads(data))
+        return None if data is None else OperationRecord.from_dict(orjson.loads(data))
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        """One round trip for a job this process has seen: which operation a job is never
+        changes, so that mapping is kept here (bounded); a purged one is looked up again."""
+        job = (account, provider, job_id)
+        known = self._job_ids.get(job)
+        if known is not None:
+            record = await self.get(known)
+            if record is not None:
+                return record
+            self._job_ids.pop(job, None)
         operation_id = await self._call(
             "find", self._redis.get(self._job(account, provider, job_id))
         )
-        return None if operation_id is None else await self.get(operation_id.decode())
+        if operation_id is None:
+            return None
+        record = await self.get(operation_id.decode())
+        if record is not None:
+            if len(self._job_ids) >= JOB_IDS:
+                self._job_ids.pop(next(iter(self._job_ids)))
+            self._job_ids[job] = record.operation_id
+        return record
 
-    async def save(self, record: OperationRecord) -> bool:
+    def _cas_call(self, record: OperationRecord) -> tuple[list[str], list[str | int | float]]:
+        """The KEYS and ARGV of the CAS script for writing ``record``."""
         written = record.evolve(version=record.version + 1)
-        data = json.dumps(written.to_dict(), separators=(",", ":"))
+        data = orjson.dumps(written.to_dict()).decode()
         keys = [self._op(record.operation_id), *self._indexes(record.provider)]
         ended = "" if record.ended_at is None else repr(record.ended_at)
         args: list[str | int | float] = [record.version, data, SYNC_TOLERANCE]
         args += [record.operation_id, repr(record.deadline_at), ended]
+        return keys, args
+
+    async def save(self, record: OperationRecord) -> bool:
+        keys, args = self._cas_call(record)
         result = await self._call("save", self._cas(keys=keys, args=args))
         if result == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
@@ -457,6 +522,39 @@ class RedisStore(Store):
         args: list[str | int] = [token, max(1, int(ttl * 1000))]
         held = await self._call("acquire_lease", self._acquire(keys=[self._lease(name)], args=args))
         return bool(held)
+
+    async def start_poll(
+        self, lease: str, token: str, now: float, ttl: float, provider: str, rate: float | None
+    ) -> float | None:
+        """Lease and pacing window in one script (Redis time throughout)."""
+        member = f"{time.time()}:{secrets.token_hex(4)}"
+        keys = [self._lease(lease), *self._pace_keys(provider)]
+        args = (token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT)
+        wait = float(await self._call("acquire_lease", self._start_poll(keys=keys, args=args)))
+        return None if wait < 0 else wait
+
+    async def finish_poll(
+        self,
+        operation_id: str,
+        change: Mutation[T],
+        *,
+        known: OperationRecord,
+        lease: str,
+        token: str,
+    ) -> T:
+        """The write computed from ``known`` and the lease release in one script; when
+        ``known`` was not current, the usual compare-and-set loop, then the release."""
+        new, result = change(known)
+        if new is not None:
+            keys, args = self._cas_call(new)
+            keys.append(self._lease(lease))
+            args.append(token)
+            if await self._call("save", self._cas_release(keys=keys, args=args)) == 1:
+                await self._replicated("save")
+                return result
+        return await super().finish_poll(
+            operation_id, change, known=known, lease=lease, token=token
+        )
 
     async def release_lease(self, name: str, token: str) -> None:
         await self._call("release_lease", self._release(keys=[self._lease(name)], args=[token]))
