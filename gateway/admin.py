@@ -18,15 +18,17 @@ compare-and-set, and audited with the operator's id before the answer goes back.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from . import actions, reloading
+from . import actions, reloading, workers
 from .audit import iso, records
 from .bodies import read_limited
 from .calls import send_upstream
@@ -34,9 +36,10 @@ from .config import Operator
 from .decide import Decision, Reply, extension_left
 from .escalation import message, problem_members
 from .headers import to_provider
-from .models import OperationFilter, OperationRecord, Outcome, ProviderAnswer
+from .models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
 from .policy import ProviderPolicy
 from .problems import problem
+from .proxy import lease_ttl
 from .routing import body_with_job_id, fill
 from .runtime import ROUTE, RUNTIME, Runtime
 from .story import story
@@ -224,8 +227,13 @@ async def show_operation(request: web.Request) -> web.StreamResponse:
         body["message"] = message(record, policy)
     body["extension_left"] = _extension_left(policy, record)
     audit = runtime.effects.audit
-    lines = records(audit.path) if audit is not None and audit.path.exists() else ()
-    body["story"] = story(lines, record.operation_id)
+    if audit is not None and audit.path.exists():  # a large file: read it off the event loop
+        path, wanted = audit.path, record.operation_id
+        body["story"] = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: story(records(path), wanted)
+        )
+    else:
+        body["story"] = []
     return web.json_response(body)
 
 
@@ -251,6 +259,8 @@ async def reload_config(request: web.Request) -> web.StreamResponse:
         return operator
     runtime = request.app[RUNTIME]
     problems = await reloading.reload(runtime)
+    if not problems:
+        workers.reload_all()  # with --workers, the other workers reload too
     if problems:
         detail = f"{len(problems)} problem(s); the running config and policies stay in force."
         return problem("config-rejected", detail, extra={"problems": problems})
@@ -292,33 +302,57 @@ async def act(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         return problem("invalid-request", f"Bad request body: {exc}.")
     now = runtime.clock()
-    answer = None
-    if action == "cancel":
-        why = actions.may_cancel(policy, record)
-        if why is not None:
-            return _not_permitted(record, why)
-        answer = await _cancel_at_provider(runtime, policy, record)
+    lease = None
+    if action == "cancel":  # one provider call at a time per operation, as polls take it
+        lease = (f"poll:{record.operation_id}", secrets.token_hex(16))
+        if not await runtime.store.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
+            busy = "a status request or another cancel is in flight; try again in a moment"
+            return _not_permitted(record, busy)
+    try:
+        answer = None
+        if action == "cancel":
+            record = await runtime.store.get(record.operation_id) or record  # under the lease
+            refusal = actions.may_cancel(policy, record)
+            if refusal is not None:
+                return _not_permitted(record, refusal)
+            answer = await _cancel_at_provider(runtime, policy, record)
 
-    def change(current: OperationRecord) -> tuple[OperationRecord | None, actions.ActionResult]:
-        if action == "extend":
-            done = actions.extend(
-                policy, current, now, seconds=seconds, requests=requests, reason=reason
-            )
-        elif action == "resume":
-            done = actions.resume(policy, current, now)
-        elif action == "abandon":
-            done = actions.abandon(policy, current, now, reason)
-        else:
-            assert answer is not None
-            done = actions.cancelled(policy, current, answer, reason, now)
-        return done.record, done
+        def change(
+            current: OperationRecord,
+        ) -> tuple[OperationRecord | None, actions.ActionResult]:
+            if action == "extend":
+                done = actions.extend(
+                    policy, current, now, seconds=seconds, requests=requests, reason=reason
+                )
+            elif action == "resume":
+                done = actions.resume(policy, current, now)
+            elif action == "abandon":
+                done = actions.abandon(policy, current, now, reason)
+            else:
+                assert answer is not None
+                done = actions.cancelled(policy, current, answer, reason, now)
+            return done.record, done
 
-    result = await runtime.store.mutate(record.operation_id, change)
+        result = await runtime.store.mutate(record.operation_id, change)
+    finally:
+        if lease is not None:
+            await runtime.store.release_lease(*lease)
+    status = answer.status if answer is not None else None
     if result.record is None:
+        if answer is not None:  # the cancel reached the provider: its line all the same
+            detail = f"refused by {operator.id}'s request: {result.refusal}"
+            await runtime.effects.call(
+                provider=record.provider,
+                account=record.account,
+                event=Event.CANCELLED,
+                http_status=status,
+                detail=detail,
+                operation=record,
+            )
         return _not_permitted(record, result.refusal or "not permitted")
     decision = Decision(result.record, Reply.PROVIDER, changed=True, event=result.event)
     await runtime.effects.decided(
-        policy, decision, detail=result.detail, actor=operator.id, http_status=None
+        policy, decision, detail=result.detail, actor=operator.id, http_status=status
     )
     return web.json_response({"action": action, "record": view(result.record)})
 

@@ -131,15 +131,22 @@ async def _sweep(runtime: Runtime) -> None:
         await asyncio.sleep(SWEEP_SECONDS)
         sweeps += 1
         if sweeps % PURGE_EVERY == 0:
-            with contextlib.suppress(StoreError):
-                await purge_finished(runtime)
+            await _sweep_step("purge", purge_finished(runtime))
         if sweeps % OVERDUE_EVERY == 0:
-            with contextlib.suppress(StoreError):
-                await escalate_overdue(runtime)
-        with contextlib.suppress(StoreError):
-            await proxy.close_refusal_windows(
-                runtime, runtime.effects.refusals.ended(runtime.clock())
-            )
+            await _sweep_step("deadline check", escalate_overdue(runtime))
+        ended = runtime.effects.refusals.ended(runtime.clock())
+        await _sweep_step("refusal windows", proxy.close_refusal_windows(runtime, ended))
+
+
+async def _sweep_step(name: str, step: Awaitable[object]) -> None:
+    """One step of the sweeper: a failure is logged and the sweeper goes on (it must never
+    die: deadlines would then go unseen)."""
+    try:
+        await step
+    except StoreError:
+        pass  # counted where it happened; tried again at the next sweep
+    except Exception:
+        log.exception("sweeper: %s failed; trying again at the next sweep", name)
 
 
 async def escalate_overdue(runtime: Runtime) -> int:
@@ -172,6 +179,8 @@ async def _escalate(runtime: Runtime, policy: ProviderPolicy, operation_id: str)
         )
         if decision is None:
             return False
+        if decision.cut_at is not None:  # a poll cut short by a crash gets its line too
+            await runtime.effects.interrupted(decision.record, decision.cut_at)
         await runtime.effects.decided(policy, decision)
         return True
     finally:

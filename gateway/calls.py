@@ -55,13 +55,10 @@ async def send_upstream(
     body: bytes | None = None,
 ) -> tuple[ProviderAnswer, UpstreamResponse | None]:
     """One upstream request as the core sees it (plus the raw answer when there is one),
-    counted and timed. ``headers`` come from headers.to_provider; the policy's credential
-    is put on here, and an OAuth2 token the provider refuses is renewed and sent once more."""
+    counted, timed and traced. ``headers`` come from headers.to_provider; the policy's
+    credential is put on here."""
     metrics = runtime.effects.metrics
     started = time.perf_counter()
-    failure: Failure | None = None
-    response: UpstreamResponse | None = None
-    credential = runtime.credentials[policy.provider]
     headers = dict(headers)
     with tracing.client_span(f"{method} {route}", headers) as span:
         parts = urlsplit(url)
@@ -73,20 +70,9 @@ async def send_upstream(
             statusgate__provider=policy.provider,
             statusgate__route=route,
         )
-        try:
-            for _ in range(2):
-                out = await credential.apply(Outgoing(method, url, headers, body))
-                response = await runtime.upstream.send(
-                    out.method, out.url, out.headers, out.body, secrets=credential.secrets()
-                )
-                if response.status != 401 or not credential.renew():
-                    break
-        except UpstreamTimeout:
-            failure = Failure.TIMEOUT
-        except UpstreamBodyTooLarge:
-            failure = Failure.TOO_LARGE
-        except UpstreamUnavailable as exc:
-            failure = Failure.CONNECTION if exc.sent else Failure.UNREACHABLE
+        response, failure = await _exchange(
+            runtime, policy, route, Outgoing(method, url, headers, body)
+        )
         if response is not None:
             span.set(http__response__status_code=response.status)
         else:
@@ -98,7 +84,7 @@ async def send_upstream(
     label = status_class(status, failure.value if failure is not None else None)
     metrics.upstream_requests.labels(policy.provider, route, label).inc()
     note_provider_call(status, elapsed)
-    if response is None:
+    if response is None or failure is Failure.CREDENTIAL_RENEWED:
         return ProviderAnswer(None, failure=failure), None
     answer = ProviderAnswer(
         status=response.status,
@@ -107,6 +93,36 @@ async def send_upstream(
         retry_after=response.headers.get("Retry-After"),
     )
     return answer, response
+
+
+async def _exchange(
+    runtime: Runtime, policy: ProviderPolicy, route: str, request: Outgoing
+) -> tuple[UpstreamResponse | None, Failure | None]:
+    """Send with the credential on. A 401 to an OAuth2 token renews it: any other call is
+    sent once more with the new token (it was refused, nothing happened at the provider);
+    a status call is not, since every status request sent counts against the budget: it
+    reports ``CREDENTIAL_RENEWED`` (a transport failure) and the next permitted poll uses
+    the new token."""
+    credential = runtime.applier(policy)
+    attempts = 1 if route == "status" else 2
+    response: UpstreamResponse | None = None
+    try:
+        for _ in range(attempts):
+            response = None
+            out = await credential.apply(request)
+            response = await runtime.upstream.send(
+                out.method, out.url, out.headers, out.body, secrets=credential.secrets()
+            )
+            if response.status != 401 or not credential.renew():
+                return response, None
+        renewed = route == "status"
+        return response, Failure.CREDENTIAL_RENEWED if renewed else None
+    except UpstreamTimeout:
+        return None, Failure.TIMEOUT
+    except UpstreamBodyTooLarge:
+        return None, Failure.TOO_LARGE
+    except UpstreamUnavailable as exc:
+        return None, Failure.CONNECTION if exc.sent else Failure.UNREACHABLE
 
 
 def operation_headers(record: OperationRecord, now: float) -> dict[str, str]:
@@ -181,7 +197,7 @@ def _detail(slug: str, decision: Decision, upstream: UpstreamResponse | None) ->
 def passthrough(
     call: Call, upstream: UpstreamResponse, headers: dict[str, str]
 ) -> web.StreamResponse:
-    rewriter = call.runtime.rewriters[call.policy.provider]
+    rewriter = call.runtime.rewriter(call.policy)
     kept = rewriter.response_headers(upstream.headers.items(), call.policy)
     body = rewrite_body(call, upstream.body, upstream.content_type)
     response = web.Response(status=upstream.status, body=body)
@@ -199,7 +215,7 @@ def rewrite_body(call: Call, body: bytes, content_type: str) -> bytes:
         data = json.loads(body)
     except (ValueError, RecursionError):
         return body
-    if not call.runtime.rewriters[call.policy.provider].body_fields(data, fields):
+    if not call.runtime.rewriter(call.policy).body_fields(data, fields):
         return body
     return json.dumps(data).encode()
 

@@ -60,10 +60,16 @@ class _Text(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = f"{_stamp(record.created)} {record.levelname.lower()} {record.getMessage()}"
         extras = [(k, getattr(record, k)) for k in REQUEST_FIELDS if hasattr(record, k)]
-        line += "".join(f" {k}={v}" for k, v in extras if v is not None)
+        line += "".join(f" {k}={_safe(v)}" for k, v in extras if v is not None)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+def _safe(value: object) -> str:
+    """A value on one text line: control characters (a %0A in a path) cannot forge lines."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
 
 
 def _stamp(created: float) -> str:

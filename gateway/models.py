@@ -48,7 +48,9 @@ class Event(enum.StrEnum):
     """What an audit line records (SPEC section 8, and the additions in docs/reference.md)."""
 
     SUBMITTED = "submitted"
-    SUBMIT_REJECTED = "submit_rejected"
+    SUBMIT_REJECTED = "submit_rejected"  # the provider answered 4xx/5xx
+    SUBMIT_FAILED = "submit_failed"  # no answer (timeout, connection)
+    SUBMIT_UNTRACKED = "submit_untracked"  # accepted, but no operation could be recorded
     POLLED = "polled"
     REFUSED = "refused"
     FINISHED = "finished"
@@ -69,6 +71,7 @@ class Failure(enum.Enum):
     UNREACHABLE = "unreachable"  # failed before anything was sent
     TIMEOUT = "timeout"
     TOO_LARGE = "too_large"
+    CREDENTIAL_RENEWED = "credential_renewed"  # a 401 to an expired token; renewed for next
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,9 @@ class Notifier:
                 now = int(self._wallclock())
                 headers.update(signed_headers(self._key, notice["id"], now, body))
             try:
-                async with self._session.post(self._url, data=body, headers=headers) as response:
+                async with self._session.post(
+                    self._url, data=body, headers=headers, allow_redirects=False
+                ) as response:  # a redirect is a failure: signed bodies go nowhere else
                     if response.status < 300:
                         return f"delivered (attempt {attempt}, HTTP {response.status})"
                     problem = f"HTTP {response.status}"

@@ -36,6 +36,7 @@ from .decide import Decision, Reply
 from .errors import NotAdmissible
 from .headers import agent_query, format_wait, prefer_wait, to_provider
 from .models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
+from .pacing import GUARD
 from .policy import ProviderPolicy
 from .problems import problem
 from .routing import body_with_job_id, fill, job_id_from_body, valid_job
@@ -44,7 +45,7 @@ from .schedule import provider_limit
 from .submit import read_body, submit
 from .upstream import UpstreamResponse
 
-LEASE_MARGIN = 1.0  # a lease outlives the upstream timeout by this much
+LEASE_MARGIN = 1.0  # a poll lease outlives the longest poll by this much
 MIN_HOLD_STEP = 0.005  # a held call never wakes more often than this
 
 
@@ -168,13 +169,13 @@ async def status(call: Call) -> web.StreamResponse:
     if record is None:
         return unknown_operation()
     wait = prefer_wait(call.request.headers.getall("Prefer", []))
-    if wait is not None:
+    if wait:  # RFC 7240: wait=0 asks for no wait at all
         return await _hold(call, record, min(wait, policy.polling.max_hold))
     now = runtime.clock()
     decision = decide.admit(policy, record, now)
     if not decision.forward and not decision.changed:  # answered without any write
         if _holds_early(policy, decision):
-            return await _hold(call, record, 0.0)
+            return await _hold(call, record, 0.0, early=True)
         return _refusal(call, decision, now)
     decision, response = await _shared_poll(_asker(call), record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
@@ -191,11 +192,11 @@ def _holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
     )
 
 
-async def _hold(call: Call, record: OperationRecord, wait: float) -> web.StreamResponse:
-    """``Prefer: wait=N`` on a status call: the hold below, answered as a status call.
-
-    ``wait`` 0 is an early call held (``early_calls: hold``)."""
-    early = wait == 0
+async def _hold(
+    call: Call, record: OperationRecord, wait: float, *, early: bool = False
+) -> web.StreamResponse:
+    """``Prefer: wait=N`` on a status call, or (``early``) an early call held for the next
+    permitted poll (``early_calls: hold``): the hold below, answered as a status call."""
     decision, response = await _held(_asker(call), record, wait, early=early)
     answer = render(call, decision, response, call.runtime.clock())
     if not early:
@@ -296,6 +297,14 @@ def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
     return (decision.record if decision.changed else None), decision
 
 
+def lease_ttl(runtime: Runtime, policy: ProviderPolicy) -> float:
+    """How long a poll may hold its lease: an OAuth2 token fetch and the request itself
+    (each bounded by upstream_timeout), the pacing space before the send, and a margin, so
+    a live poll never loses its lease to another replica."""
+    spacing = GUARD / policy.polling.provider_rate if policy.polling.provider_rate else 0.0
+    return 2 * runtime.settings.file.limits.upstream_timeout + spacing + LEASE_MARGIN
+
+
 async def _poll(
     asker: Asker, record: OperationRecord, *, pace: bool
 ) -> tuple[Decision, UpstreamResponse | None]:
@@ -304,7 +313,7 @@ async def _poll(
     runtime, policy, operation_id = asker.runtime, asker.policy, record.operation_id
     lease = f"poll:{operation_id}"
     token = secrets.token_hex(16)
-    ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN
+    ttl = lease_ttl(runtime, policy)
     rate = policy.polling.provider_rate if pace else None
     wait = await runtime.store.start_poll(lease, token, runtime.clock(), ttl, policy.provider, rate)
     if wait is None:
@@ -436,7 +445,7 @@ async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
         if record.inflight_at is None:
             continue
         lease, token = f"poll:{record.operation_id}", secrets.token_hex(16)
-        ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN
+        ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN  # one write
         if not await runtime.store.acquire_lease(lease, token, runtime.clock(), ttl):
             continue  # a live process is polling it now
         try:

@@ -21,10 +21,12 @@ FIXED = ("listen", "admin_listen", "store", "audit")  # need a restart
 
 def fixed_changes(running: GatewayFile, loaded: GatewayFile, shown: str) -> list[str]:
     """One message per setting that differs but cannot change while running."""
+    changed = [name for name in FIXED if getattr(running, name) != getattr(loaded, name)]
+    if running.limits.cache_bytes != loaded.limits.cache_bytes:
+        changed.append("limits.cache_bytes")  # the store's cache is sized at start
     return [
         f"{shown}: {name}: cannot change while the gateway runs; restart it to apply"
-        for name in FIXED
-        if getattr(running, name) != getattr(loaded, name)
+        for name in changed
     ]
 
 
@@ -43,9 +45,11 @@ async def reload(runtime: Runtime) -> list[str]:
         settings.file.escalation != runtime.settings.file.escalation
         or settings.webhook_secret != runtime.settings.webhook_secret
     )
+    logging_changed = settings.file.logging != runtime.settings.file.logging
     runtime.apply(settings)
     metrics.prime(settings.policies)
-    logs.configure(settings.file.logging)
+    if logging_changed:
+        logs.configure(settings.file.logging)
     if webhook_changed:
         await runtime.effects.restart_notifier(settings)
     metrics.config_reloads.labels("ok").inc()

@@ -22,6 +22,7 @@ from .effects import Effects
 from .headers import Rewriter
 from .models import Clock
 from .pacing import GUARD
+from .policy import ProviderPolicy
 from .routing import RouteTable
 from .store.base import Store
 from .upstream import Upstream, UpstreamResponse
@@ -81,6 +82,26 @@ class Runtime:
             timeout=limits.upstream_timeout, max_response_body=limits.max_response_body
         )
 
+    def applier(self, policy: ProviderPolicy) -> Applier:
+        """The credential applier for ``policy``: the running one, or, for a call that
+        began before a reload changed or removed the policy, one of its own (never the new
+        credential sent to the old origin)."""
+        if self.settings.policies.get(policy.provider) is policy:
+            return self.credentials[policy.provider]
+        return applier_for(policy, upstream=self.upstream, clock=self.clock)
+
+    def rewriter(self, policy: ProviderPolicy) -> Rewriter:
+        """The URL rewriter for ``policy``, as ``applier`` chooses appliers."""
+        if self.settings.policies.get(policy.provider) is policy:
+            return self.rewriters[policy.provider]
+        return Rewriter(policy, self.settings.file.public_base_url)
+
+    def route_table(self, policy: ProviderPolicy) -> RouteTable:
+        """The route table for ``policy``, as ``applier`` chooses appliers."""
+        if self.settings.policies.get(policy.provider) is policy:
+            return self.routes[policy.provider]
+        return RouteTable(policy)
+
     async def pause(self, seconds: float) -> bool:
         """Wait ``seconds`` on the injected sleeper; False at once if the gateway stops."""
         if self.stopping.is_set():
@@ -133,16 +154,22 @@ def agent_token(headers: Mapping[str, str]) -> str | None:
     """The agent token a request carries, in any of the three places agents may put it."""
     explicit = headers.get("Statusgate-Token", "").strip()
     if explicit:
-        return explicit
+        return explicit if _printable(explicit) else None
     authorization = headers.get("Authorization")
     if authorization is None:
         return None
     signed = _SIGV4.match(authorization.strip())
     if signed is not None:
-        return signed.group(1)
+        return signed.group(1) if _printable(signed.group(1)) else None
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+    return token if scheme.lower() == "bearer" and _printable(token) else None
+
+
+def _printable(token: str) -> bool:
+    """Tokens are visible ASCII: anything else (bytes that were not UTF-8 arrive as
+    surrogates) is no token at all, answered 401, never a crash."""
+    return bool(token) and token.isascii() and token.isprintable()
 
 
 def bearer_digest(authorization: str | None) -> str | None:
@@ -151,7 +178,7 @@ def bearer_digest(authorization: str | None) -> str | None:
         return None
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    if scheme.lower() != "bearer" or not _printable(token):
         return None
     return hashlib.sha256(token.encode()).hexdigest()
 

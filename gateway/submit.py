@@ -4,6 +4,7 @@ the gateway on its own."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -21,6 +22,7 @@ from .calls import (
     send_upstream,
     upstream_problem,
 )
+from .errors import StoreError
 from .headers import to_provider
 from .idempotency import Seen
 from .models import (
@@ -82,13 +84,16 @@ async def submit(call: Call) -> web.StreamResponse:
         runtime, policy, "submit", route.method, url, headers, body
     )
     if response is None:
+        await _audit(call, Event.SUBMIT_FAILED, None, f"no answer: {_failure(answer)}")
         return await _submit_failed(call, entry, answer.failure)
     if not 200 <= response.status < 300:
         if entry is not None:
             await runtime.store.drop_idempotency(entry.key)
         if response.status in (401, 403):
             return await _credential_rejected(call, response.status)
-        rewriter = runtime.rewriters[policy.provider]
+        detail = "the provider refused the submission; its answer was passed through"
+        await _audit(call, Event.SUBMIT_REJECTED, response.status, detail)
+        rewriter = runtime.rewriter(policy)
         passed = web.Response(status=response.status, body=response.body)
         for name, value in rewriter.response_headers(response.headers.items(), policy):
             passed.headers.add(name, value)
@@ -106,13 +111,8 @@ async def _credential_rejected(call: Call, status: int) -> web.Response:
         policy.provider,
         status,
     )
-    await call.runtime.effects.call(
-        provider=policy.provider,
-        account=call.account.id,
-        event=Event.SUBMIT_REJECTED,
-        http_status=status,
-        detail="the provider refused the gateway's credential; no operation was created",
-    )
+    detail = "the provider refused the gateway's credential; no operation was created"
+    await _audit(call, Event.SUBMIT_REJECTED, status, detail)
     detail = (
         f"The provider answered {status} to the gateway's own credential for "
         f"{policy.provider!r}; no job was created. An operator must fix the credential."
@@ -134,6 +134,7 @@ async def _open(
     if job_id is None:
         if entry is not None:  # the job may exist: never let a retry submit it again
             await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+        await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "no valid job id")
         detail = "The provider accepted the submission but gave no valid job id to track."
         return problem("integration-failure", detail)
     now = runtime.clock()
@@ -148,7 +149,7 @@ async def _open(
         now=now,
         u=runtime.rng.random(),
     )
-    rewriter = runtime.rewriters[policy.provider]
+    rewriter = runtime.rewriter(policy)
     kept = tuple(rewriter.response_headers(response.headers.items(), policy))
     status = policy.routes.status
     has_location = any(name.lower() == "location" for name, _ in kept)
@@ -166,7 +167,19 @@ async def _open(
             operation_id=decision.record.operation_id,
             response=stored,
         )
-    record = await runtime.store.create(decision.record, completed)
+    try:
+        record = await runtime.store.create(decision.record, completed)
+    except StoreError:  # the job exists at the provider: say so, never "nothing forwarded"
+        log.error("store failed after provider %s accepted a submission", policy.provider)
+        if entry is not None:  # a retry with the key must not submit again either
+            with contextlib.suppress(StoreError):
+                await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+        await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "the store failed")
+        detail = (
+            f"The provider accepted the submission (job {job_id}) but the gateway could not "
+            "record it. Do not resubmit: an operator must look at the provider."
+        )
+        return problem("submission-outcome-unknown", detail)
     if record.operation_id == decision.record.operation_id:  # new, not a known job
         opened = dataclasses.replace(decision, event=Event.SUBMITTED)
         await runtime.effects.decided(policy, opened, http_status=response.status)
@@ -197,14 +210,14 @@ def _job_id_from_location(call: Call, response: UpstreamResponse) -> str | None:
     """The status route's {job_id} in Location, else in a declared status URL header."""
     policy = call.policy
     prefix = f"{call.runtime.settings.file.public_base_url}/p/{policy.provider}"
-    rewriter = call.runtime.rewriters[policy.provider]
+    rewriter = call.runtime.rewriter(policy)
     for header in ("Location", *policy.routes.submit.status_url_headers):
         value = response.headers.get(header)
         gateway_url = rewriter.url(value) if value is not None else None
         if gateway_url is None:
             continue
         path = gateway_url.removeprefix(prefix).split("?", 1)[0]
-        match = call.runtime.routes[policy.provider].match(policy.routes.status.method, path)
+        match = call.runtime.route_table(policy).match(policy.routes.status.method, path)
         if match is not None and match.kind == "status":
             return match.job_id
     return None
@@ -256,6 +269,22 @@ async def _submit_failed(
         detail = "The provider's submit answer is larger than limits.max_response_body."
         return problem("integration-failure", detail)
     return upstream_problem(ProviderAnswer(None, failure=failure), None)
+
+
+async def _audit(call: Call, event: Event, status: int | None, detail: str) -> None:
+    """The audit line of a submission that opened no operation (SPEC 16: every provider
+    call has one)."""
+    await call.runtime.effects.call(
+        provider=call.policy.provider,
+        account=call.account.id,
+        event=event,
+        http_status=status,
+        detail=detail,
+    )
+
+
+def _failure(answer: ProviderAnswer) -> str:
+    return answer.failure.value if answer.failure is not None else "error"
 
 
 def _replace(entry: IdempotencyEntry, **changes: Any) -> IdempotencyEntry:

@@ -10,6 +10,7 @@ at scrape time through prometheus_client's multiprocess files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,10 +20,28 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from .config import Settings
+from .config import Settings, load_settings
+from .errors import ConfigError
 
 RESTART_GAP = 1.0  # a worker that dies is restarted, at most once a second
 START_WINDOW = 5.0  # a worker exiting with 1 this soon after its start could not start
+
+
+def _reloaded(settings: Settings) -> Settings:
+    """The config as it is on disk now, or the running one if it does not load."""
+    if settings.path is None:
+        return settings
+    try:
+        return load_settings(settings.path)
+    except ConfigError:
+        return settings  # the workers refuse it too, and say why
+
+
+def reload_all() -> None:
+    """In a worker: have the supervisor pass SIGHUP to every worker, so a reload asked of
+    one (POST /admin/reload) reaches them all."""
+    if os.environ.get("STATUSGATE_WORKER"):
+        os.kill(os.getppid(), signal.SIGHUP)
 
 
 def refusal(settings: Settings, workers: int) -> str | None:
@@ -66,6 +85,7 @@ def _supervise(settings: Settings, workers: int) -> int:
     from .server import serve
 
     children: dict[int, tuple[int, float]] = {}  # pid -> (worker number, started)
+    current = [settings]  # what a worker started now runs: the last set that loaded
     stopping = False
 
     def start(number: int) -> None:
@@ -74,15 +94,18 @@ def _supervise(settings: Settings, workers: int) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.environ["STATUSGATE_WORKER"] = str(number)  # the audit chain is shared
-            os._exit(serve(settings, reuse_port=True))
+            os._exit(serve(current[0], reuse_port=True))
         children[pid] = (number, time.monotonic())
 
     def forward(number: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         if number in (signal.SIGTERM, signal.SIGINT):
             stopping = True
-        for pid in children:
-            os.kill(pid, signal.SIGTERM if number == signal.SIGINT else number)
+        if number == signal.SIGHUP:  # a worker restarted later starts from the new set
+            current[0] = _reloaded(current[0])
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):  # reaped a moment ago
+                os.kill(pid, signal.SIGTERM if number == signal.SIGINT else number)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)

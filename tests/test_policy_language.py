@@ -25,6 +25,7 @@ from gateway.errors import ConfigError
 from gateway.models import ProviderAnswer
 from gateway.policy import load_policy
 from gateway.routing import RouteTable
+from gateway.runtime import RUNTIME
 
 from conftest import AGENT_TOKEN, FakeClock, sha
 
@@ -369,7 +370,9 @@ async def test_oauth2_tokens_are_fetched_cached_and_renewed_once_on_401(
     provider: tuple[Provider, str], gateway: Callable[..., Any]
 ) -> None:
     """Client credentials (RFC 6749 4.4): one token for many calls until shortly before it
-    expires; a provider 401 renews it and the call is sent once more."""
+    expires. A 401 to a submit renews it and sends once more (nothing was accepted); a 401 to
+    a status call renews it for the next permitted poll, and counts as the one request it was
+    (a transport failure), never as an uncounted second call."""
     fake, upstream = provider
     issued: list[str] = []
 
@@ -380,8 +383,12 @@ async def test_oauth2_tokens_are_fetched_cached_and_renewed_once_on_401(
         issued.append(f"token-{len(issued) + 1}")
         return web.json_response({"access_token": issued[-1], "expires_in": 600})
 
+    refuse = {"token-1"}  # the submit's first token; the first poll's is added below
+
     def jobs(request: web.Request, body: bytes) -> web.Response:
-        if request.method == "GET" and len(issued) == 1:  # the first token is refused
+        used = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if used in refuse:
+            refuse.discard(used)
             return web.json_response({"error": "expired"}, status=401)
         return web.json_response({"name": "operations/1", "done": False})
 
@@ -398,19 +405,35 @@ async def test_oauth2_tokens_are_fetched_cached_and_renewed_once_on_401(
     }
     clock = FakeClock(NOW)
     client = await gateway(base_policy(upstream, credential=credential), clock)
-    await client.post("/p/p/v1/jobs", json={}, headers=AUTH)
-    clock.advance(1.0)
+    submitted = await client.post("/p/p/v1/jobs", json={}, headers=AUTH)
+    assert submitted.status == 200, await submitted.text()
+    assert issued == ["token-1", "token-2"]  # the submit's 401 renewed it, sent once more
+    refuse.add("token-2")
+    runtime = client.app[RUNTIME]
+    record = await runtime.store.find("team-a", "p", "operations/1")
+    assert record is not None
+    clock.now = record.next_poll_at
+    refused = await client.get("/p/p/v1/operations/1", headers=AUTH)
+    assert (refused.status, refused.headers["X-Should-Retry"]) == (503, "true")
+    record = await runtime.store.find("team-a", "p", "operations/1")
+    assert record is not None
+    assert (record.status_requests_used, record.transport_failures_used) == (1, 1)
+    clock.now = record.next_poll_at
     polled = await client.get("/p/p/v1/operations/1", headers=AUTH)
     assert polled.status == 200, await polled.text()
-    assert issued == ["token-1", "token-2"]  # the 401 renewed it once
-    clock.advance(2.0)
+    assert issued == ["token-1", "token-2", "token-3"]  # renewed once per 401
+    statuses = [s for s in fake.seen if s["path"].startswith("/v1/operations")]
+    assert len(statuses) == 2  # every status request sent is a counted one
+    record = await runtime.store.find("team-a", "p", "operations/1")
+    assert record is not None
+    clock.now = record.next_poll_at
     await client.get("/p/p/v1/operations/1", headers=AUTH)
-    assert issued == ["token-1", "token-2"]  # cached
+    assert issued == ["token-1", "token-2", "token-3"]  # cached
     clock.advance(600)
     await client.get("/p/p/v1/operations/1", headers=AUTH)
-    assert issued == ["token-1", "token-2", "token-3"]  # expired: fetched anew
+    assert issued[-1] == "token-4"  # expired: fetched anew
     sent = [s for s in fake.seen if s["path"].startswith("/v1/")]
-    assert sent[-1]["headers"]["Authorization"] == "Bearer token-3"
+    assert sent[-1]["headers"]["Authorization"] == "Bearer token-4"
 
 
 async def test_a_failing_token_endpoint_is_a_transport_failure(

@@ -157,7 +157,7 @@ async def test_replica_paused_past_its_lease_cannot_write_a_stale_record(
         while not [e for e in replicas.demo.log if e["job_id"] == job and e["method"] == "GET"]:
             await asyncio.sleep(0.005)
         os.kill(paused.pid, signal.SIGSTOP)
-        await asyncio.sleep(2.5)  # lease = upstream_timeout (1s) + 1s margin
+        await asyncio.sleep(3.5)  # lease = 2 x upstream_timeout (1s) + 1s margin
         async with http.get(f"{b}/p/demo-jobs/v1/jobs/{job}", headers=AUTH) as r:
             assert r.status == 200
             assert r.headers["Statusgate-Outcome"] == "succeeded"

@@ -44,6 +44,8 @@ def issue(token: str, version: str, extension: bool) -> Session:
 
 def read(session_id: str, token: str) -> Session | None:
     """The session a header names, if this token opened it; None otherwise."""
+    if not session_id.isascii():  # bytes that were not UTF-8 arrive as surrogates
+        return None
     parts = session_id.split(".")
     if len(parts) != 5 or parts[0] != _PREFIX or parts[1] not in VERSIONS:
         return None

@@ -322,6 +322,8 @@ class SQLiteStore(Store):
                     outcomes.append((True, pending.work(conn)))
                 except Exception as exc:
                     conn.execute("ROLLBACK TO one")
+                    if pending.written is not None:  # undone: later writes must not see it
+                        self._batch.pop(pending.written.operation_id, None)
                     pending.written = None
                     outcomes.append((False, exc))
                 conn.execute("RELEASE one")
