@@ -19,9 +19,7 @@ compare-and-set, and audited with the operator's id before the answer goes back.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import math
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,6 +31,7 @@ from .audit import iso, records
 from .bodies import read_limited
 from .calls import send_upstream
 from .config import Operator
+from .cursors import cursor_after, position
 from .decide import Decision, Reply, extension_left
 from .escalation import message, problem_members
 from .headers import to_provider
@@ -47,7 +46,6 @@ from .units import format_duration, parse_duration, rfc3339
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_LIST = 500
-MAX_CURSOR = 512  # characters: a cursor holds one start time and one operation id
 QUEUE_SCAN = 10_000  # escalated operations read to order the queue oldest first
 
 
@@ -99,7 +97,7 @@ async def list_operations(request: web.Request) -> web.StreamResponse:
     try:
         outcome = Outcome(query["outcome"]) if query.get("outcome") else None
         limit = _limit(query.get("limit"))
-        before = _from_cursor(query["cursor"]) if query.get("cursor") else None
+        before = position(query["cursor"]) if query.get("cursor") else None
     except ValueError as exc:
         return problem("invalid-request", f"Bad query: {exc}.")
     where = OperationFilter(
@@ -112,7 +110,7 @@ async def list_operations(request: web.Request) -> web.StreamResponse:
     found = await request.app[RUNTIME].store.list(where)
     shown = found[:limit]
     more = len(found) > limit
-    next_cursor = _to_cursor(shown[-1]) if more and shown else None
+    next_cursor = cursor_after(shown[-1]) if more and shown else None
     return web.json_response({"operations": [view(r) for r in shown], "next_cursor": next_cursor})
 
 
@@ -126,32 +124,6 @@ def _limit(text: str | None, default: int = 100) -> int:
     if not 1 <= limit <= MAX_LIST:
         raise ValueError(f"limit must be a whole number from 1 to {MAX_LIST}")
     return limit
-
-
-def _to_cursor(record: OperationRecord) -> str:
-    """The position after ``record`` in list order, as an opaque URL-safe string."""
-    raw = json.dumps([record.started_at, record.operation_id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _from_cursor(cursor: str) -> tuple[float, str]:
-    """A cursor back to its position; ValueError for anything this API did not hand out."""
-    bad = ValueError("cursor is not one this API handed out (use next_cursor as given)")
-    if len(cursor) > MAX_CURSOR:
-        raise bad
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        started, operation_id = json.loads(raw)
-        if isinstance(started, bool) or not isinstance(started, int | float):
-            raise bad
-        if not isinstance(operation_id, str):
-            raise bad
-        position = float(started), operation_id
-    except (ValueError, TypeError, OverflowError, RecursionError):
-        raise bad from None
-    if not math.isfinite(position[0]):
-        raise bad
-    return position
 
 
 async def list_escalations(request: web.Request) -> web.StreamResponse:

@@ -26,12 +26,11 @@ from .audit import AuditLog, Fsync
 from .bodies import BodyTimeout, BodyTooLarge
 from .config import Settings
 from .context import CURRENT, RequestContext, request_id_from
-from .decide import Decision
 from .effects import Effects
 from .errors import StoreError
 from .logs import request_line
 from .metrics import Metrics, exposition
-from .models import Clock, OperationRecord
+from .models import Clock
 from .policy import ProviderPolicy
 from .problems import SLUG, explain, problem
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
@@ -175,7 +174,7 @@ async def _escalate(runtime: Runtime, policy: ProviderPolicy, operation_id: str)
     try:
         now = runtime.clock()
         decision = await store.mutate(
-            operation_id, lambda current: _written(decide.overdue(policy, current, now))
+            operation_id, lambda current: decide.as_write(decide.overdue(policy, current, now))
         )
         if decision is None:
             return False
@@ -185,11 +184,6 @@ async def _escalate(runtime: Runtime, policy: ProviderPolicy, operation_id: str)
         return True
     finally:
         await store.release_lease(lease, token)
-
-
-def _written(decision: Decision | None) -> tuple[OperationRecord | None, Decision | None]:
-    """A decision that may be None as a store mutation: nothing to do writes nothing."""
-    return (None, None) if decision is None else (decision.record, decision)
 
 
 async def purge_finished(runtime: Runtime) -> int:

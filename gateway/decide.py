@@ -50,6 +50,14 @@ class Decision:
     cut_at: float | None = None  # an earlier request reserved then, its answer never recorded
 
 
+def as_write(decision: Decision | None) -> tuple[OperationRecord | None, Decision | None]:
+    """A decision as a store mutation (``Store.mutate``): its record is written only when
+    it changed; no decision writes nothing."""
+    if decision is None:
+        return None, None
+    return (decision.record if decision.changed else None), decision
+
+
 def permitted_actions(
     reason: Reason, policy: ProviderPolicy, record: OperationRecord
 ) -> tuple[str, ...]:

@@ -136,7 +136,7 @@ def _asker(call: Call) -> Asker:
         to_provider(request.headers.items(), call.policy),
         agent_query(request.rel_url.raw_query_string, route.query_params),
         call.body,
-        gone=lambda: _gone(request),
+        gone=lambda: gone(request),
         request=request,
     )
 
@@ -264,7 +264,8 @@ async def _step(asker: Asker, record: OperationRecord) -> tuple[Decision, Upstre
     return await _shared_poll(asker, record, pace=decision.forward)
 
 
-def _gone(request: web.Request) -> bool:
+def gone(request: web.Request) -> bool:
+    """The client of ``request`` went away (a held call stops waiting for it)."""
     transport = request.transport
     return transport is None or transport.is_closing()
 
@@ -293,8 +294,9 @@ def _forget(runtime: Runtime, operation_id: str, task: PollTask) -> None:
 
 
 def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
-    """A decision as a store mutation: write its record only if it changed."""
-    return (decision.record if decision.changed else None), decision
+    """``decide.as_write`` for a decision that is never None."""
+    record, _ = decide.as_write(decision)
+    return record, decision
 
 
 def lease_ttl(runtime: Runtime, policy: ProviderPolicy) -> float:
@@ -450,7 +452,7 @@ async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
             continue  # a live process is polling it now
         try:
             decision = await runtime.store.mutate(
-                record.operation_id, lambda current: _persisting_recovery(current)
+                record.operation_id, lambda current: decide.as_write(decide.recover(current))
             )
         finally:
             await runtime.store.release_lease(lease, token)
@@ -458,13 +460,6 @@ async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
             await runtime.effects.interrupted(decision.record, decision.cut_at)
             found += 1
     return found
-
-
-def _persisting_recovery(
-    current: OperationRecord,
-) -> tuple[OperationRecord | None, Decision | None]:
-    decision = decide.recover(current)
-    return (None, None) if decision is None else (decision.record, decision)
 
 
 # -- result and passthrough --------------------------------------------------------------

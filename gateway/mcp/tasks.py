@@ -19,11 +19,10 @@ changes an operation: cancelling at the provider is an operator's decision (SPEC
 
 from __future__ import annotations
 
-import base64
-import json
 import math
 from typing import Any
 
+from ..cursors import cursor_after, position
 from ..models import OperationFilter, OperationRecord, Outcome
 from ..policy import ProviderPolicy
 from ..units import rfc3339
@@ -44,7 +43,6 @@ MIN_POLL_MS = 250  # a due poll is suggested this soon, never as a tight loop
 ESCALATED_POLL_MS = 60_000  # an escalation waits on a person: look again in a minute
 RESULT_RECHECK = 5.0  # seconds between looks at an escalated task while tasks/result blocks
 LIST_PAGE = 100
-MAX_CURSOR = 512
 RELATED = "io.modelcontextprotocol/related-task"
 IMMEDIATE = "io.modelcontextprotocol/model-immediate-response"
 
@@ -212,32 +210,19 @@ async def listing(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
     page, now = found[:LIST_PAGE], caller.runtime.clock()
     answer: dict[str, Any] = {"tasks": [legacy(r, policy_of(caller, r), now) for r in page]}
     if len(found) > LIST_PAGE and page:
-        answer["nextCursor"] = _cursor(page[-1])
+        answer["nextCursor"] = cursor_after(page[-1])
     return answer
-
-
-def _cursor(record: OperationRecord) -> str:
-    raw = json.dumps([record.started_at, record.operation_id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 def _position(cursor: Any) -> tuple[float, str] | None:
     if cursor is None:
         return None
-    bad = RpcError(INVALID_PARAMS, "Invalid params: the cursor is not one this server gave.")
-    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR:
-        raise bad
     try:
-        started, operation_id = json.loads(
-            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        )
-    except (ValueError, TypeError, RecursionError):
-        raise bad from None
-    if isinstance(started, bool) or not isinstance(started, int | float):
-        raise bad
-    if not isinstance(operation_id, str) or not math.isfinite(started):
-        raise bad
-    return float(started), operation_id
+        return position(cursor)
+    except ValueError:
+        raise RpcError(
+            INVALID_PARAMS, "Invalid params: the cursor is not one this server gave."
+        ) from None
 
 
 async def acknowledge(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from ..bodies import read_limited
 from ..config import Account
 from ..context import current_request_id, note_account
 from ..problems import problem
+from ..proxy import gone
 from ..runtime import ROUTE, RUNTIME, Runtime, agent_token
 from . import methods
 from .caller import Caller
@@ -117,7 +118,7 @@ async def _post(
         return web.json_response(error(None, INVALID_REQUEST, detail), status=400)
     if not any(_answered(m) for m in parsed.messages):
         return web.Response(status=202)
-    caller = Caller(runtime, account, session.version, session.extension, lambda: _gone(request))
+    caller = Caller(runtime, account, session.version, session.extension, lambda: gone(request))
     return await _reply(request, sse, lambda: _answers(caller, parsed))
 
 
@@ -135,11 +136,6 @@ def _wants_sse(accept: list[str]) -> bool | None:
 def _answered(message: Message | dict[str, Any]) -> bool:
     """Whether a message gets an answer: requests and invalid messages do."""
     return isinstance(message, dict) or message.request
-
-
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
 
 
 async def _answers(caller: Caller, parsed: Parsed) -> Payload | None:
