@@ -566,3 +566,23 @@ def test_routes_on_one_path_are_told_apart_by_their_match_headers(tmp_path: Path
     assert start is not None and start.kind == "submit"
     assert get is not None and get.kind == "status"
     assert table.match("POST", "/", {}) is None
+
+
+async def test_a_body_too_large_to_sign_is_413_and_never_sent(
+    provider: tuple[Provider, str], gateway: Callable[..., Any]
+) -> None:
+    """SigV4 signs the exact body: one over max_request_body is refused 413 before any
+    signing, and nothing is sent unsigned (or at all)."""
+    fake, upstream = provider
+    client = await gateway(aws_policy(upstream))
+    big = json.dumps({"TranscriptionJobName": "job-big", "Media": "x" * (2 * 1024 * 1024)})
+    answer = await client.post(
+        "/p/p/",
+        data=big,
+        headers={
+            "Statusgate-Token": AGENT_TOKEN,
+            "X-Amz-Target": "Transcribe.StartTranscriptionJob",
+        },
+    )
+    assert answer.status == 413
+    assert fake.seen == []
