@@ -488,19 +488,32 @@ async def result(call: Call) -> web.StreamResponse:
     url = policy.upstream + fill(route.path, values, query)
     sent = to_provider(call.request.headers.items(), policy)
     answer, response = await send_upstream(runtime, policy, "result", route.method, url, sent)
-    await runtime.effects.call(
-        provider=policy.provider,
-        account=call.account.id,
-        event=Event.RESULT_FETCHED,
-        http_status=answer.status,
-        detail=f"result fetch {fetched.result_fetches} of {policy.polling.max_result_fetches}"
-        + (f", {answer.failure.value}" if answer.failure is not None else ""),
-        operation=fetched,
-    )
+    limit = policy.polling.max_result_fetches
+    detail = f"result fetch {fetched.result_fetches} of {limit}"
+    await _audit_call(call, Event.RESULT_FETCHED, answer, detail, fetched)
     headers = _headers(call, fetched)
     if response is None:
         return upstream_problem(answer, record.operation_id, headers)
     return passthrough(call, response, headers)
+
+
+async def _audit_call(
+    call: Call,
+    event: Event,
+    answer: ProviderAnswer,
+    detail: str,
+    operation: OperationRecord | None = None,
+) -> None:
+    """The audit line of a provider call outside the polling loop, naming a failure."""
+    failure = f", {answer.failure.value}" if answer.failure is not None else ""
+    await call.runtime.effects.call(
+        provider=call.policy.provider,
+        account=call.account.id,
+        event=event,
+        http_status=answer.status,
+        detail=detail + failure,
+        operation=operation,
+    )
 
 
 def _headers(call: Call, record: OperationRecord) -> dict[str, str]:
@@ -525,14 +538,8 @@ async def passthrough_call(call: Call) -> web.StreamResponse:
     answer, response = await send_upstream(
         runtime, policy, "passthrough", request.method, url, headers, body or None
     )
-    await runtime.effects.call(
-        provider=policy.provider,
-        account=call.account.id,
-        event=Event.PASSTHROUGH,
-        http_status=answer.status,
-        detail=f"{request.method} {header_safe(raw_path)}"
-        + (f", {answer.failure.value}" if answer.failure is not None else ""),
-    )
+    detail = f"{request.method} {header_safe(raw_path)}"
+    await _audit_call(call, Event.PASSTHROUGH, answer, detail)
     if response is None:
         return upstream_problem(answer, None)
     return passthrough(call, response, {})

@@ -613,3 +613,18 @@ class RecordingProxy:
             drop = self.HOP | {"content-encoding"}
             kept = {k: v for k, v in answer.headers.items() if k.lower() not in drop}
             return web.Response(status=answer.status, body=content, headers=kept)
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """Every store backend in turn (the contract suites): memory, a SQLite file, Redis."""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/contract.db"
+    else:
+        url = "memory://"
+    the_store = store_from_url(url)
+    await the_store.open()
+    yield the_store
+    await the_store.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,20 +21,6 @@ from gateway.store.sqlite import _Cache, footprint
 from conftest import PROVIDER_KEY, pending_record, write_config
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-    elif request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/hardening.db"
-    else:
-        url = "memory://"
-    the_store = store_from_url(url)
-    await the_store.open()
-    yield the_store
-    await the_store.close()
 
 
 def op(number: int, **changes: object) -> OperationRecord:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -30,20 +29,6 @@ from gateway.store import Store, store_from_url
 from conftest import pending_record
 
 EXPIRY = 0.2  # seconds, for lease and idempotency expiry
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-    elif request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/contract.db"
-    else:
-        url = "memory://"
-    the_store = store_from_url(url)
-    await the_store.open()
-    yield the_store
-    await the_store.close()
 
 
 def record(op: str = "op_1", job: str = "job_1", account: str = "team-a") -> OperationRecord:
