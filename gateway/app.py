@@ -276,6 +276,8 @@ async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
     route = request.path.split("/", 2)[1] if request.path != "/" else ""
     with tracing.server_span(f"{request.method} /{route}", request.headers) as span:
         response = await handler(request)
+        if not span.recording:
+            return response
         context = CURRENT.get()
         span.set(
             http__request__method=request.method,

@@ -61,15 +61,16 @@ async def send_upstream(
     started = time.perf_counter()
     headers = dict(headers)
     with tracing.client_span(f"{method} {route}", headers) as span:
-        parts = urlsplit(url)
-        span.set(
-            http__request__method=method,
-            server__address=parts.hostname,
-            server__port=parts.port or (443 if parts.scheme == "https" else 80),
-            url__path=parts.path,  # never the query: it may hold a key
-            statusgate__provider=policy.provider,
-            statusgate__route=route,
-        )
+        if span.recording:
+            parts = urlsplit(url)
+            span.set(
+                http__request__method=method,
+                server__address=parts.hostname,
+                server__port=parts.port or (443 if parts.scheme == "https" else 80),
+                url__path=parts.path,  # never the query: it may hold a key
+                statusgate__provider=policy.provider,
+                statusgate__route=route,
+            )
         response, failure = await _exchange(
             runtime, policy, route, Outgoing(method, url, headers, body)
         )

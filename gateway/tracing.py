@@ -23,6 +23,9 @@ ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
 class _State:
     tracer: Any = None  # an opentelemetry Tracer when tracing is on
     provider: Any = None  # its TracerProvider, flushed at stop
+    w3c: Any = None  # the W3C trace-context propagator (traceparent, tracestate only)
+    server: Any = None  # SpanKind.SERVER
+    client: Any = None  # SpanKind.CLIENT
 
 
 _state = _State()
@@ -45,8 +48,12 @@ def setup(environ: Mapping[str, str] | None = None) -> str:
     service = env.get("OTEL_SERVICE_NAME") or "statusgate"
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     _state.provider = provider
     _state.tracer = trace.get_tracer("statusgate", tracer_provider=provider)
+    _state.w3c = TraceContextTextMapPropagator()
+    _state.server, _state.client = trace.SpanKind.SERVER, trace.SpanKind.CLIENT
     return f"tracing on: OTLP/HTTP export as service {service}"
 
 
@@ -65,14 +72,24 @@ class Span:
     """A started span, or nothing when tracing is off; attributes are set through it."""
 
     def __init__(self, span: Any = None) -> None:
-        self._span = span
+        self._span = span if span is not None and span.is_recording() else None
+
+    @property
+    def recording(self) -> bool:
+        """Attributes are kept (tracing is on and this trace is sampled): callers skip
+        gathering them otherwise."""
+        return self._span is not None
 
     def set(self, **attributes: str | int | float | None) -> None:
         if self._span is None:
             return
-        for name, value in attributes.items():
-            if value is not None:
-                self._span.set_attribute(name.replace("__", "."), value)
+        self._span.set_attributes(
+            {
+                name.replace("__", "."): value
+                for name, value in attributes.items()
+                if value is not None
+            }
+        )
 
     def failed(self, why: str) -> None:
         if self._span is not None:
@@ -88,11 +105,9 @@ def server_span(name: str, headers: Mapping[str, str]) -> Iterator[Span]:
     if tracer is None:
         yield Span()
         return
-    from opentelemetry.propagate import extract
-    from opentelemetry.trace import SpanKind
-
-    parent = extract({k.lower(): v for k, v in headers.items() if k.lower() in _W3C})
-    with tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER) as span:
+    carrier = {key: value for key in _W3C if (value := headers.get(key)) is not None}
+    parent = _state.w3c.extract(carrier) if carrier else None
+    with tracer.start_as_current_span(name, context=parent, kind=_state.server) as span:
         yield Span(span)
 
 
@@ -103,13 +118,10 @@ def client_span(name: str, headers: MutableMapping[str, str]) -> Iterator[Span]:
     if tracer is None:
         yield Span()
         return
-    from opentelemetry.propagate import inject
-    from opentelemetry.trace import SpanKind
-
     for key in [k for k in headers if k.lower() in _W3C]:
         del headers[key]  # the agent's own: this span's context replaces it
-    with tracer.start_as_current_span(name, kind=SpanKind.CLIENT) as span:
-        inject(headers)
+    with tracer.start_as_current_span(name, kind=_state.client) as span:
+        _state.w3c.inject(headers)
         yield Span(span)
 
 
