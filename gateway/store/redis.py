@@ -34,6 +34,7 @@ import hashlib
 import json
 import secrets
 import time
+from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -55,145 +56,22 @@ SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
-# KEYS: the record, then its provider's active set, deadlines and ended sorted sets, and its
-# open-escalations hash (operation id -> reason).
-# ARGV: expected version, record JSON, clock tolerance, operation id, deadline_at, ended_at
-# ('' when none). Returns 1 written, 0 stale version, -1 no record, -2 refused: spending a
-# status request is not admissible by Redis time.
-CAS_FUNCTION = """
-local function cas()
-  local stored = redis.call('HGET', KEYS[1], 'v')
-  if not stored then return -1 end
-  if tonumber(stored) ~= tonumber(ARGV[1]) then return 0 end
-  local new = cjson.decode(ARGV[2])
-  local old = cjson.decode(redis.call('HGET', KEYS[1], 'd'))
-  if new.status_requests_used > old.status_requests_used then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-    if old.outcome ~= 'pending' or now >= old.deadline_at
-       or old.status_requests_used >= old.max_status_requests
-       or now < old.next_poll_at - tonumber(ARGV[3])
-       or new.status_requests_used ~= old.status_requests_used + 1 then
-      return -2
-    end
-  end
-  redis.call('HSET', KEYS[1], 'v', tonumber(ARGV[1]) + 1, 'd', ARGV[2], 'o', new.outcome)
-  if new.outcome == 'pending' then
-    redis.call('SADD', KEYS[2], ARGV[4])
-    redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
-    redis.call('ZREM', KEYS[4], ARGV[4])
-  else
-    redis.call('SREM', KEYS[2], ARGV[4])
-    redis.call('ZREM', KEYS[3], ARGV[4])
-    if ARGV[6] == '' then
-      redis.call('ZREM', KEYS[4], ARGV[4])
-    else
-      redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
-    end
-  end
-  if new.outcome == 'escalated' and type(new.escalation) == 'table' then
-    redis.call('HSET', KEYS[5], ARGV[4], new.escalation.reason)
-  else
-    redis.call('HDEL', KEYS[5], ARGV[4])
-  end
-  return 1
-end
-"""
-CAS = CAS_FUNCTION + "return cas()\n"
+LUA = resources.files("gateway.store") / "lua"
 
-# CAS, then the poll lease released (KEYS[6], token ARGV[7]) when the write went through: a
-# poll's answer recorded and its lease given back in one round trip.
-CAS_RELEASE = (
-    CAS_FUNCTION
-    + """
-local written = cas()
-if written == 1 and redis.call('GET', KEYS[6]) == ARGV[7] then redis.call('DEL', KEYS[6]) end
-return written
-"""
-)
 
-CLAIM = """
-local seen = redis.call('GET', KEYS[1])
-if seen then return seen end
-redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
-return false
-"""
+def _lua(*names: str) -> str:
+    """A script from the .lua files beside this module (shared functions first)."""
+    return "\n".join((LUA / name).read_text(encoding="utf-8") for name in names)
 
-ACQUIRE = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if holder then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
 
-# The pacing window: wk window zset, tk tightening hash; rate (0 = none), guard, a unique
-# member, the least wait. Returns the seconds to wait as a string ('0': counted, go now).
-PACE_BODY = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local tight = redis.call('HMGET', tk, 'rate', 'until')
-if tight[2] and tonumber(tight[2]) > now then
-  local trate = tonumber(tight[1])
-  if trate <= 0 then return tostring(tonumber(tight[2]) - now) end
-  if rate <= 0 or trate < rate then rate = trate end
-end
-if rate <= 0 then return '0' end
-local limit = math.max(1, math.floor(rate))
-local window = limit / rate * guard
-redis.call('ZREMRANGEBYSCORE', wk, '-inf', now - window)
-if redis.call('ZCARD', wk) < limit then
-  redis.call('ZADD', wk, now, member)
-  redis.call('PEXPIRE', wk, math.ceil(window * 1000) + 1000)
-  return '0'
-end
-local oldest = redis.call('ZRANGE', wk, 0, 0, 'WITHSCORES')
-return tostring(math.max(tonumber(oldest[2]) + window - now, minwait))
-"""
-
-# KEYS: window zset, tightening hash. ARGV: rate (0 = none), guard, unique member, min wait.
-PACE = (
-    """
-local wk, tk = KEYS[1], KEYS[2]
-local rate, guard = tonumber(ARGV[1]), tonumber(ARGV[2])
-local member, minwait = ARGV[3], tonumber(ARGV[4])
-"""
-    + PACE_BODY
-)
-
-# The poll lease (KEYS[1], token ARGV[1], PX ARGV[2]) and then the pacing window (KEYS[2],
-# KEYS[3], ARGV[3..6] as PACE): '-1' when another holds the lease, else PACE's answer, the
-# lease kept either way. One round trip where there were two.
-START_POLL = (
-    """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return '-1' end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local wk, tk = KEYS[2], KEYS[3]
-local rate, guard = tonumber(ARGV[3]), tonumber(ARGV[4])
-local member, minwait = ARGV[5], tonumber(ARGV[6])
-"""
-    + PACE_BODY
-)
-
-TIGHTEN = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local current = redis.call('HMGET', KEYS[1], 'rate', 'until')
-local rate, untl = tonumber(ARGV[1]), tonumber(ARGV[2])
-if current[2] and tonumber(current[2]) > untl and tonumber(current[1]) <= rate then return 0 end
-redis.call('HSET', KEYS[1], 'rate', rate, 'until', untl)
-redis.call('PEXPIREAT', KEYS[1], math.ceil(untl * 1000) + 1000)
-return 1
-"""
-
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+CAS = _lua("cas.lua", "cas_write.lua")
+CAS_RELEASE = _lua("cas.lua", "cas_release.lua")
+CLAIM = _lua("claim.lua")
+ACQUIRE = _lua("acquire.lua")
+RELEASE = _lua("release.lua")
+PACE = _lua("pacing.lua", "pace.lua")
+START_POLL = _lua("pacing.lua", "start_poll.lua")
+TIGHTEN = _lua("tighten.lua")
 
 
 def _tag(*parts: str) -> str:
