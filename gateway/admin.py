@@ -37,8 +37,8 @@ from .escalation import message, problem_members
 from .headers import to_provider
 from .models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
 from .policy import ProviderPolicy
+from .polls import lease_ttl
 from .problems import problem
-from .proxy import lease_ttl
 from .routing import body_with_job_id, fill
 from .runtime import ROUTE, RUNTIME, Runtime
 from .story import story

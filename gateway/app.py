@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from . import admin, console, decide, mcp, openapi, proxy, tracing
+from . import admin, console, decide, mcp, openapi, polls, proxy, tracing
 from .audit import AuditLog, Fsync
 from .bodies import BodyTimeout, BodyTooLarge
 from .config import Settings
@@ -115,7 +115,7 @@ async def _start(app: web.Application) -> None:
     if effects.audit is not None:
         effects.audit.open()
     await effects.restart_notifier(runtime.settings)
-    cut = await proxy.recover_cut_polls(runtime)
+    cut = await polls.recover_cut_polls(runtime)
     if cut:
         log.warning("recorded %d status requests cut short by an earlier crash", cut)
     app[SWEEPER] = asyncio.create_task(_sweep(runtime))
@@ -134,7 +134,7 @@ async def _sweep(runtime: Runtime) -> None:
         if sweeps % OVERDUE_EVERY == 0:
             await _sweep_step("deadline check", escalate_overdue(runtime))
         ended = runtime.effects.refusals.ended(runtime.clock())
-        await _sweep_step("refusal windows", proxy.close_refusal_windows(runtime, ended))
+        await _sweep_step("refusal windows", polls.close_refusal_windows(runtime, ended))
 
 
 async def _sweep_step(name: str, step: Awaitable[object]) -> None:
@@ -208,7 +208,7 @@ async def _drain(app: web.Application) -> None:
     runtime.stopping.set()
     app[SWEEPER].cancel()
     with contextlib.suppress(StoreError):
-        await proxy.close_refusal_windows(runtime, runtime.effects.refusals.all())
+        await polls.close_refusal_windows(runtime, runtime.effects.refusals.all())
 
 
 async def _stop(app: web.Application) -> None:

@@ -211,6 +211,12 @@ def still_ours(reserved: OperationRecord, current: OperationRecord) -> bool:
     )
 
 
+def come_back(record: OperationRecord, wait: float, detail: str) -> Decision:
+    """A poll that cannot go now for a reason of the moment (another poll holds the lease,
+    the store's clock refused): too-early in ``wait`` seconds, nothing written."""
+    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
+
+
 def superseded(record: OperationRecord, now: float) -> Decision:
     """The answer to give when this poll's answer was dropped: the record as it stands."""
     if record.outcome.terminal:

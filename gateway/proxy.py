@@ -11,11 +11,7 @@ schedule, budgets and coalescing.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import secrets
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -30,23 +26,16 @@ from .calls import (
     unknown_operation,
     upstream_problem,
 )
-from .config import Account
 from .context import note_account
 from .decide import Decision, Reply
-from .errors import NotAdmissible
 from .headers import agent_query, format_wait, prefer_wait, to_provider
-from .models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
-from .pacing import GUARD
+from .models import Event, OperationRecord, ProviderAnswer
 from .policy import ProviderPolicy
+from .polls import Asker, gone, held, shared_poll
 from .problems import problem
-from .routing import body_with_job_id, fill, job_id_from_body, valid_job
-from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, PollTask, Runtime
-from .schedule import provider_limit
+from .routing import fill, job_id_from_body, valid_job
+from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
 from .submit import read_body, submit
-from .upstream import UpstreamResponse
-
-LEASE_MARGIN = 1.0  # a poll lease outlives the longest poll by this much
-MIN_HOLD_STEP = 0.005  # a held call never wakes more often than this
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -109,23 +98,6 @@ async def _with_body_job_id(call: Call, path: str) -> Call:
 # -- status -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Asker:
-    """Whom a poll is made for: the provider job, what of the asker's own request goes to
-    the provider with it, and how to tell that the asker went away. An agent's status call
-    forwards its headers, allowed query parameters and body; a wait the gateway makes for
-    an account (MCP) forwards nothing of an agent's."""
-
-    runtime: Runtime
-    policy: ProviderPolicy
-    job_id: str
-    headers: Mapping[str, str]  # ready for the provider (headers.to_provider)
-    query: str = ""  # the agent's query parameters the status route lets through
-    body: bytes | None = None
-    gone: Callable[[], bool] = lambda: False
-    request: web.Request | None = None  # an agent's HTTP call, told when it joins a poll
-
-
 def _asker(call: Call) -> Asker:
     request = call.request
     route = call.policy.routes.status
@@ -139,28 +111,6 @@ def _asker(call: Call) -> Asker:
         gone=lambda: gone(request),
         request=request,
     )
-
-
-def record_asker(
-    runtime: Runtime,
-    policy: ProviderPolicy,
-    record: OperationRecord,
-    gone: Callable[[], bool] | None = None,
-) -> Asker:
-    """A poll the gateway makes for the record's account with nothing of an agent's request:
-    the status route's match headers, and the job id in a JSON body where the route reads it
-    there (as an operator's cancel is sent)."""
-    route = policy.routes.status
-    headers = to_provider(route.match.headers.items() if route.match else [], policy)
-    body = None
-    if route.job_id is not None and route.job_id.path is not None:
-        body = body_with_job_id(route.job_id.path, record.provider_job_id)
-        headers.setdefault("Content-Type", "application/json")
-    return Asker(runtime, policy, record.provider_job_id, headers, body=body, gone=gone or _never)
-
-
-def _never() -> bool:
-    return False
 
 
 async def status(call: Call) -> web.StreamResponse:
@@ -177,7 +127,7 @@ async def status(call: Call) -> web.StreamResponse:
         if _holds_early(policy, decision):
             return await _hold(call, record, 0.0, early=True)
         return _refusal(call, decision, now)
-    decision, response = await _shared_poll(_asker(call), record, pace=decision.forward)
+    decision, response = await shared_poll(_asker(call), record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
 
 
@@ -197,217 +147,11 @@ async def _hold(
 ) -> web.StreamResponse:
     """``Prefer: wait=N`` on a status call, or (``early``) an early call held for the next
     permitted poll (``early_calls: hold``): the hold below, answered as a status call."""
-    decision, response = await _held(_asker(call), record, wait, early=early)
+    decision, response = await held(_asker(call), record, wait, early=early)
     answer = render(call, decision, response, call.runtime.clock())
     if not early:
         answer.headers["Preference-Applied"] = f"wait={format_wait(wait)}"
     return answer
-
-
-async def wait_for(
-    runtime: Runtime,
-    account: Account,
-    policy: ProviderPolicy,
-    record: OperationRecord,
-    seconds: float,
-    *,
-    gone: Callable[[], bool] | None = None,
-) -> tuple[Decision, UpstreamResponse | None]:
-    """``Prefer: wait`` without an HTTP status call (MCP): hold for ``account``'s operation
-    up to ``seconds`` (capped at the policy's ``max_hold``, never past the deadline), polling
-    only as the schedule permits. ``seconds`` 0 is one look: the answer from the record, or
-    the one poll that is due. Forwards nothing of an agent's request."""
-    if record.account != account.id or record.provider != policy.provider:
-        raise ValueError("an operation is waited for by its own account, under its own policy")
-    limit = min(max(0.0, seconds), policy.polling.max_hold)
-    asker = record_asker(runtime, policy, record, gone)
-    return await _held(asker, record, limit, early=False)
-
-
-async def _held(
-    asker: Asker, record: OperationRecord, wait: float, *, early: bool
-) -> tuple[Decision, UpstreamResponse | None]:
-    """Wait for the next permitted poll, poll for the asker, and keep waiting through
-    pending answers until the job ends, waiting must end, ``wait`` seconds pass, the
-    deadline comes, the asker goes away or the gateway stops. Costs only timers.
-
-    ``early``: wait for the next permitted poll only (up to ``max_hold``) and answer that
-    poll, pending or not."""
-    runtime = asker.runtime
-    limit = asker.policy.polling.max_hold if early else wait
-    end = min(runtime.clock() + limit, record.deadline_at)
-    runtime.holding += 1
-    try:
-        decision, response = await _step(asker, record)
-        while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
-            if early and response is not None:
-                break  # the one poll an early call waited for
-            now = runtime.clock()
-            wake = now + max(decision.retry_after, MIN_HOLD_STEP)
-            if wake > end or asker.gone() or not await runtime.pause(wake - now):
-                break
-            current = await runtime.store.get(record.operation_id)
-            assert current is not None
-            decision, response = await _step(asker, current)
-            if early:
-                break
-    finally:
-        runtime.holding -= 1
-    return decision, response
-
-
-async def _step(asker: Asker, record: OperationRecord) -> tuple[Decision, UpstreamResponse | None]:
-    """One look at the operation: the answer from the record, or one shared poll."""
-    decision = decide.admit(asker.policy, record, asker.runtime.clock())
-    if not decision.forward and not decision.changed:
-        return decision, None
-    return await _shared_poll(asker, record, pace=decision.forward)
-
-
-def gone(request: web.Request) -> bool:
-    """The client of ``request`` went away (a held call stops waiting for it)."""
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
-async def _shared_poll(
-    asker: Asker, record: OperationRecord, *, pace: bool
-) -> tuple[Decision, UpstreamResponse | None]:
-    """Step 7: one poll per operation in this process at a time; every caller gets its
-    answer. The poll is a task of its own, so a caller that goes away never cuts it short."""
-    runtime, operation_id = asker.runtime, record.operation_id
-    task = runtime.inflight.get(operation_id)
-    if task is None:
-        task = asyncio.create_task(_poll(asker, record, pace=pace))
-        runtime.inflight[operation_id] = task
-        task.add_done_callback(lambda done: _forget(runtime, operation_id, done))
-    elif asker.request is not None:
-        asker.request[OUTCOME] = "cached"
-    return await asyncio.shield(task)
-
-
-def _forget(runtime: Runtime, operation_id: str, task: PollTask) -> None:
-    if runtime.inflight.get(operation_id) is task:
-        del runtime.inflight[operation_id]
-    if not task.cancelled():
-        task.exception()  # retrieved here, raised to every caller still waiting
-
-
-def _persisting(decision: Decision) -> tuple[OperationRecord | None, Decision]:
-    """``decide.as_write`` for a decision that is never None."""
-    record, _ = decide.as_write(decision)
-    return record, decision
-
-
-def lease_ttl(runtime: Runtime, policy: ProviderPolicy) -> float:
-    """How long a poll may hold its lease: an OAuth2 token fetch and the request itself
-    (each bounded by upstream_timeout), the pacing space before the send, and a margin, so
-    a live poll never loses its lease to another replica."""
-    spacing = GUARD / policy.polling.provider_rate if policy.polling.provider_rate else 0.0
-    return 2 * runtime.settings.file.limits.upstream_timeout + spacing + LEASE_MARGIN
-
-
-async def _poll(
-    asker: Asker, record: OperationRecord, *, pace: bool
-) -> tuple[Decision, UpstreamResponse | None]:
-    """Steps 8 and 9: lease, re-check and reserve (or escalate), send exactly one request,
-    classify, save. Every write to the record happens under the lease."""
-    runtime, policy, operation_id = asker.runtime, asker.policy, record.operation_id
-    lease = f"poll:{operation_id}"
-    token = secrets.token_hex(16)
-    ttl = lease_ttl(runtime, policy)
-    rate = policy.polling.provider_rate if pace else None
-    wait = await runtime.store.start_poll(lease, token, runtime.clock(), ttl, policy.provider, rate)
-    if wait is None:
-        detail = "A status request for this operation is already in flight."
-        return await _come_back(runtime, operation_id, 1.0, detail), None
-    released = False
-    try:
-        now = runtime.clock()
-        effects = runtime.effects
-        if pace and wait > 0:
-            return await _paused(asker, record, now, wait), None
-        window = effects.refusals.close(operation_id)
-        refusals = window.count if window is not None else 0
-        try:
-            decision = await runtime.store.mutate(
-                operation_id,
-                lambda current: _persisting(decide.take(policy, current, now, refusals)),
-                known=record,
-            )
-        except NotAdmissible as exc:
-            return await _come_back(runtime, operation_id, 1.0, str(exc)), None
-        if window is not None:
-            await effects.refused(decision.record, window)
-        if decision.cut_at is not None:
-            await effects.interrupted(decision.record, decision.cut_at)
-        if not decision.forward:
-            await effects.decided(policy, decision)
-            return decision, None
-        route = policy.routes.status
-        url = policy.upstream + fill(route.path, {"job_id": asker.job_id}, asker.query)
-        if policy.polling.provider_rate is not None:
-            await runtime.space_sends(policy.provider, policy.polling.provider_rate)
-        answer, response = await send_upstream(
-            runtime, policy, "status", route.method, url, dict(asker.headers), asker.body
-        )
-        done = runtime.clock()
-        limit = provider_limit(answer.status, response.headers if response else {}, done)
-        if limit is not None:
-            await runtime.store.tighten(policy.provider, *limit)
-        u = runtime.rng.random()
-        reserved = decision.record
-        released = True  # finish_poll releases the lease with the write
-        decided = await runtime.store.finish_poll(
-            operation_id,
-            lambda current: _persisting(
-                decide.classify(policy, current, answer, done, u)
-                if decide.still_ours(reserved, current)
-                else decide.superseded(current, done)
-            ),
-            known=reserved.evolve(version=reserved.version + 1),
-            lease=lease,
-            token=token,
-        )
-        await effects.decided(
-            policy, decided, http_status=answer.status, detail=_answer_detail(answer, decided)
-        )
-        return decided, response
-    finally:
-        if not released:
-            await runtime.store.release_lease(lease, token)
-
-
-async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float) -> Decision:
-    """The provider is paused or at its ceiling: too-early, or (SPEC 16) escalated when the
-    pause outlasts the operation's deadline. Runs under the lease."""
-    policy, runtime = asker.policy, asker.runtime
-    decision = await runtime.store.mutate(
-        record.operation_id,
-        lambda current: _persisting(decide.paused(policy, current, now, wait)),
-        known=record,
-    )
-    await runtime.effects.decided(policy, decision)
-    return decision
-
-
-async def _come_back(runtime: Runtime, operation_id: str, wait: float, detail: str) -> Decision:
-    """too-early with ``Retry-After: wait``, on the record as it stands now."""
-    record = await runtime.store.get(operation_id)
-    assert record is not None
-    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
-
-
-def _answer_detail(answer: ProviderAnswer, decision: Decision) -> str | None:
-    """What the audit line says about the answer besides its status: for the story."""
-    parts = []
-    if answer.failure is not None:
-        parts.append(answer.failure.value)
-    if answer.retry_after is not None:
-        parts.append(f"Retry-After {header_safe(answer.retry_after[:40])}")
-    if decision.plan is not None and decision.plan.hint_rejected:
-        parts.append("hint rejected")
-    return ", ".join(parts) or None
 
 
 def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
@@ -416,50 +160,6 @@ def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
     elif decision.reply is Reply.FINAL:
         call.request[OUTCOME] = "cached"
     return render(call, decision, None, now)
-
-
-async def close_refusal_windows(runtime: Runtime, operation_ids: list[str]) -> None:
-    """Fold the refusals counted in memory into their records and the audit log."""
-    effects = runtime.effects
-    for operation_id in operation_ids:
-        window = effects.refusals.close(operation_id)
-        if window is None:
-            continue
-
-        def fold(
-            current: OperationRecord, count: int = window.count
-        ) -> tuple[OperationRecord | None, OperationRecord]:
-            folded = current.evolve(early_refusals=current.early_refusals + count)
-            return folded, folded
-
-        record = await runtime.store.mutate(operation_id, fold)
-        await effects.refused(record, window)
-
-
-async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
-    """At start (SPEC 16): every status request cut short by a crash gets its audit line.
-
-    A pending record whose reservation has no recorded answer, and whose poll lease nobody
-    holds, was being polled by a process that died. How many were found."""
-    found = 0
-    where = OperationFilter(outcome=Outcome.PENDING, limit=limit)
-    for record in await runtime.store.list(where):
-        if record.inflight_at is None:
-            continue
-        lease, token = f"poll:{record.operation_id}", secrets.token_hex(16)
-        ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN  # one write
-        if not await runtime.store.acquire_lease(lease, token, runtime.clock(), ttl):
-            continue  # a live process is polling it now
-        try:
-            decision = await runtime.store.mutate(
-                record.operation_id, lambda current: decide.as_write(decide.recover(current))
-            )
-        finally:
-            await runtime.store.release_lease(lease, token)
-        if decision is not None and decision.cut_at is not None:
-            await runtime.effects.interrupted(decision.record, decision.cut_at)
-            found += 1
-    return found
 
 
 # -- result and passthrough --------------------------------------------------------------

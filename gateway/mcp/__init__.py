@@ -7,7 +7,7 @@ of 2025-11-25, and the ``io.modelcontextprotocol/tasks`` extension for clients t
 it (see tasks.py). Modules: transport (HTTP), sessions, jsonrpc (pure), methods, tools, tasks,
 views (pure), caller (what an account may touch).
 
-Owns nothing about polling: every wait goes through proxy.wait_for, so the schedule, the
+Owns nothing about polling: every wait goes through polls.wait_for, so the schedule, the
 budgets and the shared poll hold exactly as for ``Prefer: wait``. Must never show one
 account another account's operations, nor any token, credential or upstream URL.
 """

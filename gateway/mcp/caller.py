@@ -1,7 +1,7 @@
 """Who is asking over MCP and what they may touch: the account's own operations only.
 
 Owns the two ways a tool or task reaches an operation: reading it (another account's
-operation is indistinguishable from none) and waiting for it through proxy.wait_for, the
+operation is indistinguishable from none) and waiting for it through polls.wait_for, the
 same hold, schedule, budgets and shared poll as ``Prefer: wait``. Never polls a provider any
 other way.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import proxy
+from .. import polls
 from ..config import Account
 from ..models import OperationRecord
 from ..policy import ProviderPolicy
@@ -78,7 +78,7 @@ async def wait(caller: Caller, record: OperationRecord, seconds: float) -> Opera
         detail = f"This account may no longer use provider {record.provider!r}."
         raise Refused("forbidden", detail, record.operation_id)
     runtime = caller.runtime
-    decision, _ = await proxy.wait_for(
+    decision, _ = await polls.wait_for(
         runtime, caller.account, policy, record, seconds, gone=caller.gone
     )
     return decision.record

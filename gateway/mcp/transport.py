@@ -22,8 +22,8 @@ from aiohttp import web
 from ..bodies import read_limited
 from ..config import Account
 from ..context import current_request_id, note_account
+from ..polls import gone
 from ..problems import problem
-from ..proxy import gone
 from ..runtime import ROUTE, RUNTIME, Runtime, agent_token
 from . import methods
 from .caller import Caller
