@@ -1,6 +1,8 @@
-"""Fleet pacing: a per-provider ceiling on status calls per second (SPEC issue 5).
+"""Fleet pacing: a per-provider ceiling on status calls per second (`polling.provider_rate`), owned here whole: the
+shared sliding window (Pacer; the Redis store runs the same rules in pacing.lua on Redis
+time), the tightening a provider asks for, and the spacing of sends in one process (Spacer).
 
-Pure bookkeeping with ``now`` passed in. A sliding window allows ``limit`` calls per
+The window is pure bookkeeping with ``now`` passed in. A sliding window allows ``limit`` calls per
 ``window`` seconds, the window stretched by GUARD so that calls bunched by network jitter
 still arrive at the provider under the ceiling. A provider's own signals (RateLimit headers,
 429 with Retry-After) tighten its ceiling until their reset; a tightened rate of 0 pauses the
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 GUARD = 1.05
@@ -50,3 +53,30 @@ class Pacer:
         current = self.tightened.get(provider)
         if current is None or current[1] <= until or rate < current[0]:
             self.tightened[provider] = (rate, until)
+
+
+@dataclass
+class Spacer:
+    """Keeps one process's status calls to a provider at least GUARD / rate apart.
+
+    The shared window decides how many polls may be reserved; batched commits can release
+    reserved polls together, so sends are spaced here, measured from the previous actual
+    send, right before each one goes out."""
+
+    last_send: dict[str, float] = field(default_factory=dict)
+
+    async def wait(
+        self,
+        provider: str,
+        rate: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        interval = GUARD / rate
+        while True:
+            now = clock()
+            last = self.last_send.get(provider)
+            if last is None or now - last >= interval:
+                self.last_send[provider] = now
+                return
+            await sleep(interval - (now - last))

@@ -21,7 +21,7 @@ from .credentials import Applier, applier_for
 from .effects import Effects
 from .headers import Rewriter
 from .models import Clock
-from .pacing import GUARD
+from .pacing import Spacer
 from .policy import ProviderPolicy
 from .routing import RouteTable
 from .store.base import Store
@@ -48,7 +48,7 @@ class Runtime:
     inflight: dict[str, PollTask] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     holding: int = 0  # status calls held for Prefer: wait right now
-    last_send: dict[str, float] = field(default_factory=dict)  # per provider, for spacing
+    spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
     admin_port: int | None = None  # the admin listener's bound port, once serving
 
     def __post_init__(self) -> None:
@@ -116,19 +116,8 @@ class Runtime:
         return not self.stopping.is_set()
 
     async def space_sends(self, provider: str, rate: float) -> None:
-        """Keep this process's status calls to ``provider`` at least GUARD / rate apart.
-
-        The shared pacing window decides how many polls may be reserved; batched commits can
-        release reserved polls together, so sends are spaced here, measured from the
-        previous actual send, right before each one goes out."""
-        interval = GUARD / rate
-        while True:
-            now = self.clock()
-            last = self.last_send.get(provider)
-            if last is None or now - last >= interval:
-                self.last_send[provider] = now
-                return
-            await self.sleep(interval - (now - last))
+        """Wait until a status call to ``provider`` may leave this process (pacing.Spacer)."""
+        await self.spacer.wait(provider, rate, self.clock, self.sleep)
 
     def agent(self, headers: Mapping[str, str]) -> Account | None:
         """The account whose agent token the request carries; None if unknown.
