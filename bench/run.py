@@ -67,10 +67,34 @@ def spawn(args: list[str], port: int, env: dict[str, str] | None = None) -> Iter
     )
     try:
         wait_port(port, process)
+        PIDS[port] = process.pid
         yield
     finally:
+        PIDS.pop(port, None)
         process.terminate()
         process.wait(10)
+
+
+PIDS: dict[int, int] = {}  # port -> pid of the process spawned on it
+CPU_US: dict[str, float] = {}  # target -> its own CPU microseconds per forwarded poll
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(
+    name: str, base: str, paths: list[str], headers: dict[str, str], seconds: float
+) -> Result:
+    """Forwarded-poll capacity, and the serving process's CPU per request beside it."""
+    pid = PIDS.get(int(base.rsplit(":", 1)[1].split("/", 1)[0]))
+    before = cpu_seconds(pid) if pid else 0.0
+    result = capacity(base, paths, headers, seconds)
+    if pid and result.rps > 0:
+        CPU_US[name] = (cpu_seconds(pid) - before) / (result.rps * seconds) * 1e6
+    return result
 
 
 # -- load -------------------------------------------------------------------------------
@@ -300,8 +324,8 @@ def main() -> None:
                     if base is None:
                         print(f"{name}: skipped (nginx is not installed: {NGINX_HINT})")
                         continue
-                    rows[(name, "forwarded poll")] = capacity(
-                        base, job_paths, direct_headers, seconds
+                    rows[(name, "forwarded poll")] = measured(
+                        name, base, job_paths, direct_headers, seconds
                     )
                     rows[(name, "submit")] = capacity(
                         base, ["/v1/jobs"], direct_headers, seconds, "POST"
@@ -392,7 +416,7 @@ def _gateway_paths(
         asyncio.run(prime(base, agent, paths[:1]))
         gateway = f"http://127.0.0.1:{port}"
         full = [f"/p/bench{p}" for p in paths]
-        rows[(name, "forwarded poll")] = capacity(gateway, full, agent, seconds)
+        rows[(name, "forwarded poll")] = measured(name, gateway, full, agent, seconds)
         if only_forwarded:
             return
         early = asyncio.run(
@@ -582,6 +606,9 @@ def _print(
     print(f"tracing on / off forwarded throughput: {traced} [>= 0.9]")
     workers = ratio(("G2 2 workers", fwd), (g2, fwd))
     print(f"G2 2 workers / 1 worker forwarded throughput: {workers}")
+    chosen = ("B2 bare proxy", "G1 Statusgate SQLite", "G2 Statusgate Redis")
+    shown = ", ".join(f"{name} {CPU_US[name]:.0f} us" for name in chosen if name in CPU_US)
+    print(f"CPU of the serving process per forwarded poll: {shown}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The one small interface every store implements, and the logic they share.
 
-A store keeps operation records (compare-and-set on ``version``), idempotency entries (first
-writer wins, with an expiry) and leases (one holder per name until the lease expires). It
+Two parts, as ``limits`` splits its storage: ``Records`` keeps operation records
+(compare-and-set on ``version``) and idempotency entries (first writer wins, with an expiry);
+``Coordination`` keeps leases (one holder per name until expiry), the providers' pacing
+windows and tightening, and the clock. ``Store`` is both, plus a poll's two steps. It
 never decides anything about polling: callers pass pure functions to ``mutate``. Backends
 translate their driver errors into StoreError; nothing above this layer sees a driver type.
 """
@@ -25,15 +27,8 @@ Mutation = Callable[[OperationRecord], tuple[OperationRecord | None, T]]
 CAS_ATTEMPTS = 100
 
 
-class Store(abc.ABC):
-    _pacer: Pacer | None = None
-    _held: dict[str, tuple[str, float]] | None = None
-
-    @property
-    def _leases(self) -> dict[str, tuple[str, float]]:
-        if self._held is None:
-            self._held = {}
-        return self._held
+class Records(abc.ABC):
+    """Operation records and idempotency entries: what a store keeps durably."""
 
     # -- operations ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -123,6 +118,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def drop_idempotency(self, key: str) -> None: ...
 
+
+class Coordination:
+    """What replicas coordinate through: poll leases, the provider's pacing window and its
+    tightening, and the clock decisions use. The defaults keep all of it in this process,
+    right for the stores one gateway process owns (memory, SQLite); shared stores override."""
+
+    _pacer: Pacer | None = None
+    _held: dict[str, tuple[str, float]] | None = None
+
+    @property
+    def _leases(self) -> dict[str, tuple[str, float]]:
+        if self._held is None:
+            self._held = {}
+        return self._held
+
     # -- leases -------------------------------------------------------------------------
     async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
         """Hold ``name`` until ``now + ttl`` unless another unexpired token holds it.
@@ -140,6 +150,30 @@ class Store(abc.ABC):
         held = self._leases.get(name)
         if held is not None and held[0] == token:
             del self._leases[name]
+
+    # -- pacing -------------------------------------------------------------------------
+    async def pace(self, provider: str, rate: float | None, now: float) -> float:
+        """0 if a status call to ``provider`` may go now (it is counted), else seconds to
+        wait. The default keeps the window in this process; shared stores share it."""
+        if self._pacer is None:
+            self._pacer = Pacer()
+        return self._pacer.pace(provider, rate, now)
+
+    async def tighten(self, provider: str, rate: float, until: float) -> None:
+        """Lower ``provider``'s ceiling to ``rate`` per second (0 pauses it) until ``until``."""
+        if self._pacer is None:
+            self._pacer = Pacer()
+        self._pacer.tighten(provider, rate, until)
+
+    # -- clock --------------------------------------------------------------------------
+    def clock(self) -> float:
+        """The time decisions should use with this store; shared stores use their own."""
+        return time.time()
+
+
+class Store(Records, Coordination):
+    """The one interface every backend implements: records and coordination, a poll's two
+    steps that use both (one round trip each on shared stores), and the store's life."""
 
     # -- a poll's two store steps around the provider call ---------------------------------
     async def start_poll(
@@ -169,25 +203,7 @@ class Store(abc.ABC):
         finally:
             await self.release_lease(lease, token)
 
-    # -- pacing -------------------------------------------------------------------------
-    async def pace(self, provider: str, rate: float | None, now: float) -> float:
-        """0 if a status call to ``provider`` may go now (it is counted), else seconds to
-        wait. The default keeps the window in this process; shared stores share it."""
-        if self._pacer is None:
-            self._pacer = Pacer()
-        return self._pacer.pace(provider, rate, now)
-
-    async def tighten(self, provider: str, rate: float, until: float) -> None:
-        """Lower ``provider``'s ceiling to ``rate`` per second (0 pauses it) until ``until``."""
-        if self._pacer is None:
-            self._pacer = Pacer()
-        self._pacer.tighten(provider, rate, until)
-
     # -- life ---------------------------------------------------------------------------
-    def clock(self) -> float:
-        """The time decisions should use with this store; shared stores use their own."""
-        return time.time()
-
     async def open(self) -> None:
         """Start background work (clock sync); the default store has none."""
         return None
