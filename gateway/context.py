@@ -10,6 +10,7 @@ so the provider call they make is seen by the request that started them.
 from __future__ import annotations
 
 import contextvars
+import random
 import re
 import secrets
 from dataclasses import dataclass
@@ -34,7 +35,11 @@ def request_id_from(header: str | None) -> str:
     """The agent's ``X-Request-Id`` when it is well-formed, else a new one."""
     if header is not None and REQUEST_ID.fullmatch(header):
         return header
-    return secrets.token_hex(12)
+    return f"{_ids.getrandbits(96):024x}"
+
+
+# Request ids must be unique, not secret: a fast generator seeded from the OS per process.
+_ids = random.Random(secrets.randbits(128))
 
 
 def current_request_id() -> str | None:

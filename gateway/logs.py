@@ -13,7 +13,7 @@ import logging.handlers
 import os
 import threading
 import time
-from queue import Full, Queue
+from queue import Empty, Full, Queue
 from typing import Any
 
 import orjson
@@ -135,7 +135,8 @@ class _Writer:
     def _run(self) -> None:
         while (record := self.queue.get()) is not None:
             if isinstance(record, bytes):
-                _write(record)
+                if self._lines(record):
+                    return
             else:
                 self._handler.handle(record)
             if self.front.dropped and self.queue.empty():
@@ -145,6 +146,27 @@ class _Writer:
                     logging.LogRecord("statusgate", logging.WARNING, __file__, 0, note, None, None)
                 )
 
+    def _lines(self, first: bytes) -> bool:
+        """Write ``first`` and every rendered line already waiting behind it in one write
+        (one system call for a burst); a record met meanwhile is handled in turn. True
+        when the stop marker was met."""
+        lines = [first]
+        while len(lines) < LINES_PER_WRITE:
+            try:
+                nxt = self.queue.get_nowait()
+            except Empty:
+                break
+            if isinstance(nxt, bytes):
+                lines.append(nxt)
+                continue
+            _write(b"".join(lines))
+            if nxt is None:
+                return True
+            self._handler.handle(nxt)
+            return False
+        _write(b"".join(lines))
+        return False
+
     def stop(self) -> None:
         """Write what is queued (for at most a second: a stalled stderr cannot hang exit)."""
         with contextlib.suppress(Full):
@@ -153,6 +175,7 @@ class _Writer:
 
 
 QUEUE_SIZE = 10_000
+LINES_PER_WRITE = 256
 _writer: _Writer | None = None
 
 

@@ -1,6 +1,7 @@
-"""Fleet pacing: a per-provider ceiling on status calls per second (`polling.provider_rate`), owned here whole: the
-shared sliding window (Pacer; the Redis store runs the same rules in pacing.lua on Redis
-time), the tightening a provider asks for, and the spacing of sends in one process (Spacer).
+"""Fleet pacing: a per-provider ceiling on status calls per second
+(``polling.provider_rate``), owned here whole: the shared sliding window (Pacer; the Redis
+store runs the same rules in pacing.lua on Redis time), the tightening a provider asks for,
+and the spacing of sends in one process (Spacer).
 
 The window is pure bookkeeping with ``now`` passed in. A sliding window allows ``limit`` calls per
 ``window`` seconds, the window stretched by GUARD so that calls bunched by network jitter
