@@ -48,6 +48,17 @@ class RefusalWindows:
     def close(self, operation_id: str) -> Window | None:
         return self._open.pop(operation_id, None)
 
+    def reopen(self, operation_id: str, window: Window | None) -> None:
+        """Put back a window closed for a write that did not happen (counts kept)."""
+        if window is None:
+            return
+        current = self._open.get(operation_id)
+        if current is None:
+            self._open[operation_id] = window
+        else:
+            current.count += window.count
+            current.first_at = min(current.first_at, window.first_at)
+
     def ended(self, now: float) -> list[str]:
         return [op for op, window in self._open.items() if window.ends_at <= now]
 

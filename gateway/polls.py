@@ -11,6 +11,7 @@ from decide.py; nothing here answers HTTP (proxy.py and mcp/ do).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from . import decide
 from .calls import header_safe, send_upstream
 from .config import Account
 from .decide import Decision
-from .errors import NotAdmissible
+from .effects import Window
+from .errors import NotAdmissible, StoreError
 from .headers import to_provider
 from .models import OperationFilter, OperationRecord, Outcome, ProviderAnswer
 from .pacing import GUARD
@@ -186,22 +188,39 @@ class _Lease:
 async def _poll(
     asker: Asker, record: OperationRecord, *, pace: bool
 ) -> tuple[Decision, UpstreamResponse | None]:
-    """Steps 8 and 9: lease and pacing window, the reservation written, exactly one request
-    sent, the answer written and the lease released. Every write happens under the lease."""
+    """Steps 8 and 9: lease, pacing window and the reservation (one round trip on shared
+    stores, computed from the record in hand), exactly one request sent, the answer written
+    with the lease released. Every write happens under the lease."""
     runtime, policy, operation_id = asker.runtime, asker.policy, record.operation_id
     lease = _Lease(f"poll:{operation_id}", secrets.token_hex(16))
-    rate = policy.polling.provider_rate if pace else None
-    wait = await runtime.store.start_poll(
-        lease.name, lease.token, runtime.clock(), lease_ttl(runtime, policy), policy.provider, rate
-    )
+    windows = runtime.effects.refusals
+    window = windows.close(operation_id)
+    refusals = window.count if window is not None else 0
+    first = decide.take(policy, record, runtime.clock(), refusals)
+    try:
+        wait, written = await _start(asker, lease, first if first.forward else None, pace)
+    except NotAdmissible as exc:  # by the store's clock not due: the lease is ours, give it up
+        await runtime.store.release_lease(lease.name, lease.token)
+        return await _come_back(runtime, operation_id, 1.0, str(exc)), None
+    except StoreError:  # the lease may be ours already: never leave it held
+        windows.reopen(operation_id, window)
+        with contextlib.suppress(StoreError):
+            await runtime.store.release_lease(lease.name, lease.token)
+        raise
     if wait is None:
+        windows.reopen(operation_id, window)
         detail = "A status request for this operation is already in flight."
         return await _come_back(runtime, operation_id, 1.0, detail), None
     released = False
     try:
         if pace and wait > 0:
+            windows.reopen(operation_id, window)
             return await _paused(asker, record, runtime.clock(), wait), None
-        decision = await _reserve(asker, record)
+        if written:
+            decision = first
+            await _reserved(asker, decision, window)
+        else:
+            decision = await _reserve(asker, record, window)
         if not decision.forward:
             return decision, None
         answer, response = await _send(asker)
@@ -212,12 +231,28 @@ async def _poll(
             await runtime.store.release_lease(lease.name, lease.token)
 
 
-async def _reserve(asker: Asker, record: OperationRecord) -> Decision:
+async def _start(
+    asker: Asker, lease: _Lease, first: Decision | None, pace: bool
+) -> tuple[float | None, bool]:
+    """The lease and the pacing window, with ``first``'s reservation written in the same
+    step when there is one: (wait, written)."""
+    runtime, policy = asker.runtime, asker.policy
+    store, now, ttl = runtime.store, runtime.clock(), lease_ttl(runtime, policy)
+    rate = policy.polling.provider_rate if pace else None
+    if first is None:
+        wait = await store.start_poll(lease.name, lease.token, now, ttl, policy.provider, rate)
+        return wait, False
+    return await store.start_and_reserve(
+        lease.name, lease.token, now, ttl, policy.provider, rate, first.record
+    )
+
+
+async def _reserve(asker: Asker, record: OperationRecord, window: Window | None) -> Decision:
     """Re-check under the lease and spend one status request (or escalate, or refuse),
-    folding in the refusals counted meanwhile; the decision's effects are carried out."""
-    runtime, policy, effects = asker.runtime, asker.policy, asker.runtime.effects
+    folding in the refusals counted meanwhile, from the stored record: the step taken when
+    the record in hand had moved."""
+    runtime, policy = asker.runtime, asker.policy
     now = runtime.clock()
-    window = effects.refusals.close(record.operation_id)
     refusals = window.count if window is not None else 0
     try:
         decision = await runtime.store.mutate(
@@ -227,13 +262,20 @@ async def _reserve(asker: Asker, record: OperationRecord) -> Decision:
         )
     except NotAdmissible as exc:
         return await _come_back(runtime, record.operation_id, 1.0, str(exc))
+    await _reserved(asker, decision, window)
+    return decision
+
+
+async def _reserved(asker: Asker, decision: Decision, window: Window | None) -> None:
+    """The effects of a written reservation (or of the escalation written instead): the
+    refusals folded in, a cut request found, the decision's own line."""
+    effects = asker.runtime.effects
     if window is not None:
         await effects.refused(decision.record, window)
     if decision.cut_at is not None:
         await effects.interrupted(decision.record, decision.cut_at)
     if not decision.forward:
-        await effects.decided(policy, decision)
-    return decision
+        await effects.decided(asker.policy, decision)
 
 
 async def _send(asker: Asker) -> tuple[ProviderAnswer, UpstreamResponse | None]:

@@ -187,6 +187,25 @@ class Store(Records, Coordination):
             return None
         return await self.pace(provider, rate, now)
 
+    async def start_and_reserve(
+        self,
+        lease: str,
+        token: str,
+        now: float,
+        ttl: float,
+        provider: str,
+        rate: float | None,
+        reserve: OperationRecord,
+    ) -> tuple[float | None, bool]:
+        """``start_poll``, then, when the call may go now, ``save(reserve)``: the
+        reservation computed from the record in hand. (wait, written); not written means
+        the record moved meanwhile and the caller reserves the usual way, under the lease it
+        now holds. Raises NotAdmissible like ``save``. Shared stores: one round trip."""
+        wait = await self.start_poll(lease, token, now, ttl, provider, rate)
+        if wait != 0:
+            return wait, False
+        return wait, await self.save(reserve)
+
     async def finish_poll(
         self,
         operation_id: str,

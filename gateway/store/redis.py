@@ -71,6 +71,7 @@ ACQUIRE = _lua("acquire.lua")
 RELEASE = _lua("release.lua")
 PACE = _lua("pacing.lua", "pace.lua")
 START_POLL = _lua("pacing.lua", "start_poll.lua")
+START_RESERVE = _lua("pacing.lua", "cas.lua", "start_reserve.lua")
 TIGHTEN = _lua("tighten.lua")
 
 
@@ -106,6 +107,7 @@ class RedisStore(Store):
         self._release = self._redis.register_script(RELEASE)
         self._pace = self._redis.register_script(PACE)
         self._start_poll = self._redis.register_script(START_POLL)
+        self._start_reserve = self._redis.register_script(START_RESERVE)
         self._cas_release = self._redis.register_script(CAS_RELEASE)
         self._tighten = self._redis.register_script(TIGHTEN)
         self._offset = 0.0
@@ -410,6 +412,33 @@ class RedisStore(Store):
         args = (token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT)
         wait = float(await self._call("acquire_lease", self._start_poll(keys=keys, args=args)))
         return None if wait < 0 else wait
+
+    async def start_and_reserve(
+        self,
+        lease: str,
+        token: str,
+        now: float,
+        ttl: float,
+        provider: str,
+        rate: float | None,
+        reserve: OperationRecord,
+    ) -> tuple[float | None, bool]:
+        """Lease, pacing window and the reservation in one script."""
+        member = f"{time.time()}:{secrets.token_hex(4)}"
+        cas_keys, cas_args = self._cas_call(reserve)
+        keys = [self._lease(lease), *self._pace_keys(provider), *cas_keys]
+        args = [token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT, *cas_args]
+        raw_wait, written = await self._call(
+            "acquire_lease", self._start_reserve(keys=keys, args=args)
+        )
+        wait = float(raw_wait)
+        if wait < 0:
+            return None, False
+        if int(written) == -2:
+            raise NotAdmissible("by Redis time this status request is not permitted now")
+        if int(written) == 1:
+            await self._replicated("save")
+        return wait, int(written) == 1
 
     async def finish_poll(
         self,

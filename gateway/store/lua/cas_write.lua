@@ -1,2 +1,2 @@
 -- The record write alone (cas.lua is prepended).
-return cas()
+return cas(KEYS, ARGV)
