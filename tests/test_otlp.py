@@ -1,0 +1,188 @@
+"""The gateway's own OTLP encoding and export (gateway/otlp.py, tracing.Endpoint), checked
+against the generated classes of opentelemetry-proto and a real HTTP collector."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import otlp, tracing
+
+pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+
+scalars = st.one_of(
+    st.text(max_size=300),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+)
+values = st.one_of(scalars, st.lists(scalars, max_size=4))
+
+
+def decoded(value: object) -> object:
+    """An AnyValue as Python, the way the attributes were given."""
+    kind = value.WhichOneof("value")  # type: ignore[attr-defined]
+    if kind == "array_value":
+        return [decoded(item) for item in value.array_value.values]  # type: ignore[attr-defined]
+    return getattr(value, kind)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    trace_id=st.integers(min_value=1, max_value=2**128 - 1),
+    span_id=st.integers(min_value=1, max_value=2**64 - 1),
+    parent_id=st.one_of(st.none(), st.integers(min_value=1, max_value=2**64 - 1)),
+    remote=st.booleans(),
+    state=st.one_of(st.none(), st.sampled_from(["agent=1", "a=b,c=d"])),
+    name=st.text(max_size=200),
+    kind=st.sampled_from([tracing.SERVER, tracing.CLIENT]),
+    start=st.integers(min_value=0, max_value=2**64 - 1),
+    attrs=st.dictionaries(st.text(min_size=1, max_size=40), values, max_size=12),
+    error=st.one_of(st.none(), st.text(max_size=100)),
+)
+def test_every_span_decodes_as_written(
+    trace_id: int,
+    span_id: int,
+    parent_id: int | None,
+    remote: bool,
+    state: str | None,
+    name: str,
+    kind: int,
+    start: int,
+    attrs: dict[str, otlp.AttributeValue],
+    error: str | None,
+) -> None:
+    """Whatever the ids, names, attribute values and sizes, opentelemetry-proto reads back
+    exactly the span that was encoded (twice: the second time from the attribute cache)."""
+    framing = otlp.resource_and_scope({"service.name": "sg", "n": 3}, "statusgate", "0.1.0")
+    encoded = otlp.span(
+        trace_id, span_id, parent_id, remote, state, name, kind, start, start, attrs, error
+    )
+    for body in (otlp.request(*framing, [encoded]), otlp.request(*framing, [encoded] * 2)):
+        request = trace_service.ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        (resource_spans,) = request.resource_spans
+        assert {a.key: decoded(a.value) for a in resource_spans.resource.attributes} == {
+            "service.name": "sg",
+            "n": 3,
+        }
+        (scope_spans,) = resource_spans.scope_spans
+        assert scope_spans.scope.name == "statusgate"
+        span = scope_spans.spans[-1]
+        assert int.from_bytes(span.trace_id, "big") == trace_id
+        assert int.from_bytes(span.span_id, "big") == span_id
+        assert span.parent_span_id == (parent_id.to_bytes(8, "big") if parent_id else b"")
+        assert span.trace_state == (state or "")
+        assert (span.name, span.kind) == (name, kind)
+        assert span.start_time_unix_nano == span.end_time_unix_nano == start
+        got = {a.key: decoded(a.value) for a in span.attributes}
+        assert got.keys() == attrs.keys()
+        for key, value in attrs.items():
+            same = got[key] == value or (
+                isinstance(value, float) and math.isclose(got[key], value)  # type: ignore[arg-type]
+            )
+            assert same, (key, value, got[key])
+        assert span.status.code == (2 if error is not None else 0)
+        assert span.status.message == (error or "")
+        assert span.flags == (0x301 if remote else 0x101)
+
+
+def test_a_bool_never_comes_back_from_the_cache_as_an_int() -> None:
+    """True == 1 in Python: the attribute cache must not answer one for the other."""
+    for value in (1, True, 1.0, "1"):
+        body = otlp.request(
+            b"", b"", [otlp.span(1, 1, None, False, None, "n", 2, 0, 0, {"k": value}, None)]
+        )
+        request = trace_service.ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        attribute = request.resource_spans[0].scope_spans[0].spans[0].attributes[0].value
+        assert decoded(attribute) == value and type(decoded(attribute)) is type(value)
+
+
+def test_the_endpoint_comes_from_the_standard_variables() -> None:
+    base = tracing.Endpoint.from_env(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+            "OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc%20def,tenant=t1",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+        }
+    )
+    assert base.url == "http://collector:4318/v1/traces"
+    assert base.headers["api-key"] == "abc def" and base.headers["tenant"] == "t1"
+    assert (base.timeout, base.gzip, base.tls) == (3.0, True, None)
+    specific = tracing.Endpoint.from_env(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://traces.example/custom",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "7",
+        }
+    )
+    assert specific.url == "https://traces.example/custom"
+    assert specific.timeout == 7.0 and specific.tls is not None
+    with pytest.raises(ValueError, match="not an http"):
+        tracing.Endpoint.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318"})
+
+
+@pytest.fixture
+async def collector() -> AsyncIterator[tuple[list[tuple[dict[str, str], bytes]], str]]:
+    """A collector that is busy once (503, Retry-After: 0), then takes every export."""
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    async def export(request: web.Request) -> web.Response:
+        got.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
+        if len(got) == 1:
+            return web.Response(status=503, headers={"Retry-After": "0"})
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", export)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield got, str(server.make_url("")).rstrip("/")
+    await server.close()
+
+
+async def test_an_export_is_tried_again_when_the_collector_is_busy(
+    collector: tuple[list[tuple[dict[str, str], bytes]], str],
+) -> None:
+    got, url = collector
+    endpoint = tracing.Endpoint.from_env(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer collector-key",
+        }
+    )
+    assert await asyncio.to_thread(endpoint.post, b"spans", retry=True) is None
+    assert len(got) == 2
+    headers, body = got[1]
+    assert headers["content-encoding"] == "gzip"
+    assert body == b"spans"  # aiohttp gunzipped it: it was gzip
+    assert headers["content-type"] == "application/x-protobuf"
+    assert headers["authorization"] == "Bearer collector-key"
+    got.clear()
+    assert await asyncio.to_thread(endpoint.post, b"spans", retry=False) == (
+        "the collector answered 503"
+    )
+
+
+async def test_an_unreachable_collector_is_a_reason_not_an_exception() -> None:
+    endpoint = tracing.Endpoint.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    problem = await asyncio.to_thread(endpoint.post, b"spans", retry=False)
+    assert problem is not None and "unreachable" in problem
+
+
+def test_the_sampler_decides_roots_once_when_it_can() -> None:
+    on = "ParentBased{root:AlwaysOnSampler,remoteParentSampled:AlwaysOnSampler}"
+    assert tracing._static_root_decision(on) is True
+    assert tracing._static_root_decision("AlwaysOffSampler") is False
+    assert tracing._static_root_decision("ParentBased{root:TraceIdRatioBased{0.5},x}") is None
