@@ -299,6 +299,99 @@ class RedisServer:
             self.process = None
 
 
+class RedisCluster3:
+    """A private Redis Cluster of three primaries on free loopback ports (no replicas), the
+    16384 slots split evenly; what ``redis+cluster://`` is tested against."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.servers: list[tuple[int, subprocess.Popen[bytes]]] = []
+
+    @property
+    def nodes(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port, _ in self.servers)
+
+    def start(self) -> None:
+        import redis
+
+        for _ in range(3):
+            port = _cluster_port()
+            command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
+            command += ["--cluster-enabled", "yes", "--save", "", "--appendonly", "no"]
+            command += ["--cluster-config-file", str(self.folder / f"nodes-{port}.conf")]
+            command += ["--dir", str(self.folder)]
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            self.servers.append((port, process))
+        clients = [redis.Redis(port=port) for port, _ in self.servers]
+        for client in clients:
+            _wait_for(lambda c=client: c.ping())
+        step = 16384 // 3
+        for n, client in enumerate(clients):
+            last = 16383 if n == 2 else (n + 1) * step - 1
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", n * step, last)
+        for port, _ in self.servers[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+        for client in clients:
+            _wait_for(lambda c=client: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"))
+            _wait_for(lambda c=client: len(c.execute_command("CLUSTER", "NODES").splitlines()) == 3)
+            client.close()
+
+    def stop(self) -> None:
+        for _, process in self.servers:
+            process.terminate()
+        for _, process in self.servers:
+            process.wait(5)
+        self.servers = []
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too, both below 65536."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        with contextlib.ExitStack() as stack:
+            try:
+                for candidate in (port, port + 10000):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+def _wait_for(ready: Callable[[], Any], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if ready():
+                return
+        time.sleep(0.05)
+    raise RuntimeError("the Redis Cluster did not come up")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private three-primary Redis Cluster from redis-server on PATH, or a skip."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("Redis Cluster tests skipped: redis-server is not on PATH")
+    cluster = RedisCluster3(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster.nodes
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster_nodes: str) -> str:
+    """A ``redis+cluster://`` store URL with a prefix of its own (the cluster is private to
+    the test run and stopped after it)."""
+    return f"redis+cluster://{redis_cluster_nodes}/?prefix=sgtest-{uuid.uuid4().hex[:12]}"
+
+
 @pytest.fixture(scope="session")
 def redis_base_url() -> Iterator[str]:
     """REDIS_URL if set; else a private redis-server from PATH; else skip with a reason."""
@@ -615,11 +708,14 @@ class RecordingProxy:
             return web.Response(status=answer.status, body=content, headers=kept)
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """Every store backend in turn (the contract suites): memory, a SQLite file, Redis."""
+    """Every store backend in turn (the contract suites): memory, a SQLite file, Redis, a
+    three-primary Redis Cluster."""
     if request.param == "redis":
         url = request.getfixturevalue("redis_url")
+    elif request.param == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster_url")
     elif request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/contract.db"
     else:

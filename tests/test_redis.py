@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis as sync_redis
 
-from gateway.errors import NotAdmissible, StoreError
+from gateway.errors import ConfigError, NotAdmissible, StoreError
 from gateway.models import OperationRecord
 from gateway.store import store_from_url
 from gateway.store.redis import RedisStore
@@ -81,6 +81,45 @@ async def test_keys_are_hash_tagged_and_prefixed(redis_url: str) -> None:
         assert all("{" in k and k.endswith("}") for k in tagged)
     finally:
         await store.close()
+
+
+async def test_on_a_cluster_an_operations_keys_share_one_slot(redis_cluster_url: str) -> None:
+    """Every script that writes a record touches the record, its poll lease and the
+    provider's index keys of its shard: one slot, spread over the primaries by shard."""
+    from redis.crc import key_slot
+
+    store = store_from_url(redis_cluster_url)
+    assert isinstance(store, RedisStore)
+    try:
+        slots = set()
+        for n in range(200):
+            operation_id = f"op_{n}"
+            shard = store._shard(operation_id)
+            keys = [store._op(operation_id), store._lease(f"poll:{operation_id}")]
+            keys += store._indexes("demo-jobs", shard)
+            assert len({key_slot(k.encode()) for k in keys}) == 1, keys
+            slots.add(key_slot(keys[0].encode()))
+        assert len(slots) == 64  # the default shards, all in use
+        await store.create(record())
+        assert (await store.find("team-a", "demo-jobs", "job_1")) is not None
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis+cluster://h:1,h:2/?wait_replicas=1", "wait_replicas is for one Redis"),
+        ("redis+cluster://h:1/?shards=0", "shards must be between 1 and 16384"),
+        ("redis+cluster://h:1/3", "has no database number"),
+        ("redis+cluster://h:x", "names no node"),
+        ("redis+cluster://h:1/?replicas=2", "unknown option(s) replicas"),
+    ],
+)
+def test_a_cluster_url_that_cannot_work_says_why(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        store_from_url(url)
+    assert any(problem in line for line in caught.value.problems), caught.value.problems
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Two real gateway processes on one Redis behave like one gateway.
+"""Two real gateway processes on one Redis (and on a Redis Cluster) behave like one gateway.
 
 The provider is the real demo provider on loopback; it logs every call with its start and
 end, and counts calls in flight per job, so the assertions read what the provider saw.
@@ -52,8 +52,12 @@ class Replicas:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.fixture
-async def replicas(redis_url: str, tmp_path: Path) -> AsyncIterator[Replicas]:
+@pytest.fixture(params=["redis", "redis-cluster"])
+async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
+    """Two gateway processes sharing one Redis, then a three-primary Redis Cluster."""
+    redis_url = request.getfixturevalue(
+        "redis_url" if request.param == "redis" else "redis_cluster_url"
+    )
     demo = DemoProvider(api_key=PROVIDER_KEY)
     provider = TestServer(demo.app(), host="127.0.0.1")
     await provider.start_server()

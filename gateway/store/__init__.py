@@ -1,4 +1,5 @@
-"""Stores chosen by URL: ``memory://``, ``sqlite:///path``, ``redis://host:port/db``.
+"""Stores chosen by URL: ``memory://``, ``sqlite:///path``, ``redis://host:port/db``,
+``redis+cluster://host:port,host:port``.
 
 ``store_from_url`` is the only constructor callers use; an unknown scheme is a clear error.
 Settings that come from the gateway config rather than the URL (``limits.cache_bytes``)
@@ -58,6 +59,7 @@ SCHEMES: dict[str, Callable[[str, Tuning], Store]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "redis": _redis,
+    "redis+cluster": _redis,
 }
 
 

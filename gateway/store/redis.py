@@ -1,16 +1,23 @@
-"""``redis://host:port/db?prefix=NAME``: one store shared by several gateway replicas.
+"""``redis://host:port/db?prefix=NAME``: one store shared by several gateway replicas;
+``redis+cluster://host:port,host:port/?prefix=NAME&shards=64``: the same on a Redis Cluster.
 
-Key layout (every key starts with the prefix; ``{...}`` is the Redis Cluster hash tag, so
-each key's slot is fixed by one operation, job, idempotency key or lease alone):
+Key layout (every key starts with the prefix; ``{...}`` is the Redis Cluster hash tag, the
+part of a key that picks its slot). SHARD is empty on one Redis; on a cluster it is
+``{sN}:`` with N = crc32(operation id) mod ``shards``, so an operation's record, its poll
+lease and its entries in the per-provider indexes share one slot, and every script that
+writes a record touches keys of that one slot:
 
-    PREFIX:op:{OPERATION_ID}          hash: v (version), d (record JSON), o (outcome)
+    PREFIX:op:SHARD{OPERATION_ID}     hash: v (version), d (record JSON), o (outcome)
     PREFIX:job:{SHA1(account, provider, job id)}   string: operation id
     PREFIX:idem:{SHA1(scope)}         string: idempotency entry JSON, expires at its retention
-    PREFIX:lease:{NAME}               string: the holder's random token, PX = lease time
+    PREFIX:lease:SHARD{NAME}          string: the holder's random token, PX = lease time
+                                      (SHARD from the part of NAME after its last colon:
+                                      poll:OPERATION_ID shares the operation's slot)
     PREFIX:ops                        sorted set: operation ids by start time (operator list)
-    PREFIX:active:PROVIDER            set: pending operation ids (the active gauge)
-    PREFIX:deadlines:PROVIDER         sorted set: pending operation ids by deadline (overdue)
-    PREFIX:ended:PROVIDER             sorted set: ended operation ids by ended_at (purge)
+    PREFIX:active:SHARDPROVIDER       set: pending operation ids (the active gauge)
+    PREFIX:deadlines:SHARDPROVIDER    sorted set: pending operation ids by deadline (overdue)
+    PREFIX:ended:SHARDPROVIDER        sorted set: ended operation ids by ended_at (purge)
+    PREFIX:open:SHARDPROVIDER         hash: open escalations, operation id -> reason
     PREFIX:providers                  set: providers seen
     PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
     PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
@@ -18,8 +25,12 @@ each key's slot is fixed by one operation, job, idempotency key or lease alone):
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
 ``TIME``, the one clock all replicas share, and keeps the provider's active, deadlines and
-ended sets in step with the record in the same atomic step (those sets are per provider, so
-on Redis Cluster they would need the operation's slot: a later change). The gateway's own
+ended sets in step with the record in the same atomic step. Readers of an index (the deadline
+sweeper, purge, gauges) read it from every shard in one pipeline. On a cluster the pacing
+window lives in the provider's slot, apart from the operation's, so a poll's lease, pacing
+and reservation are three steps there instead of one script (four round trips a forwarded
+poll instead of three); ``TIME`` is each primary's own, so the primaries' clocks must be
+synchronized (NTP) to within SYNC_TOLERANCE. The gateway's own
 clock for a Redis store is Redis time too (an offset refreshed in the background), so
 replicas' clock skew never opens a gap. Scripts are registered, so a Redis restart
 (NOSCRIPT) reloads them. Redis errors become StoreError after at most one quick retry: the
@@ -34,12 +45,14 @@ import hashlib
 import json
 import secrets
 import time
+import zlib
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -88,19 +101,36 @@ class RedisStore(Store):
         max_connections: int = 50,
         timeout: float = 0.3,
         wait_replicas: int = 0,
+        cluster: list[tuple[str, int]] | None = None,
+        shards: int = 64,
     ) -> None:
+        """``url`` names one Redis; ``cluster`` instead, the (host, port) of one or more
+        cluster nodes to discover the rest from, with operations spread over ``shards``
+        hash tags."""
         self.prefix = prefix
         self._wait_replicas = wait_replicas
         self._timeout = timeout
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-        )
-        self._redis = aioredis.Redis(connection_pool=pool)
+        self._cluster = cluster is not None
+        self._shards = shards if cluster is not None else 1
+        self._redis: Any
+        if cluster is not None:
+            self._redis = RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in cluster],
+                max_connections=max_connections,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 1),
+            )
+        else:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=timeout,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 1),
+            )
+            self._redis = aioredis.Redis(connection_pool=pool)
         self._cas = self._redis.register_script(CAS)
         self._claim = self._redis.register_script(CLAIM)
         self._acquire = self._redis.register_script(ACQUIRE)
@@ -115,8 +145,19 @@ class RedisStore(Store):
         self._resync: asyncio.Task[None] | None = None
 
     # -- keys ---------------------------------------------------------------------------
+    def _shard(self, operation_id: str) -> str:
+        """The hash tag an operation's keys share on a cluster ('' on one Redis)."""
+        if not self._cluster:
+            return ""
+        return f"{{s{zlib.crc32(operation_id.encode()) % self._shards}}}:"
+
+    def _every_shard(self) -> list[str]:
+        if not self._cluster:
+            return [""]
+        return [f"{{s{n}}}:" for n in range(self._shards)]
+
     def _op(self, operation_id: str) -> str:
-        return f"{self.prefix}:op:{{{operation_id}}}"
+        return f"{self.prefix}:op:{self._shard(operation_id)}{{{operation_id}}}"
 
     def _job(self, account: str, provider: str, job_id: str) -> str:
         return f"{self.prefix}:job:{{{_tag(account, provider, job_id)}}}"
@@ -125,13 +166,22 @@ class RedisStore(Store):
         return f"{self.prefix}:idem:{{{_tag(key)}}}"
 
     def _lease(self, name: str) -> str:
-        return f"{self.prefix}:lease:{{{name}}}"
+        shard = self._shard(name.rsplit(":", 1)[-1])
+        return f"{self.prefix}:lease:{shard}{{{name}}}"
 
-    def _indexes(self, provider: str) -> list[str]:
+    def _indexes(self, provider: str, shard: str) -> list[str]:
         """The provider's active set, deadlines and ended sorted sets and open-escalations
-        hash, in CAS's KEYS order."""
+        hash in one shard, in CAS's KEYS order."""
         kinds = ("active", "deadlines", "ended", "open")
-        return [f"{self.prefix}:{kind}:{provider}" for kind in kinds]
+        return [f"{self.prefix}:{kind}:{shard}{provider}" for kind in kinds]
+
+    async def _each_shard(self, operation: str, command: Any) -> tuple[tuple[str, Any], ...]:
+        """``command(pipe, shard)`` for every shard, in one pipeline: (shard, answer)."""
+        shards = self._every_shard()
+        pipe = self._redis.pipeline(transaction=False)
+        for shard in shards:
+            command(pipe, shard)
+        return tuple(zip(shards, await self._call(operation, pipe.execute()), strict=True))
 
     # -- plumbing -----------------------------------------------------------------------
     async def _call(self, operation: str, work: Any) -> Any:
@@ -194,8 +244,9 @@ class RedisStore(Store):
 
     def _index(self, pipe: Any, record: OperationRecord) -> None:
         """What the CAS script does to the provider's sets, for a record created whole."""
-        active, deadlines, ended, escalated = self._indexes(record.provider)
         operation_id = record.operation_id
+        shard = self._shard(operation_id)
+        active, deadlines, ended, escalated = self._indexes(record.provider, shard)
         if record.outcome is Outcome.PENDING:
             pipe.sadd(active, operation_id)
             pipe.zadd(deadlines, {operation_id: record.deadline_at})
@@ -234,7 +285,8 @@ class RedisStore(Store):
         """The KEYS and ARGV of the CAS script for writing ``record``."""
         written = record.evolve(version=record.version + 1)
         data = orjson.dumps(written.to_dict()).decode()
-        keys = [self._op(record.operation_id), *self._indexes(record.provider)]
+        shard = self._shard(record.operation_id)
+        keys = [self._op(record.operation_id), *self._indexes(record.provider, shard)]
         ended = "" if record.ended_at is None else repr(record.ended_at)
         args: list[str | int | float] = [record.version, data, SYNC_TOLERANCE]
         args += [record.operation_id, repr(record.deadline_at), ended]
@@ -305,19 +357,29 @@ class RedisStore(Store):
         return found[: where.limit]
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
-        """From the provider's ended set, oldest first; idempotency keys expire by themselves."""
-        active, deadlines, ended, escalated = self._indexes(provider)
-        ids = await self._call(
+        """From the provider's ended sets, oldest first within each shard; idempotency keys
+        expire by themselves."""
+        found = await self._each_shard(
             "purge",
-            self._redis.zrangebyscore(ended, "-inf", f"({ended_before!r}", 0, PURGE_BATCH),
+            lambda pipe, shard: pipe.zrangebyscore(
+                self._indexes(provider, shard)[2],
+                "-inf",
+                f"({ended_before!r}",
+                0,
+                PURGE_BATCH,
+                withscores=True,
+            ),
         )
-        if not ids:
+        batch = _oldest(found, PURGE_BATCH)
+        if not batch:
             return 0
         gone = 0
         delete = self._redis.pipeline(transaction=False)
-        for raw, record in zip(ids, await self._records("purge", ids), strict=True):
+        records = await self._records("purge", [raw for _, raw in batch])
+        for (shard, raw), record in zip(batch, records, strict=True):
             if record is not None and not purgeable(record, provider, ended_before):
                 continue  # waiting again: the CAS script took it out of the ended set
+            active, deadlines, ended, escalated = self._indexes(provider, shard)
             delete.zrem(ended, raw)
             if record is None:
                 continue  # deleted already
@@ -332,45 +394,54 @@ class RedisStore(Store):
         return gone
 
     async def overdue(self, provider: str, now: float, limit: int) -> Ids:
-        """From the provider's deadlines set; ids whose record is gone leave it here."""
-        deadlines = self._indexes(provider)[1]
-        ids = await self._call(
-            "overdue", self._redis.zrangebyscore(deadlines, "-inf", now, 0, limit)
+        """From the provider's deadlines sets; ids whose record is gone leave them here."""
+        found = await self._each_shard(
+            "overdue",
+            lambda pipe, shard: pipe.zrangebyscore(
+                self._indexes(provider, shard)[1], "-inf", now, 0, limit, withscores=True
+            ),
         )
-        if not ids:
+        batch = _oldest(found, limit)
+        if not batch:
             return []
         read = self._redis.pipeline(transaction=False)
-        for operation_id in ids:
+        for _, operation_id in batch:
             read.hget(self._op(operation_id.decode()), "o")
         outcomes = await self._call("overdue", read.execute())
-        missing = [raw for raw, outcome in zip(ids, outcomes, strict=True) if outcome is None]
+        missing = [item for item, outcome in zip(batch, outcomes, strict=True) if outcome is None]
         if missing:
-            await self._call("overdue", self._redis.zrem(deadlines, *missing))
+            drop = self._redis.pipeline(transaction=False)
+            for shard, raw in missing:
+                drop.zrem(self._indexes(provider, shard)[1], raw)
+            await self._call("overdue", drop.execute())
         pending = Outcome.PENDING.value.encode()
-        return [raw.decode() for raw, o in zip(ids, outcomes, strict=True) if o == pending]
+        return [raw.decode() for (_, raw), o in zip(batch, outcomes, strict=True) if o == pending]
+
+    async def _providers(self, operation: str) -> tuple[str, ...]:
+        providers = await self._call(operation, self._redis.smembers(f"{self.prefix}:providers"))
+        return tuple(sorted(raw.decode() for raw in providers))
 
     async def open_escalations(self) -> dict[tuple[str, str], int]:
-        providers = await self._call(
-            "open_escalations", self._redis.smembers(f"{self.prefix}:providers")
-        )
         counts: dict[tuple[str, str], int] = {}
-        for raw in providers:
-            provider = raw.decode()
-            key = self._indexes(provider)[3]
-            for reason in await self._call("open_escalations", self._redis.hvals(key)):
-                pair = (provider, reason.decode())
-                counts[pair] = counts.get(pair, 0) + 1
+        for provider in await self._providers("open_escalations"):
+            found = await self._each_shard(
+                "open_escalations",
+                lambda pipe, shard, p=provider: pipe.hvals(self._indexes(p, shard)[3]),
+            )
+            for _, reasons in found:
+                for reason in reasons:
+                    pair = (provider, reason.decode())
+                    counts[pair] = counts.get(pair, 0) + 1
         return counts
 
     async def active_counts(self) -> dict[str, int]:
-        providers = await self._call(
-            "active_counts", self._redis.smembers(f"{self.prefix}:providers")
-        )
         counts = {}
-        for raw in providers:
-            provider = raw.decode()
-            key = f"{self.prefix}:active:{provider}"
-            counts[provider] = int(await self._call("active_counts", self._redis.scard(key)))
+        for provider in await self._providers("active_counts"):
+            found = await self._each_shard(
+                "active_counts",
+                lambda pipe, shard, p=provider: pipe.scard(self._indexes(p, shard)[0]),
+            )
+            counts[provider] = sum(int(n) for _, n in found)
         return counts
 
     # -- idempotency --------------------------------------------------------------------
@@ -406,7 +477,10 @@ class RedisStore(Store):
     async def start_poll(
         self, lease: str, token: str, now: float, ttl: float, provider: str, rate: float | None
     ) -> float | None:
-        """Lease and pacing window in one script (Redis time throughout)."""
+        """Lease and pacing window in one script (Redis time throughout); on a cluster,
+        where the two live in different slots, one after the other."""
+        if self._cluster:
+            return await super().start_poll(lease, token, now, ttl, provider, rate)
         member = f"{time.time()}:{secrets.token_hex(4)}"
         keys = [self._lease(lease), *self._pace_keys(provider)]
         args = (token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT)
@@ -423,7 +497,10 @@ class RedisStore(Store):
         rate: float | None,
         reserve: OperationRecord,
     ) -> tuple[float | None, bool]:
-        """Lease, pacing window and the reservation in one script."""
+        """Lease, pacing window and the reservation in one script; on a cluster, the
+        three steps of the base store."""
+        if self._cluster:
+            return await super().start_and_reserve(lease, token, now, ttl, provider, rate, reserve)
         member = f"{time.time()}:{secrets.token_hex(4)}"
         cas_keys, cas_args = self._cas_call(reserve)
         keys = [self._lease(lease), *self._pace_keys(provider), *cas_keys]
@@ -452,7 +529,9 @@ class RedisStore(Store):
         """The write computed from ``known`` and the lease release in one script; when
         ``known`` was not current, the usual compare-and-set loop, then the release."""
         new, result = change(known)
-        if new is not None:
+        if new is not None and self._lease(lease).startswith(
+            f"{self.prefix}:lease:{self._shard(operation_id)}"
+        ):  # the lease shares the record's slot (always, on one Redis)
             keys, args = self._cas_call(new)
             keys.append(self._lease(lease))
             args.append(token)
@@ -486,6 +565,13 @@ class RedisStore(Store):
         await self._call("ping", self._redis.ping())
 
 
+def _oldest(found: tuple[tuple[str, Any], ...], limit: int) -> list[tuple[str, bytes]]:
+    """The ``limit`` lowest-scored (shard, id) of per-shard ZRANGEBYSCORE WITHSCORES answers,
+    in score order (then id): one sorted set's order, across shards."""
+    entries = sorted((score, raw, shard) for shard, rows in found for raw, score in rows)
+    return [(shard, raw) for _, raw, shard in entries[:limit]]
+
+
 def _fields(record: OperationRecord) -> list[str | int]:
     data = json.dumps(record.to_dict(), separators=(",", ":"))
     return ["v", record.version, "d", data, "o", record.outcome.value]
@@ -496,7 +582,9 @@ def _millis(instant: float) -> int:
 
 
 def from_url(url: str) -> RedisStore:
-    """``redis://host:port/db?prefix=NAME&max_connections=50&timeout=300ms&wait_replicas=0``."""
+    """``redis://host:port/db`` or ``redis+cluster://host:port,host:port``, with the options
+    ``prefix``, ``max_connections`` (50), ``timeout`` (300ms), ``wait_replicas`` (0, one
+    Redis only) and ``shards`` (64, a cluster only; fixed for the life of the data)."""
     from ..errors import ConfigError
     from ..units import parse_duration
 
@@ -505,19 +593,53 @@ def from_url(url: str) -> RedisStore:
     prefix = options.pop("prefix", ["statusgate"])[0]
     if not prefix or any(c in prefix for c in "{}: "):
         raise ConfigError(["store: prefix must be non-empty, without braces, colons or spaces"])
+    cluster = parts.scheme == "redis+cluster"
     try:
         connections = int(options.pop("max_connections", ["50"])[0])
         timeout = parse_duration(options.pop("timeout", ["300ms"])[0])
         wait_replicas = int(options.pop("wait_replicas", ["0"])[0])
+        shards = int(options.pop("shards", ["64"])[0]) if cluster else 1
     except ValueError as exc:
         raise ConfigError([f"store: {exc}"]) from None
     if options:
         raise ConfigError([f"store: unknown option(s) {', '.join(sorted(options))}"])
-    plain = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    if not cluster:
+        plain = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        return RedisStore(
+            plain,
+            prefix=prefix,
+            max_connections=connections,
+            timeout=timeout,
+            wait_replicas=wait_replicas,
+        )
+    problems = []
+    if wait_replicas:
+        problems.append("store: wait_replicas is for one Redis; not on redis+cluster://")
+    if not 1 <= shards <= 16384:
+        problems.append("store: shards must be between 1 and 16384")
+    if parts.path not in ("", "/", "/0"):
+        problems.append("store: a Redis Cluster has no database number (redis+cluster://h:p,h:p)")
+    nodes = _nodes(parts.netloc)
+    if not nodes:
+        problems.append("store: redis+cluster:// names no node (redis+cluster://host:port,...)")
+    if problems:
+        raise ConfigError(problems)
     return RedisStore(
-        plain,
+        "",
         prefix=prefix,
         max_connections=connections,
         timeout=timeout,
-        wait_replicas=wait_replicas,
+        cluster=nodes,
+        shards=shards,
     )
+
+
+def _nodes(netloc: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` (port 6379 when left out); [] when any part is not one."""
+    nodes = []
+    for part in netloc.split(","):
+        host, _, port = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "")
+        if not host or (port and not port.isdigit()):
+            return []
+        nodes.append((host, int(port or 6379)))
+    return nodes
