@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import platform
@@ -24,6 +25,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -330,6 +332,11 @@ def main() -> None:
                     rows[(name, "submit")] = capacity(
                         base, ["/v1/jobs"], direct_headers, seconds, "POST"
                     )
+            floor = free_port()
+            with spawn([PY, str(ROOT / "bench/floor.py"), str(floor)], floor):
+                rows[("B3 aiohttp floor", "fixed answer")] = measured(
+                    "B3 aiohttp floor", f"http://127.0.0.1:{floor}", job_paths, agent, seconds
+                )
             stores = [("G1 Statusgate SQLite", f"sqlite:///{folder}/g1.db")]
             redis = redis_url()
             if redis is not None:
@@ -423,6 +430,55 @@ def _gateway_paths(
             gateway, [f"/p/bench/v1/jobs/{done[0]}"], agent, seconds
         )
         rows[(name, "submit")] = capacity(gateway, ["/p/bench/v1/jobs"], agent, seconds, "POST")
+        if store.startswith("redis://"):
+            COMMANDS[f"{name} forwarded poll"] = _redis_commands(store, gateway, full, agent)
+            early_path = [f"/p/bench/v1/jobs/{early[0]}"] * len(full)
+            COMMANDS[f"{name} too-early refusal"] = _redis_commands(
+                store, gateway, early_path, agent
+            )
+
+
+COMMANDS: dict[str, float] = {}
+SERIAL = 100
+BACKGROUND = ("TIME", "SMEMBERS", "SCARD", "HVALS", "ZRANGEBYSCORE", "MONITOR", "HELLO")
+
+
+def _redis_commands(store: str, gateway: str, paths: list[str], headers: dict[str, str]) -> float:
+    """Redis commands the gateway sends per request, seen with MONITOR over SERIAL requests
+    made one at a time (so none shares a batched read). Commands a script runs inside Redis
+    are not counted: a script is one command and one round trip. The gateway's background
+    work (clock sync, deadline sweeper, gauges) is left out by command name."""
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(store.split("?")[0])
+    seen: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        with client.monitor() as monitor:
+            for command in monitor.listen():
+                if done.is_set():
+                    return
+                seen.append(command)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    time.sleep(0.3)
+    host, port = gateway.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    for path in paths[:SERIAL]:
+        connection.request("GET", path, headers=headers)
+        connection.getresponse().read()
+    connection.close()
+    time.sleep(0.3)
+    done.set()
+    client.ping()  # wakes the watcher, which stops
+    watcher.join(5)
+    client.close()
+    sent = [
+        c for c in seen if c["client_type"] != "lua" and not c["command"].startswith(BACKGROUND)
+    ]
+    return len(sent) / SERIAL
 
 
 ROUNDS = 5
@@ -615,6 +671,11 @@ def _print(
     print(f"G1 forwarded / B2 forwarded throughput: {ratio((g1, fwd), (b2, fwd))} [>= 0.6]")
     print(f"G1 too-early / B2 forwarded throughput: {ratio((g1, early), (b2, fwd))} [>= 2.5]")
     print(f"G1 cached / B2 forwarded throughput: {ratio((g1, cached), (b2, fwd))} [>= 2.5]")
+    floor = ("B3 aiohttp floor", "fixed answer")
+    print(
+        f"  (B3 / B2 forwarded: {ratio(floor, (b2, fwd))}, the most any answer served by "
+        f"aiohttp reaches; G1 too-early / B3: {ratio((g1, early), floor)})"
+    )
     print(f"G2 forwarded / G1 forwarded throughput: {ratio((g2, fwd), (g1, fwd))} [>= 0.8]")
     print(f"G2 too-early / G1 too-early throughput: {ratio((g2, early), (g1, early))} [>= 0.8]")
     if g1 in fixed and b0 in fixed:
@@ -639,6 +700,9 @@ def _print(
     chosen = ("B2 bare proxy", "G1 Statusgate SQLite", "G2 Statusgate Redis")
     shown = ", ".join(f"{name} {CPU_US[name]:.0f} us" for name in chosen if name in CPU_US)
     print(f"CPU of the serving process per forwarded poll: {shown}")
+    for what, per_request in COMMANDS.items():
+        target = "<= 1" if "refusal" in what else "<= 2"
+        print(f"Redis round trips per {what.removeprefix(g2 + ' ')}: {per_request:.2f} [{target}]")
 
 
 if __name__ == "__main__":

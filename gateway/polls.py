@@ -11,7 +11,6 @@ from decide.py; nothing here answers HTTP (proxy.py and mcp/ do).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -198,14 +197,13 @@ async def _poll(
     refusals = window.count if window is not None else 0
     first = decide.take(policy, record, runtime.clock(), refusals)
     try:
-        wait, written = await _start(asker, lease, first if first.forward else None, pace)
+        wait, written, moved = await _start(asker, lease, first if first.forward else None, pace)
     except NotAdmissible as exc:  # by the store's clock not due: the lease is ours, give it up
         await runtime.store.release_lease(lease.name, lease.token)
         return await _come_back(runtime, operation_id, 1.0, str(exc)), None
     except StoreError:  # the lease may be ours already: never leave it held
         windows.reopen(operation_id, window)
-        with contextlib.suppress(StoreError):
-            await runtime.store.release_lease(lease.name, lease.token)
+        _release_later(runtime, lease, lease_ttl(runtime, asker.policy))
         raise
     if wait is None:
         windows.reopen(operation_id, window)
@@ -220,7 +218,7 @@ async def _poll(
             decision = first
             await _reserved(asker, decision, window)
         else:
-            decision = await _reserve(asker, record, window)
+            decision = await _reserve(asker, moved or record, window)
         if not decision.forward:
             return decision, None
         answer, response = await _send(asker)
@@ -231,17 +229,47 @@ async def _poll(
             await runtime.store.release_lease(lease.name, lease.token)
 
 
+_RELEASING: set[asyncio.Task[None]] = set()
+RELEASE_RETRY = 0.5
+
+
+def _release_later(runtime: Runtime, lease: _Lease, ttl: float) -> None:
+    """Give back a lease that a failed store call may have taken, in the background: the
+    answer (503) does not wait for a store in trouble. A stalled Redis runs the queued
+    command that took the lease when it wakes, maybe after a first release, so the release
+    is tried again until one goes through after the store answers again (or the lease has
+    expired by itself): the operation is blocked for about RELEASE_RETRY after recovery,
+    not for the lease's time."""
+
+    async def release() -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + ttl
+        while True:
+            try:
+                await runtime.store.release_lease(lease.name, lease.token)
+                return
+            except StoreError:
+                if loop.time() >= until:
+                    return
+            await asyncio.sleep(RELEASE_RETRY)
+
+    task = asyncio.create_task(release())
+    _RELEASING.add(task)
+    task.add_done_callback(_RELEASING.discard)
+
+
 async def _start(
     asker: Asker, lease: _Lease, first: Decision | None, pace: bool
-) -> tuple[float | None, bool]:
+) -> tuple[float | None, bool, OperationRecord | None]:
     """The lease and the pacing window, with ``first``'s reservation written in the same
-    step when there is one: (wait, written)."""
+    step when there is one: (wait, written, the stored record when it had moved and the
+    store says so)."""
     runtime, policy = asker.runtime, asker.policy
     store, now, ttl = runtime.store, runtime.clock(), lease_ttl(runtime, policy)
     rate = policy.polling.provider_rate if pace else None
     if first is None:
         wait = await store.start_poll(lease.name, lease.token, now, ttl, policy.provider, rate)
-        return wait, False
+        return wait, False, None
     return await store.start_and_reserve(
         lease.name, lease.token, now, ttl, policy.provider, rate, first.record
     )

@@ -115,6 +115,13 @@ def _asker(call: Call) -> Asker:
 
 async def status(call: Call) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
+    held = call.request.headers.get("Prefer")
+    copy = None if held else runtime.store.known(call.account.id, policy.provider, call.job_id)
+    if copy is not None and decide.admit(policy, copy, runtime.clock()).forward:
+        # due by this process's copy: the reservation's compare-and-set proves it current
+        # (or the store hands back the stored record to decide from), saving a read
+        decision, response = await shared_poll(_asker(call), copy, pace=True)
+        return render(call, decision, response, runtime.clock())
     record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()

@@ -338,31 +338,34 @@ async def test_finish_poll_writes_and_releases_in_one_step(store: Store) -> None
 async def test_start_and_reserve_writes_the_reservation_with_the_lease(store: Store) -> None:
     """One step (one round trip on Redis): the lease, a place in the pacing window and the
     reservation computed from the record in hand; a moved record is not written (the lease
-    is still taken), a full window writes nothing, a held lease takes nothing."""
+    is still taken, and a store that hands back the stored record hands back the current
+    one), a full window writes nothing, a held lease takes nothing."""
     created = await store.create(record())
     now = time.time()
     reserved = created.evolve(status_requests_used=1, last_polled_at=now)
-    wait, written = await store.start_and_reserve(
+    wait, written, moved = await store.start_and_reserve(
         "poll:op_1", "t1", now, 5.0, "prov-r", 1.0, reserved
     )
-    assert (wait, written) == (0, True)
+    assert (wait, written, moved) == (0, True, None)
     stored = await store.get("op_1")
     assert stored is not None and stored.status_requests_used == 1 and stored.version == 2
     assert await store.start_and_reserve("poll:op_1", "t2", now, 5.0, "prov-r", None, reserved) == (
         None,
         False,
+        None,
     )
     await store.release_lease("poll:op_1", "t1")
     stale = created.evolve(early_refusals=3)  # version 1, the store has 2
-    wait, written = await store.start_and_reserve(
+    wait, written, moved = await store.start_and_reserve(
         "poll:op_1", "t3", now, 5.0, "prov-s", None, stale
     )
     assert (wait, written) == (0, False)
+    assert moved is None or moved == stored  # the stored record, version 2
     assert not await store.acquire_lease("poll:op_1", "t4", now, 5.0)  # t3 holds it
     await store.release_lease("poll:op_1", "t3")
     fresh = await store.get("op_1")
     assert fresh is not None
-    wait, written = await store.start_and_reserve(
+    wait, written, _ = await store.start_and_reserve(
         "poll:op_1", "t5", now, 5.0, "prov-r", 1.0, fresh.evolve(early_refusals=1)
     )
     assert wait is not None and wait > 0 and not written  # prov-r's window is full

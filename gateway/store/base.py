@@ -47,6 +47,13 @@ class Records(abc.ABC):
     @abc.abstractmethod
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None: ...
 
+    def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        """The record as this process last wrote or read it, without any I/O, or None; it
+        may be older than the stored one, so a caller may act on it only through a
+        compare-and-set (a reservation), never refuse or answer from it. Stores whose
+        ``find`` is local already (memory, SQLite's cache) keep nothing more here."""
+        return None
+
     @abc.abstractmethod
     async def save(self, record: OperationRecord) -> bool:
         """Write ``record`` as version ``record.version + 1`` if the stored version is still
@@ -196,15 +203,17 @@ class Store(Records, Coordination):
         provider: str,
         rate: float | None,
         reserve: OperationRecord,
-    ) -> tuple[float | None, bool]:
+    ) -> tuple[float | None, bool, OperationRecord | None]:
         """``start_poll``, then, when the call may go now, ``save(reserve)``: the
-        reservation computed from the record in hand. (wait, written); not written means
-        the record moved meanwhile and the caller reserves the usual way, under the lease it
-        now holds. Raises NotAdmissible like ``save``. Shared stores: one round trip."""
+        reservation computed from the record in hand. (wait, written, moved); not written
+        means the record moved meanwhile and the caller reserves the usual way, under the
+        lease it now holds, from ``moved`` when the store handed the stored record back
+        (Redis does, saving a read). Raises NotAdmissible like ``save``. Shared stores: one
+        round trip."""
         wait = await self.start_poll(lease, token, now, ttl, provider, rate)
         if wait != 0:
-            return wait, False
-        return wait, await self.save(reserve)
+            return wait, False, None
+        return wait, await self.save(reserve), None
 
     async def finish_poll(
         self,

@@ -67,6 +67,7 @@ SYNC_TOLERANCE = 0.05
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
+COPIES = 4096  # records as last written or read by this process (Store.known)
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 LUA = resources.files("gateway.store") / "lua"
@@ -142,6 +143,8 @@ class RedisStore(Store):
         self._tighten = self._redis.register_script(TIGHTEN)
         self._offset = 0.0
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
+        self._reads = _Reads(self)
+        self._copies: dict[str, OperationRecord] = {}  # as last written or read here, bounded
         self._resync: asyncio.Task[None] | None = None
 
     # -- keys ---------------------------------------------------------------------------
@@ -239,6 +242,8 @@ class RedisStore(Store):
         if idempotency is not None:
             self._put_idem(pipe, idempotency)
         await self._call("create", pipe.execute())
+        self._job_id((record.account, record.provider, record.provider_job_id), record.operation_id)
+        self._copy(record)
         await self._replicated("create")
         return record
 
@@ -256,8 +261,7 @@ class RedisStore(Store):
             pipe.hset(escalated, operation_id, record.escalation.reason.value)
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        data = await self._call("get", self._redis.hget(self._op(operation_id), "d"))
-        return None if data is None else OperationRecord.from_dict(orjson.loads(data))
+        return await self._reads.read(self._op(operation_id))
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         """One round trip for a job this process has seen: which operation a job is never
@@ -276,13 +280,19 @@ class RedisStore(Store):
             return None
         record = await self.get(operation_id.decode())
         if record is not None:
-            if len(self._job_ids) >= JOB_IDS:
-                self._job_ids.pop(next(iter(self._job_ids)))
-            self._job_ids[job] = record.operation_id
+            self._job_id(job, record.operation_id)
         return record
 
-    def _cas_call(self, record: OperationRecord) -> tuple[list[str], list[str | int | float]]:
-        """The KEYS and ARGV of the CAS script for writing ``record``."""
+    def _job_id(self, job: tuple[str, str, str], operation_id: str) -> None:
+        if len(self._job_ids) >= JOB_IDS:
+            self._job_ids.pop(next(iter(self._job_ids)))
+        self._job_ids[job] = operation_id
+
+    def _cas_call(
+        self, record: OperationRecord
+    ) -> tuple[list[str], list[str | int | float], OperationRecord]:
+        """The KEYS and ARGV of the CAS script for writing ``record``, and the record as it
+        is stored when the write goes through."""
         written = record.evolve(version=record.version + 1)
         data = orjson.dumps(written.to_dict()).decode()
         shard = self._shard(record.operation_id)
@@ -290,15 +300,28 @@ class RedisStore(Store):
         ended = "" if record.ended_at is None else repr(record.ended_at)
         args: list[str | int | float] = [record.version, data, SYNC_TOLERANCE]
         args += [record.operation_id, repr(record.deadline_at), ended]
-        return keys, args
+        return keys, args, written
+
+    def _copy(self, record: OperationRecord) -> None:
+        copies = self._copies
+        copies.pop(record.operation_id, None)  # most recent last: the oldest goes first
+        if len(copies) >= COPIES:
+            copies.pop(next(iter(copies)))
+        copies[record.operation_id] = record
+
+    def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        """The record as this process last wrote or read it, without a round trip."""
+        operation_id = self._job_ids.get((account, provider, job_id))
+        return None if operation_id is None else self._copies.get(operation_id)
 
     async def save(self, record: OperationRecord) -> bool:
-        keys, args = self._cas_call(record)
+        keys, args, written = self._cas_call(record)
         result = await self._call("save", self._cas(keys=keys, args=args))
         if result == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
         if result != 1:
             return False
+        self._copy(written)
         await self._replicated("save")
         return True
 
@@ -496,26 +519,32 @@ class RedisStore(Store):
         provider: str,
         rate: float | None,
         reserve: OperationRecord,
-    ) -> tuple[float | None, bool]:
-        """Lease, pacing window and the reservation in one script; on a cluster, the
+    ) -> tuple[float | None, bool, OperationRecord | None]:
+        """Lease, pacing window and the reservation in one script, which hands back the
+        stored record when ``reserve`` was computed from an older one; on a cluster, the
         three steps of the base store."""
         if self._cluster:
             return await super().start_and_reserve(lease, token, now, ttl, provider, rate, reserve)
         member = f"{time.time()}:{secrets.token_hex(4)}"
-        cas_keys, cas_args = self._cas_call(reserve)
+        cas_keys, cas_args, stored = self._cas_call(reserve)
         keys = [self._lease(lease), *self._pace_keys(provider), *cas_keys]
         args = [token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT, *cas_args]
-        raw_wait, written = await self._call(
+        raw_wait, written, *current = await self._call(
             "acquire_lease", self._start_reserve(keys=keys, args=args)
         )
         wait = float(raw_wait)
         if wait < 0:
-            return None, False
+            return None, False, None
         if int(written) == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
-        if int(written) == 1:
-            await self._replicated("save")
-        return wait, int(written) == 1
+        if int(written) != 1:
+            moved = OperationRecord.from_dict(orjson.loads(current[0])) if current else None
+            if moved is not None:
+                self._copy(moved)
+            return wait, False, moved
+        self._copy(stored)
+        await self._replicated("save")
+        return wait, True, None
 
     async def finish_poll(
         self,
@@ -532,10 +561,11 @@ class RedisStore(Store):
         if new is not None and self._lease(lease).startswith(
             f"{self.prefix}:lease:{self._shard(operation_id)}"
         ):  # the lease shares the record's slot (always, on one Redis)
-            keys, args = self._cas_call(new)
+            keys, args, stored = self._cas_call(new)
             keys.append(self._lease(lease))
             args.append(token)
             if await self._call("save", self._cas_release(keys=keys, args=args)) == 1:
+                self._copy(stored)
                 await self._replicated("save")
                 return result
         return await super().finish_poll(
@@ -563,6 +593,61 @@ class RedisStore(Store):
 
     async def ping(self) -> None:
         await self._call("ping", self._redis.ping())
+
+
+class _Reads:
+    """Record reads asked for within one turn of the event loop, sent together: one command
+    when there is one, else one pipeline; callers asking for the same record in that turn
+    share its answer (records are immutable: one decoded copy serves them all). Many agents
+    polling at once, the gateway's whole reason to exist, then cost a round trip a turn,
+    not a call. Linearizable: the batch is sent after every caller in it has asked, so it
+    sees every write that finished before any of them asked."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._waiting: dict[str, list[asyncio.Future[OperationRecord | None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def read(self, key: str) -> asyncio.Future[OperationRecord | None]:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[OperationRecord | None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._send)
+        self._waiting.setdefault(key, []).append(answer)
+        return answer
+
+    def _send(self) -> None:
+        batch, self._waiting = self._waiting, {}
+        task = asyncio.get_running_loop().create_task(self._fetch(batch))
+        self._tasks.add(task)  # kept until done (the loop holds tasks weakly)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, batch: dict[str, list[asyncio.Future[OperationRecord | None]]]) -> None:
+        store = self._store
+        try:
+            if len(batch) == 1:
+                (key,) = batch
+                rows = [await store._call("get", store._redis.hget(key, "d"))]
+            else:
+                pipe = store._redis.pipeline(transaction=False)
+                for key in batch:
+                    pipe.hget(key, "d")
+                rows = await store._call("get", pipe.execute())
+        except BaseException as exc:
+            for waiting in batch.values():
+                for answer in waiting:
+                    if not answer.done():
+                        answer.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for waiting, row in zip(batch.values(), rows, strict=True):
+            record = None if row is None else OperationRecord.from_dict(orjson.loads(row))
+            if record is not None:
+                store._copy(record)
+            for answer in waiting:
+                if not answer.done():
+                    answer.set_result(record)
 
 
 def _oldest(found: tuple[tuple[str, Any], ...], limit: int) -> list[tuple[str, bytes]]:
