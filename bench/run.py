@@ -513,7 +513,7 @@ def _paired(
                 _gateway_paths(
                     name,
                     folder,
-                    f"sqlite:///{folder}/paired-{round_}-{len(measured_rps[name])}.db",
+                    f"sqlite:///{folder}/paired-{round_}-{names.index(name)}.db",
                     agent,
                     seconds,
                     run,
@@ -702,7 +702,8 @@ def _print(
     print(f"CPU of the serving process per forwarded poll: {shown}")
     for what, per_request in COMMANDS.items():
         target = "<= 1" if "refusal" in what else "<= 2"
-        print(f"Redis round trips per {what.removeprefix(g2 + ' ')}: {per_request:.2f} [{target}]")
+        what = what.removeprefix(g2 + " ")
+        print(f"Redis commands (round trips) per {what}: {per_request:.2f} [{target}]")
 
 
 if __name__ == "__main__":

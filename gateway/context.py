@@ -10,6 +10,7 @@ so the provider call they make is seen by the request that started them.
 from __future__ import annotations
 
 import contextvars
+import os
 import random
 import re
 import secrets
@@ -40,6 +41,8 @@ def request_id_from(header: str | None) -> str:
 
 # Request ids must be unique, not secret: a fast generator seeded from the OS per process.
 _ids = random.Random(secrets.randbits(128))
+# a forked worker (statusgate serve --workers N) must not repeat its parent's sequence
+os.register_at_fork(after_in_child=lambda: _ids.seed(secrets.randbits(128)))
 
 
 def current_request_id() -> str | None:

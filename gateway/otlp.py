@@ -65,7 +65,7 @@ def attributes(items: Mapping[str, AttributeValue]) -> bytes:
     cache = _PAIRS
     parts = []
     for pair in items.items():
-        if type(pair[1]) not in _CACHEABLE:
+        if type(pair[1]) not in _CACHEABLE or pair[0] in UNIQUE:
             parts.append(_field(0x4A, _attribute(*pair)))
             continue
         encoded = cache.get(pair)
@@ -79,6 +79,8 @@ def attributes(items: Mapping[str, AttributeValue]) -> bytes:
 
 
 CACHED = 4096
+UNIQUE = frozenset({"url.path", "statusgate.request_id", "statusgate.operation_id"})
+"""Attributes whose values differ from request to request: never cached."""
 _PAIRS: dict[tuple[str, AttributeValue], bytes] = {}
 _CACHEABLE = (str, int)  # exact types: True == 1 == 1.0, so bools and floats never are
 

@@ -141,20 +141,37 @@ def gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
+class StaleCopy(Exception):
+    """A poll started from this process's copy of the record (``Store.known``) found that
+    the stored record had moved and is not due, or is gone: the caller starts over from
+    ``record`` (the stored one, None when gone) as if it had read it, so refusals and answers
+    always come from the stored record."""
+
+    def __init__(self, record: OperationRecord | None) -> None:
+        super().__init__("the copy of the record was stale")
+        self.record = record
+
+
 async def shared_poll(
-    asker: Asker, record: OperationRecord, *, pace: bool
+    asker: Asker, record: OperationRecord, *, pace: bool, from_copy: bool = False
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Step 7: one poll per operation in this process at a time; every caller gets its
-    answer. The poll is a task of its own, so a caller that goes away never cuts it short."""
+    answer. The poll is a task of its own, so a caller that goes away never cuts it short.
+    ``from_copy``: ``record`` is ``Store.known``'s copy; StaleCopy when it was stale."""
     runtime, operation_id = asker.runtime, record.operation_id
     task = runtime.inflight.get(operation_id)
     if task is None:
-        task = asyncio.create_task(_poll(asker, record, pace=pace))
+        task = asyncio.create_task(_poll(asker, record, pace=pace, from_copy=from_copy))
         runtime.inflight[operation_id] = task
         task.add_done_callback(lambda done: _forget(runtime, operation_id, done))
     elif asker.request is not None:
         asker.request[OUTCOME] = "cached"
-    return await asyncio.shield(task)
+    try:
+        return await asyncio.shield(task)
+    except StaleCopy:
+        if from_copy:
+            raise
+        return await shared_poll(asker, record, pace=pace)  # joined a poll from a stale copy
 
 
 def _forget(runtime: Runtime, operation_id: str, task: PollTask) -> None:
@@ -185,11 +202,13 @@ class _Lease:
 
 
 async def _poll(
-    asker: Asker, record: OperationRecord, *, pace: bool
+    asker: Asker, record: OperationRecord, *, pace: bool, from_copy: bool = False
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Steps 8 and 9: lease, pacing window and the reservation (one round trip on shared
     stores, computed from the record in hand), exactly one request sent, the answer written
-    with the lease released. Every write happens under the lease."""
+    with the lease released. Every write happens under the lease. ``from_copy``: a record
+    that moved meanwhile is polled from only while it is still due (StaleCopy otherwise;
+    the place taken in the pacing window then goes unused)."""
     runtime, policy, operation_id = asker.runtime, asker.policy, record.operation_id
     lease = _Lease(f"poll:{operation_id}", secrets.token_hex(16))
     windows = runtime.effects.refusals
@@ -218,6 +237,9 @@ async def _poll(
             decision = first
             await _reserved(asker, decision, window)
         else:
+            if from_copy and (moved is None or not _due(policy, moved, runtime.clock())):
+                windows.reopen(operation_id, window)
+                raise StaleCopy(moved)
             decision = await _reserve(asker, moved or record, window)
         if not decision.forward:
             return decision, None
@@ -226,36 +248,59 @@ async def _poll(
         return await _record(asker, decision.record, answer, lease), response
     finally:
         if not released:
-            await runtime.store.release_lease(lease.name, lease.token)
+            try:
+                await runtime.store.release_lease(lease.name, lease.token)
+            except StoreError:
+                _release_later(runtime, lease, lease_ttl(runtime, policy))
+                raise
 
 
-_RELEASING: set[asyncio.Task[None]] = set()
-RELEASE_RETRY = 0.5
+def _due(policy: ProviderPolicy, record: OperationRecord, now: float) -> bool:
+    return decide.admit(policy, record, now).forward
+
+
+_RELEASING: dict[str, list[str]] = {}  # lease name -> tokens its release loop gives back
+RELEASE_RETRY = 0.5  # the first wait between release attempts, doubled up to RELEASE_CAP
+RELEASE_CAP = 8.0
+RELEASE_TOKENS = 16  # tokens kept per lease name; the oldest go first
+_LOOPS: set[asyncio.Task[None]] = set()
 
 
 def _release_later(runtime: Runtime, lease: _Lease, ttl: float) -> None:
     """Give back a lease that a failed store call may have taken, in the background: the
     answer (503) does not wait for a store in trouble. A stalled Redis runs the queued
     command that took the lease when it wakes, maybe after a first release, so the release
-    is tried again until one goes through after the store answers again (or the lease has
-    expired by itself): the operation is blocked for about RELEASE_RETRY after recovery,
-    not for the lease's time."""
+    is tried again (0.5 s, doubling up to 8 s) until it goes through once the store answers
+    again, or the lease has expired by itself: the operation is blocked for about a second
+    after recovery, not for the lease's time. One loop per lease name, whatever the number
+    of failed polls: it gives back each of their tokens (only the holder's matches)."""
+    tokens = _RELEASING.get(lease.name)
+    if tokens is not None:  # a loop is running for this lease: it takes this token too
+        tokens.append(lease.token)
+        del tokens[:-RELEASE_TOKENS]
+        return
+    tokens = _RELEASING[lease.name] = [lease.token]
 
     async def release() -> None:
         loop = asyncio.get_running_loop()
-        until = loop.time() + ttl
-        while True:
-            try:
-                await runtime.store.release_lease(lease.name, lease.token)
-                return
-            except StoreError:
-                if loop.time() >= until:
-                    return
-            await asyncio.sleep(RELEASE_RETRY)
+        until, wait = loop.time() + ttl, RELEASE_RETRY
+        try:
+            while tokens:
+                try:
+                    await runtime.store.release_lease(lease.name, tokens[0])
+                    tokens.pop(0)
+                    continue
+                except StoreError:
+                    if loop.time() >= until:
+                        return
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RELEASE_CAP)
+        finally:
+            _RELEASING.pop(lease.name, None)
 
     task = asyncio.create_task(release())
-    _RELEASING.add(task)
-    task.add_done_callback(_RELEASING.discard)
+    _LOOPS.add(task)
+    task.add_done_callback(_LOOPS.discard)
 
 
 async def _start(

@@ -31,7 +31,7 @@ from .decide import Decision, Reply
 from .headers import agent_query, format_wait, prefer_wait, to_provider
 from .models import Event, OperationRecord, ProviderAnswer
 from .policy import ProviderPolicy
-from .polls import Asker, gone, held, shared_poll
+from .polls import Asker, StaleCopy, gone, held, shared_poll
 from .problems import problem
 from .routing import fill, job_id_from_body, valid_job
 from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
@@ -117,12 +117,17 @@ async def status(call: Call) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
     held = call.request.headers.get("Prefer")
     copy = None if held else runtime.store.known(call.account.id, policy.provider, call.job_id)
+    record: OperationRecord | None = None
     if copy is not None and decide.admit(policy, copy, runtime.clock()).forward:
-        # due by this process's copy: the reservation's compare-and-set proves it current
-        # (or the store hands back the stored record to decide from), saving a read
-        decision, response = await shared_poll(_asker(call), copy, pace=True)
-        return render(call, decision, response, runtime.clock())
-    record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
+        # due by this process's copy: the reservation's compare-and-set proves it current,
+        # saving a read; a stale copy sends us the stored record to start from
+        try:
+            decision, response = await shared_poll(_asker(call), copy, pace=True, from_copy=True)
+            return render(call, decision, response, runtime.clock())
+        except StaleCopy as stale:
+            record = stale.record
+    if record is None:
+        record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
     wait = prefer_wait(call.request.headers.getall("Prefer", []))

@@ -33,8 +33,9 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,8 @@ _DOTTED: dict[str, str] = {}
 _NOTHING = Span()
 _current: ContextVar[Span | None] = ContextVar("statusgate_span", default=None)
 _random = random.Random()  # span and trace ids: unique, not secret (as the SDK's generator)
+# forked workers (statusgate serve --workers N) must not repeat their parent's ids
+os.register_at_fork(after_in_child=_random.seed)
 
 
 class _Tracer:
@@ -224,7 +227,8 @@ class _Exporter:
         with self.wake:
             self.stopping = True
             self.wake.notify()
-        self.thread.join(self.endpoint.timeout * 2)
+        batches = len(self.spans) // self.batch + 1
+        self.thread.join(self.endpoint.timeout * batches + 1.0)
 
     def _run(self) -> None:
         while True:
@@ -242,9 +246,16 @@ class _Exporter:
             if stopping:
                 return
 
+    def _pause(self, seconds: float) -> bool:
+        """Wait between attempts; False (give up retrying) once the gateway is stopping."""
+        with self.wake:
+            if not self.stopping:
+                self.wake.wait(seconds)
+            return not self.stopping
+
     def _export(self, batch: list[bytes]) -> None:
         body = otlp.request(*self.framing, batch)
-        problem = self.endpoint.post(body, retry=not self.stopping)
+        problem = self.endpoint.post(body, retry=not self.stopping, pause=self._pause)
         if problem is not None:
             log.warning("traces: %d spans not exported: %s", len(batch), problem)
 
@@ -298,7 +309,9 @@ class Endpoint:
                 tls.load_cert_chain(get("CLIENT_CERTIFICATE"), get("CLIENT_KEY") or None)
         return cls(url, headers, timeout, get("COMPRESSION").lower() == "gzip", tls)
 
-    def post(self, body: bytes, *, retry: bool) -> str | None:
+    def post(
+        self, body: bytes, *, retry: bool, pause: Callable[[float], bool] | None = None
+    ) -> str | None:
         """Post one export request; None when the collector took it, else what went wrong.
         Busy answers and connection failures are tried again (up to four attempts, waiting
         1, 2, 4 s or the collector's Retry-After) unless ``retry`` is off (at shutdown)."""
@@ -320,9 +333,14 @@ class Endpoint:
                 after = exc.headers.get("Retry-After", "")
                 wait = float(after) if after.isdigit() else wait
             except (OSError, ValueError) as exc:
-                problem = f"the collector at {self.url} is unreachable ({exc})"
+                where = urllib.parse.urlsplit(self.url)  # said without userinfo or query
+                at = f"{where.scheme}://{where.hostname}:{where.port or ''}{where.path}"
+                problem = f"the collector at {at} is unreachable ({type(exc).__name__})"
             if attempt + 1 < self.ATTEMPTS and retry:
-                time.sleep(min(wait, 30.0))
+                if pause is None:
+                    time.sleep(min(wait, 30.0))
+                elif not pause(min(wait, 30.0)):
+                    break
         return problem
 
 
@@ -337,6 +355,8 @@ def setup(environ: Mapping[str, str] | None = None) -> str:
     """Turn tracing on if the environment asks for it and the SDK is there; the one line
     to log once the gateway serves, saying whether tracing is on, or why it is off."""
     env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "tracing off: OTEL_SDK_DISABLED is true"
     if not any(env.get(name) for name in ENDPOINTS):
         return "tracing off: OTEL_EXPORTER_OTLP_ENDPOINT is not set"
     try:
@@ -380,10 +400,12 @@ def server_span(name: str, headers: Mapping[str, str]) -> Iterator[Span]:
     token = _current.set(span)
     try:
         yield span
+    except BaseException as exc:
+        span.failed(type(exc).__name__)
+        raise
     finally:
         _current.reset(token)
-        if span.sampled:
-            tracer.exporter.add(span.encoded())
+        _end(tracer, span)
 
 
 @contextlib.contextmanager
@@ -401,9 +423,22 @@ def client_span(name: str, headers: MutableMapping[str, str]) -> Iterator[Span]:
         headers["tracestate"] = span.state
     try:
         yield span
+    except BaseException as exc:
+        span.failed(type(exc).__name__)
+        raise
     finally:
-        if span.sampled:
-            tracer.exporter.add(span.encoded())
+        _end(tracer, span)
+
+
+def _end(tracer: _Tracer, span: Span) -> None:
+    """Hand an ended, sampled span to the exporter; a span that cannot be encoded is
+    dropped with a warning, never a failed request."""
+    if not span.sampled:
+        return
+    try:
+        tracer.exporter.add(span.encoded())
+    except (ValueError, TypeError, UnicodeError, OverflowError) as exc:
+        log.warning("traces: span %r dropped, not encodable: %s", span.name, type(exc).__name__)
 
 
 _W3C = ("traceparent", "tracestate")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -186,3 +187,26 @@ def test_the_sampler_decides_roots_once_when_it_can() -> None:
     assert tracing._static_root_decision(on) is True
     assert tracing._static_root_decision("AlwaysOffSampler") is False
     assert tracing._static_root_decision("ParentBased{root:TraceIdRatioBased{0.5},x}") is None
+
+
+def test_otel_sdk_disabled_turns_tracing_off() -> None:
+    env = {"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    assert tracing.setup(env) == "tracing off: OTEL_SDK_DISABLED is true"
+    assert not tracing.enabled()
+
+
+def test_forked_workers_make_ids_of_their_own() -> None:
+    """statusgate serve --workers N forks after import: trace, span and request ids must
+    not repeat the parent's sequence."""
+    from gateway.context import request_id_from
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child process
+        os.write(write, f"{request_id_from(None)} {tracing._random.getrandbits(64)}".encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    theirs = os.read(read, 200).decode()
+    os.close(read)
+    os.close(write)
+    assert theirs != f"{request_id_from(None)} {tracing._random.getrandbits(64)}"

@@ -16,6 +16,7 @@ import redis as sync_redis
 
 from gateway.errors import ConfigError, NotAdmissible, StoreError
 from gateway.models import OperationRecord
+from gateway.runtime import RUNTIME
 from gateway.store import store_from_url
 from gateway.store.redis import RedisStore
 
@@ -258,6 +259,52 @@ async def test_gateway_flow_on_redis(redis_url: str, tmp_path: Path) -> None:
         assert len(harness.provider_calls(job)) == 2
         record = await harness.record(job)
         assert record.status_requests_used == 2 and record.early_refusals == 1
+
+
+async def test_a_stale_copy_never_answers_for_the_stored_record(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """This process's copy says a poll is due, but another replica has polled since (the
+    stored record is not due) or the record is gone: the agent gets what the stored record
+    says (429 too-early counted as a refusal, then 404), and the provider sees nothing."""
+    async with real_time_harness(
+        tmp_path,
+        store_url=redis_url,
+        policy_changes={"demo-jobs": {"polling": {"base_delay": "100ms"}}},
+    ) as harness:
+        job = (await (await harness.submit([{"state": "running"}])).json())["id"]
+        assert (await harness.poll_when_due(job)).status == 200
+        await asyncio.sleep(0.2)  # due now, by this process's copy too
+        other = store_from_url(redis_url)  # another replica's view
+        assert isinstance(other, RedisStore)
+        await other.open()
+        try:
+            stored = await other.find("team-a", "demo-jobs", job)
+            assert stored is not None
+            later = time.time() + 60
+            assert await other.save(stored.evolve(next_poll_at=later, status_requests_used=2))
+            calls = len(harness.provider_calls(job))
+            refused = await harness.poll(job)
+            assert refused.status == 429, await refused.text()
+            assert (await refused.json())["type"] == "/problems/too-early"
+            assert 55 <= int(refused.headers["Retry-After"]) <= 60
+            assert len(harness.provider_calls(job)) == calls
+            copy = harness.client.app[RUNTIME].store.known("team-a", "demo-jobs", job)
+            assert copy is not None and copy.next_poll_at == later  # the stored one now
+            second = await (await harness.submit([{"state": "running"}], key="k2")).json()
+            assert (await harness.poll_when_due(second["id"])).status == 200
+            await asyncio.sleep(0.2)  # due by this process's copy
+            gone = await other.find("team-a", "demo-jobs", second["id"])
+            assert gone is not None
+            client = sync_redis.Redis.from_url(redis_url.split("?")[0])
+            client.delete(other._op(gone.operation_id))
+            client.close()
+        finally:
+            await other.close()
+        answer = await harness.poll(second["id"])
+        assert answer.status == 404, await answer.text()
+        assert len(harness.provider_calls(second["id"])) == 1
+        assert harness.client.app[RUNTIME].store.known("team-a", "demo-jobs", second["id"]) is None
 
 
 async def test_wait_replicas_fails_closed_without_enough_replicas(redis_url: str) -> None:

@@ -55,7 +55,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
@@ -190,7 +190,7 @@ class RedisStore(Store):
     async def _call(self, operation: str, work: Any) -> Any:
         try:
             return await work
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             raise StoreError(
                 f"redis {operation}: {type(exc).__name__}", operation=operation
             ) from exc
@@ -303,11 +303,21 @@ class RedisStore(Store):
         return keys, args, written
 
     def _copy(self, record: OperationRecord) -> None:
-        copies = self._copies
-        copies.pop(record.operation_id, None)  # most recent last: the oldest goes first
+        """Keep ``record`` as this process's copy: only a pending one (the copy only ever
+        starts a poll, and a pending record carries no final answer, so COPIES bounds the
+        memory), never one older than the copy already kept."""
+        copies, operation_id = self._copies, record.operation_id
+        kept = copies.pop(operation_id, None)  # most recent last: the oldest goes first
+        if kept is not None and kept.version > record.version:
+            record = kept  # a read that finished after a write of ours
+        if record.outcome is not Outcome.PENDING or self._cluster:
+            return  # (on a cluster a poll's steps are apart: a copy would save nothing)
         if len(copies) >= COPIES:
             copies.pop(next(iter(copies)))
-        copies[record.operation_id] = record
+        copies[operation_id] = record
+
+    def _forget(self, operation_id: str) -> None:
+        self._copies.pop(operation_id, None)
 
     def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         """The record as this process last wrote or read it, without a round trip."""
@@ -406,6 +416,7 @@ class RedisStore(Store):
             delete.zrem(ended, raw)
             if record is None:
                 continue  # deleted already
+            self._forget(record.operation_id)
             delete.delete(self._op(record.operation_id))
             delete.delete(self._job(record.account, record.provider, record.provider_job_id))
             delete.zrem(f"{self.prefix}:ops", raw)
@@ -541,6 +552,8 @@ class RedisStore(Store):
             moved = OperationRecord.from_dict(orjson.loads(current[0])) if current else None
             if moved is not None:
                 self._copy(moved)
+            else:
+                self._forget(reserve.operation_id)  # gone
             return wait, False, moved
         self._copy(stored)
         await self._replicated("save")
@@ -641,8 +654,16 @@ class _Reads:
             if not isinstance(exc, Exception):
                 raise
             return
-        for waiting, row in zip(batch.values(), rows, strict=True):
-            record = None if row is None else OperationRecord.from_dict(orjson.loads(row))
+        for (key, waiting), row in zip(batch.items(), rows, strict=True):
+            try:
+                record = None if row is None else OperationRecord.from_dict(orjson.loads(row))
+            except Exception as exc:  # one unreadable record fails its own callers only
+                problem = StoreError(f"redis get: {key} holds no readable record", operation="get")
+                problem.__cause__ = exc
+                for answer in waiting:
+                    if not answer.done():
+                        answer.set_exception(problem)
+                continue
             if record is not None:
                 store._copy(record)
             for answer in waiting:
