@@ -86,8 +86,11 @@ def create_app(
         effects=effects,
         sleep=sleep if sleep is not None else asyncio.sleep,
     )
+    # the span middleware only when tracing is on (tracing.setup runs before the app):
+    # off, every request would pass through it for nothing
+    spans = [traced] if tracing.enabled() else []
     app = web.Application(
-        middlewares=[observe, traced, listeners, errors],
+        middlewares=[observe, *spans, listeners, errors],
         client_max_size=limits.max_request_body,
     )
     app[RUNTIME] = runtime

@@ -4,6 +4,7 @@ passed through with URLs rewritten)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -143,6 +144,7 @@ def operation_headers(record: OperationRecord, now: float) -> dict[str, str]:
     return headers
 
 
+@functools.lru_cache(maxsize=1024)
 def header_safe(text: str) -> str:
     cleaned = "".join(c if 0x20 <= ord(c) < 0x7F else "?" for c in text[:200])
     return cleaned

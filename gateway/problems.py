@@ -6,12 +6,12 @@ file paths. ``/problems/<slug>`` serves the explanation from the same table.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 CONTENT_TYPE = "application/problem+json"
@@ -200,7 +200,7 @@ def problem(
         body.update(extra)
     response = web.Response(
         status=kind.status,
-        body=json.dumps(body).encode(),
+        body=orjson.dumps(body),
         content_type=CONTENT_TYPE,
         headers=headers,
     )

@@ -5,6 +5,7 @@ Pure parsing; raises ValueError with a message fit to follow "file: field: ".
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -45,8 +46,10 @@ def format_duration(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
+@functools.lru_cache(maxsize=4096)
 def rfc3339(instant: float, *, millis: bool = False) -> str:
-    """An instant as RFC 3339 UTC with a ``Z``; milliseconds when asked."""
+    """An instant as RFC 3339 UTC with a ``Z``; milliseconds when asked. Cached: the same
+    deadlines and next-poll times are formatted for every refusal of an operation."""
     whole = math.floor(instant)
     text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
     if millis:

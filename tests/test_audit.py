@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.audit import AuditLog, Fsync, read_lines, verify
+from gateway.audit import AuditLog, Fsync, canonical_json, read_lines, verify
 from gateway.cli import main
 
 from conftest import PROVIDER_KEY, Harness
@@ -221,3 +223,27 @@ async def test_workers_append_to_one_chain(tmp_path: Path) -> None:
     await second.close()
     verdict = verify(read_lines(path), None)
     assert verdict.intact and verdict.records == 50
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=30),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(min_value=-(2**70), max_value=2**70),
+            st.text(max_size=60),
+            st.floats(allow_nan=False, allow_infinity=False),
+        ),
+        max_size=20,
+    )
+)
+def test_canonical_json_is_the_json_module_form_whichever_encoder_writes_it(
+    line: dict[str, object],
+) -> None:
+    """The chain hashes canonical_json: the fast path (orjson, for flat lines of strings,
+    integers, booleans, nulls) must be byte for byte json.dumps(sort_keys, compact, UTF-8),
+    or files written by one build would not verify with another."""
+    expected = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(line) == expected.encode()
