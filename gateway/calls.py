@@ -63,12 +63,12 @@ async def send_upstream(
     headers = dict(headers)
     with tracing.client_span(f"{method} {route}", headers) as span:
         if span.recording:
-            parts = urlsplit(url)
+            host, port, path = _server(url, policy.upstream)
             span.set(
                 http__request__method=method,
-                server__address=parts.hostname,
-                server__port=parts.port or (443 if parts.scheme == "https" else 80),
-                url__path=parts.path,  # never the query: it may hold a key
+                server__address=host,
+                server__port=port,
+                url__path=path,  # never the query: it may hold a key
                 statusgate__provider=policy.provider,
                 statusgate__route=route,
             )
@@ -142,6 +142,21 @@ def operation_headers(record: OperationRecord, now: float) -> dict[str, str]:
         headers["Retry-After"] = retry_after_value(record.next_poll_at - now)
         headers["Statusgate-Next-Poll-At"] = rfc3339(record.next_poll_at, millis=True)
     return headers
+
+
+def _server(url: str, upstream: str) -> tuple[str | None, int, str]:
+    """Host, port and path (without the query) of a provider call: the provider's part
+    parsed once, the rest cut from ``url``."""
+    if not url.startswith(upstream):
+        return _origin(url.split("?", 1)[0])
+    host, port, base = _origin(upstream)
+    return host, port, base + url[len(upstream) :].split("?", 1)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _origin(url: str) -> tuple[str | None, int, str]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), parts.path
 
 
 @functools.lru_cache(maxsize=1024)

@@ -24,7 +24,6 @@ recorded without their query, and header values are never recorded at all.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import logging
 import os
@@ -35,7 +34,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -387,47 +386,66 @@ def enabled() -> bool:
     return _state.tracer is not None
 
 
-@contextlib.contextmanager
-def server_span(name: str, headers: Mapping[str, str]) -> Iterator[Span]:
+class _Off:
+    """The context of a span when tracing is off: nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        return _NOTHING
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_OFF = _Off()
+
+
+class _Current:
+    """A started span for the length of a ``with``: current (its provider calls are its
+    children) when ``current``; a failure inside marks it; ended, it goes to the exporter.
+    A class rather than a generator context manager: two of these run per request."""
+
+    __slots__ = ("_span", "_token", "_tracer")
+
+    def __init__(self, tracer: _Tracer, span: Span, *, current: bool) -> None:
+        self._tracer = tracer
+        self._span = span
+        self._token = _current.set(span) if current else None
+
+    def __enter__(self) -> Span:
+        return self._span
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is not None:
+            self._span.failed(kind.__name__)
+        if self._token is not None:
+            _current.reset(self._token)
+        _end(self._tracer, self._span)
+
+
+def server_span(name: str, headers: Mapping[str, str]) -> _Off | _Current:
     """The span of one agent request, continuing the agent's ``traceparent``; provider
     calls made while it is current (held polls included) become its children."""
     tracer = _state.tracer
     if tracer is None:
-        yield _NOTHING
-        return
+        return _OFF
     carrier = {key: value for key in _W3C if (value := headers.get(key)) is not None}
-    span = tracer.start(name, SERVER, carrier)
-    token = _current.set(span)
-    try:
-        yield span
-    except BaseException as exc:
-        span.failed(type(exc).__name__)
-        raise
-    finally:
-        _current.reset(token)
-        _end(tracer, span)
+    return _Current(tracer, tracer.start(name, SERVER, carrier), current=True)
 
 
-@contextlib.contextmanager
-def client_span(name: str, headers: MutableMapping[str, str]) -> Iterator[Span]:
+def client_span(name: str, headers: MutableMapping[str, str]) -> _Off | _Current:
     """The span of one provider call; its ``traceparent`` goes into ``headers``."""
     tracer = _state.tracer
     if tracer is None:
-        yield _NOTHING
-        return
+        return _OFF
     for key in [k for k in headers if k.lower() in _W3C]:
         del headers[key]  # the agent's own: this span's context replaces it
     span = tracer.start(name, CLIENT, None)
     headers["traceparent"] = span.traceparent()
     if span.state:
         headers["tracestate"] = span.state
-    try:
-        yield span
-    except BaseException as exc:
-        span.failed(type(exc).__name__)
-        raise
-    finally:
-        _end(tracer, span)
+    return _Current(tracer, span, current=False)
 
 
 def _end(tracer: _Tracer, span: Span) -> None:
