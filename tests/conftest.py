@@ -299,6 +299,32 @@ class RedisServer:
             self.process = None
 
 
+Exported = list[tuple[dict[str, str], bytes]]
+
+
+@contextlib.asynccontextmanager
+async def otlp_receiver(*, busy_once: bool = False) -> AsyncIterator[tuple[Exported, str]]:
+    """A real OTLP/HTTP receiver on loopback: every export request as (headers with
+    lower-case names, body as sent), and its base URL. ``busy_once``: the first export is
+    answered 503 with ``Retry-After: 0``."""
+    got: Exported = []
+
+    async def export(request: web.Request) -> web.Response:
+        got.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
+        if busy_once and len(got) == 1:
+            return web.Response(status=503, headers={"Retry-After": "0"})
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", export)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield got, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
 class RedisCluster3:
     """A private Redis Cluster of three primaries on free loopback ports (no replicas), the
     16384 slots split evenly; what ``redis+cluster://`` is tested against."""

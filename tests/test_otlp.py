@@ -9,12 +9,12 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import otlp, tracing
+
+from conftest import Exported, otlp_receiver
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
 trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
@@ -134,26 +134,14 @@ def test_the_endpoint_comes_from_the_standard_variables() -> None:
 
 
 @pytest.fixture
-async def collector() -> AsyncIterator[tuple[list[tuple[dict[str, str], bytes]], str]]:
+async def collector() -> AsyncIterator[tuple[Exported, str]]:
     """A collector that is busy once (503, Retry-After: 0), then takes every export."""
-    got: list[tuple[dict[str, str], bytes]] = []
-
-    async def export(request: web.Request) -> web.Response:
-        got.append(({k.lower(): v for k, v in request.headers.items()}, await request.read()))
-        if len(got) == 1:
-            return web.Response(status=503, headers={"Retry-After": "0"})
-        return web.Response(body=b"", content_type="application/x-protobuf")
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", export)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    yield got, str(server.make_url("")).rstrip("/")
-    await server.close()
+    async with otlp_receiver(busy_once=True) as (got, url):
+        yield got, url
 
 
 async def test_an_export_is_tried_again_when_the_collector_is_busy(
-    collector: tuple[list[tuple[dict[str, str], bytes]], str],
+    collector: tuple[Exported, str],
 ) -> None:
     got, url = collector
     endpoint = tracing.Endpoint.from_env(

@@ -11,12 +11,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from gateway.demo_provider import DemoProvider
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, Served
+from conftest import AGENT_TOKEN, PROVIDER_KEY, Exported, Served, otlp_receiver
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
 trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
@@ -26,25 +24,14 @@ AGENT_SPAN = "00f067aa0ba902b7"
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[tuple[list[bytes], str]]:
-    """An OTLP/HTTP receiver: every export request body, as sent."""
-    bodies: list[bytes] = []
-
-    async def export(request: web.Request) -> web.Response:
-        bodies.append(await request.read())
-        return web.Response(body=b"", content_type="application/x-protobuf")
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", export)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    yield bodies, str(server.make_url("")).rstrip("/")
-    await server.close()
+async def receiver() -> AsyncIterator[tuple[Exported, str]]:
+    async with otlp_receiver() as (got, url):
+        yield got, url
 
 
-def spans(bodies: list[bytes]) -> list[Any]:
+def spans(bodies: Exported) -> list[Any]:
     found = []
-    for body in bodies:
+    for _, body in bodies:
         request = trace_service.ExportTraceServiceRequest()
         request.ParseFromString(body)
         for resource in request.resource_spans:
@@ -104,7 +91,7 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
         assert attributes(span)["http.response.status_code"] in (200, 202)
     sent = [e for e in demo.log if e["method"] in ("GET", "POST")]
     assert all(e["headers"]["traceparent"].split("-")[1] == TRACE_ID for e in sent)
-    exported = b"".join(bodies)
+    exported = b"".join(body for _, body in bodies)
     for secret in (AGENT_TOKEN, PROVIDER_KEY, "secret-idem-key-1", "api_key", "q1"):
         assert secret.encode() not in exported
 
