@@ -249,7 +249,7 @@ def gateway_config(folder: Path, port: int, store: str, audit: bool) -> Path:
     if os.environ.get("BENCH_LOG_LEVEL"):
         config["logging"] = {"level": os.environ["BENCH_LOG_LEVEL"]}
     if audit:
-        config["audit"] = {"path": "audit.jsonl"}
+        config["audit"] = {"path": f"audit-{port}.jsonl"}  # one per gateway run
     path = folder / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

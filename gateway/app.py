@@ -293,8 +293,8 @@ async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
             statusgate__outcome=response.headers.get("Statusgate-Outcome"),
             statusgate__request_id=context.request_id if context else None,
         )
-        if response.status >= 500:
-            span.failed(f"answered {response.status}")
+        if response.status >= 500 and span.error is None:
+            span.failed(f"answered {response.status}", str(response.status))
         return response
 
 
@@ -338,6 +338,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except BodyTooLarge as exc:
         return problem("request-too-large", str(exc))
     except StoreError as exc:
+        tracing.record_exception(exc)
         log.warning("store unavailable: %s", exc)
         request.app[RUNTIME].effects.metrics.store_errors.labels(exc.operation).inc()
         return problem(
@@ -353,7 +354,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status >= 400:
             return problem("invalid-request", exc.reason)
         raise
-    except Exception:
+    except Exception as exc:
+        tracing.record_exception(exc)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return problem("internal-error", "The gateway failed to handle this request.")
 

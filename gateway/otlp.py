@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 AttributeValue = str | bool | int | float | Sequence[str | bool | int | float]
+Event = tuple[int, str, Mapping[str, AttributeValue]]
+"""A span event: when (ns since the epoch), its name, its attributes."""
 _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
 _FIXED32 = struct.Struct("<I")
@@ -97,6 +99,7 @@ def span(
     end: int,
     attrs: Mapping[str, AttributeValue],
     error: str | None,
+    events: Sequence[Event] | None = None,
 ) -> bytes:
     """One sampled span (a Span message, with its tag and length)."""
     parts = [
@@ -119,6 +122,10 @@ def span(
         _FIXED64.pack(end),
         attributes(attrs),
     )
+    for at, event_name, event_attrs in events or ():
+        encoded = b"".join(_field(0x1A, _attribute(k, v)) for k, v in event_attrs.items())
+        event = b"\x09" + _FIXED64.pack(at) + _field(0x12, event_name.encode()) + encoded
+        parts.append(_field(0x5A, event))
     if error is not None:
         parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))  # ERROR
     # flags: sampled, and whether the parent is remote (SpanFlags HAS_IS_REMOTE / IS_REMOTE)

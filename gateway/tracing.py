@@ -24,6 +24,7 @@ recorded without their query, and header values are never recorded at all.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import logging
 import os
@@ -31,6 +32,7 @@ import random
 import ssl
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -53,6 +55,7 @@ class Span:
     __slots__ = (
         "attributes",
         "error",
+        "events",
         "kind",
         "name",
         "parent_id",
@@ -86,6 +89,7 @@ class Span:
         self.start = time.time_ns()
         self.attributes: dict[str, Any] = {}
         self.error: str | None = None
+        self.events: list[otlp.Event] | None = None
 
     @property
     def recording(self) -> bool:
@@ -102,8 +106,27 @@ class Span:
             if value is not None:
                 kept[_DOTTED.get(name) or _dotted(name)] = value
 
-    def failed(self, why: str) -> None:
+    def failed(self, why: str, error_type: str | None = None) -> None:
+        """Status ERROR with ``why``; ``error_type`` is the semantic conventions'
+        ``error.type`` (an exception's qualified class name, or an HTTP status code)."""
+        if not self.sampled:  # not exported (and the shared span of tracing off)
+            return
         self.error = why
+        if error_type is not None:
+            self.attributes["error.type"] = error_type
+
+    def raised(self, error: BaseException) -> None:
+        """Failed by ``error``: status ERROR, ``error.type``, and (for an Exception, not a
+        cancellation) an ``exception`` event with its type and stack frames. Never its
+        message: a message may quote a URL with its query, a header or a provider's body."""
+        kind = type(error)
+        module = "" if kind.__module__ == "builtins" else kind.__module__ + "."
+        name = module + kind.__qualname__
+        self.failed(kind.__name__, name)
+        if self.sampled and isinstance(error, Exception):
+            frames = "".join(traceback.format_tb(error.__traceback__))
+            attributes = {"exception.type": name, "exception.stacktrace": frames}
+            self.events = [*(self.events or ()), (time.time_ns(), "exception", attributes)]
 
     def traceparent(self) -> str:
         return f"00-{self.trace_id:032x}-{self.span_id:016x}-{'01' if self.sampled else '00'}"
@@ -124,6 +147,7 @@ class Span:
             time.time_ns(),
             self.attributes,
             self.error,
+            self.events,
         )
 
 
@@ -207,6 +231,7 @@ class _Exporter:
         self.dropped = 0
         self.wake = threading.Condition()
         self.stopping = False
+        self.deadline = float("inf")  # set at stop: the flush at shutdown ends by then
         self.thread = threading.Thread(target=self._run, name="statusgate-traces", daemon=True)
         self.thread.start()
 
@@ -222,12 +247,15 @@ class _Exporter:
                 self.wake.notify()
 
     def stop(self) -> None:
-        """Export what is buffered (bounded by the export timeout), then stop."""
+        """Export what is buffered, within one export timeout in all (each export tried
+        once); what is left by then is dropped and counted in a warning. Never hangs."""
         with self.wake:
             self.stopping = True
+            self.deadline = time.monotonic() + self.endpoint.timeout
             self.wake.notify()
-        batches = len(self.spans) // self.batch + 1
-        self.thread.join(self.endpoint.timeout * batches + 1.0)
+        self.thread.join(self.endpoint.timeout + 1.0)
+        if self.thread.is_alive():  # a collector that neither answers nor refuses
+            log.warning("traces: the export at shutdown did not finish; spans dropped")
 
     def _run(self) -> None:
         while True:
@@ -236,11 +264,16 @@ class _Exporter:
                     self.wake.wait(self.delay)
                 stopping = self.stopping
             while self.spans:
+                left = self.deadline - time.monotonic()
+                if self.stopping and left <= 0:
+                    self.dropped += len(self.spans)
+                    self.spans.clear()
+                    break
                 batch = self.spans[: self.batch]
                 del self.spans[: len(batch)]  # the loop only appends: these are the first
-                self._export(batch)
+                self._export(batch, min(left, self.endpoint.timeout))
             if self.dropped:
-                log.warning("traces: export buffer full, %d spans dropped", self.dropped)
+                log.warning("traces: %d spans dropped (buffer full or shutdown)", self.dropped)
                 self.dropped = 0
             if stopping:
                 return
@@ -252,9 +285,10 @@ class _Exporter:
                 self.wake.wait(seconds)
             return not self.stopping
 
-    def _export(self, batch: list[bytes]) -> None:
+    def _export(self, batch: list[bytes], timeout: float) -> None:
         body = otlp.request(*self.framing, batch)
-        problem = self.endpoint.post(body, retry=not self.stopping, pause=self._pause)
+        retry = not self.stopping
+        problem = self.endpoint.post(body, retry=retry, pause=self._pause, timeout=timeout)
         if problem is not None:
             log.warning("traces: %d spans not exported: %s", len(batch), problem)
 
@@ -280,6 +314,9 @@ class Endpoint:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Endpoint:
+        """Userinfo in the URL (``http://user:password@collector``) becomes HTTP Basic
+        authentication, as the SDK's exporter does, and is never said back: errors and the
+        start line show the URL without it."""
         from opentelemetry.util.re import parse_env_headers
 
         def get(name: str, default: str = "") -> str:
@@ -287,15 +324,26 @@ class Endpoint:
                 f"OTEL_EXPORTER_OTLP_{name}", default
             )
 
+        variable = next(name for name in (*ENDPOINTS, "") if not name or env.get(name))
         url = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or (
             env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").removesuffix("/") + "/v1/traces"
         )
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"the OTLP endpoint {url!r} is not an http:// or https:// URL")
+            raise ValueError(
+                f"{variable or 'the OTLP endpoint'} ({shown(url)}) is not an http:// or "
+                "https:// URL"
+            )
         headers = {
             "Content-Type": "application/x-protobuf",
             "User-Agent": f"statusgate/{__version__}",
         }
+        parts = urllib.parse.urlsplit(url)
+        if "@" in parts.netloc:
+            userinfo, host = parts.netloc.rsplit("@", 1)
+            user, _, password = userinfo.partition(":")
+            login = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+            headers["Authorization"] = "Basic " + base64.b64encode(login.encode()).decode()
+            url = urllib.parse.urlunsplit(parts._replace(netloc=host))
         headers.update(parse_env_headers(get("HEADERS"), liberal=True))
         try:
             timeout = float(get("TIMEOUT", "10"))
@@ -306,14 +354,26 @@ class Endpoint:
             tls = ssl.create_default_context(cafile=get("CERTIFICATE") or None)
             if get("CLIENT_CERTIFICATE"):
                 tls.load_cert_chain(get("CLIENT_CERTIFICATE"), get("CLIENT_KEY") or None)
-        return cls(url, headers, timeout, get("COMPRESSION").lower() == "gzip", tls)
+        return cls(
+            url,
+            headers,
+            timeout if timeout > 0 else 10.0,
+            get("COMPRESSION").lower() == "gzip",
+            tls,
+        )
 
     def post(
-        self, body: bytes, *, retry: bool, pause: Callable[[float], bool] | None = None
+        self,
+        body: bytes,
+        *,
+        retry: bool,
+        pause: Callable[[float], bool] | None = None,
+        timeout: float | None = None,
     ) -> str | None:
         """Post one export request; None when the collector took it, else what went wrong.
         Busy answers and connection failures are tried again (up to four attempts, waiting
-        1, 2, 4 s or the collector's Retry-After) unless ``retry`` is off (at shutdown)."""
+        1, 2, 4 s or the collector's Retry-After) unless ``retry`` is off (at shutdown).
+        ``timeout``: for each attempt, instead of the configured one."""
         headers = dict(self.headers)
         if self.gzip:
             body = gzip.compress(body, compresslevel=6)
@@ -323,7 +383,9 @@ class Endpoint:
             wait = float(2**attempt)
             request = urllib.request.Request(self.url, body, headers, method="POST")  # noqa: S310
             try:  # the scheme is http or https: from_env refuses any other
-                with urllib.request.urlopen(request, timeout=self.timeout, context=self.tls):  # noqa: S310
+                with urllib.request.urlopen(  # noqa: S310
+                    request, timeout=timeout or self.timeout, context=self.tls
+                ):
                     return None
             except urllib.error.HTTPError as exc:
                 problem = f"the collector answered {exc.code}"
@@ -332,15 +394,22 @@ class Endpoint:
                 after = exc.headers.get("Retry-After", "")
                 wait = float(after) if after.isdigit() else wait
             except (OSError, ValueError) as exc:
-                where = urllib.parse.urlsplit(self.url)  # said without userinfo or query
-                at = f"{where.scheme}://{where.hostname}:{where.port or ''}{where.path}"
-                problem = f"the collector at {at} is unreachable ({type(exc).__name__})"
+                problem = (
+                    f"the collector at {shown(self.url)} is unreachable ({type(exc).__name__})"
+                )
             if attempt + 1 < self.ATTEMPTS and retry:
                 if pause is None:
                     time.sleep(min(wait, 30.0))
                 elif not pause(min(wait, 30.0)):
                     break
         return problem
+
+
+def shown(url: str) -> str:
+    """A URL as it may be logged: without userinfo, query or fragment."""
+    parts = urllib.parse.urlsplit(url if "://" in url else "//" + url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return f"{parts.scheme + ':' if parts.scheme else ''}//{host}{parts.path}"
 
 
 class _State:
@@ -372,7 +441,7 @@ def setup(environ: Mapping[str, str] | None = None) -> str:
     except (ValueError, OSError) as exc:  # an endpoint that is no URL, a TLS file missing
         return f"tracing off: {exc}"
     _state.tracer = _Tracer(sampler, TraceContextTextMapPropagator(), exporter)
-    return f"tracing on: OTLP/HTTP export as service {service}"
+    return f"tracing on: OTLP/HTTP export to {shown(exporter.endpoint.url)} as service {service}"
 
 
 def stop() -> None:
@@ -416,9 +485,11 @@ class _Current:
     def __enter__(self) -> Span:
         return self._span
 
-    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        if kind is not None:
-            self._span.failed(kind.__name__)
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: object
+    ) -> None:
+        if error is not None:
+            self._span.raised(error)
         if self._token is not None:
             _current.reset(self._token)
         _end(self._tracer, self._span)
@@ -446,6 +517,14 @@ def client_span(name: str, headers: MutableMapping[str, str]) -> _Off | _Current
     if span.state:
         headers["tracestate"] = span.state
     return _Current(tracer, span, current=False)
+
+
+def record_exception(error: BaseException) -> None:
+    """Mark the current span (the agent request's, or nothing) failed by ``error``: for
+    errors the gateway turns into an answer, which never reach the span's ``with``."""
+    span = _current.get()
+    if span is not None:
+        span.raised(error)
 
 
 def _end(tracer: _Tracer, span: Span) -> None:

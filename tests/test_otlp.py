@@ -4,8 +4,11 @@ against the generated classes of opentelemetry-proto and a real HTTP collector."
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
+import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -48,6 +51,14 @@ def decoded(value: object) -> object:
     start=st.integers(min_value=0, max_value=2**64 - 1),
     attrs=st.dictionaries(st.text(min_size=1, max_size=40), values, max_size=12),
     error=st.one_of(st.none(), st.text(max_size=100)),
+    events=st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=2**64 - 1),
+            st.text(max_size=40),
+            st.dictionaries(st.text(min_size=1, max_size=20), st.text(max_size=300), max_size=3),
+        ),
+        max_size=2,
+    ),
 )
 def test_every_span_decodes_as_written(
     trace_id: int,
@@ -60,12 +71,13 @@ def test_every_span_decodes_as_written(
     start: int,
     attrs: dict[str, otlp.AttributeValue],
     error: str | None,
+    events: list[otlp.Event],
 ) -> None:
     """Whatever the ids, names, attribute values and sizes, opentelemetry-proto reads back
     exactly the span that was encoded (twice: the second time from the attribute cache)."""
     framing = otlp.resource_and_scope({"service.name": "sg", "n": 3}, "statusgate", "0.1.0")
     encoded = otlp.span(
-        trace_id, span_id, parent_id, remote, state, name, kind, start, start, attrs, error
+        trace_id, span_id, parent_id, remote, state, name, kind, start, start, attrs, error, events
     )
     for body in (otlp.request(*framing, [encoded]), otlp.request(*framing, [encoded] * 2)):
         request = trace_service.ExportTraceServiceRequest()
@@ -91,6 +103,10 @@ def test_every_span_decodes_as_written(
                 isinstance(value, float) and math.isclose(got[key], value)  # type: ignore[arg-type]
             )
             assert same, (key, value, got[key])
+        assert [
+            (e.time_unix_nano, e.name, {a.key: decoded(a.value) for a in e.attributes})
+            for e in span.events
+        ] == events
         assert span.status.code == (2 if error is not None else 0)
         assert span.status.message == (error or "")
         assert span.flags == (0x301 if remote else 0x101)
@@ -131,6 +147,42 @@ def test_the_endpoint_comes_from_the_standard_variables() -> None:
     assert specific.timeout == 7.0 and specific.tls is not None
     with pytest.raises(ValueError, match="not an http"):
         tracing.Endpoint.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318"})
+
+
+def test_unique_attribute_values_never_enter_the_cache() -> None:
+    """Paths, request ids and operation ids differ on every span: caching their encodings
+    would evict the pairs that repeat, for nothing."""
+    otlp._PAIRS.clear()
+    for n in range(3 * otlp.CACHED):
+        attrs: dict[str, otlp.AttributeValue] = {
+            "url.path": f"/p/demo/v1/jobs/{n}",
+            "statusgate.request_id": f"req-{n}",
+            "statusgate.operation_id": f"op_{n}",
+            "http.request.method": "GET",
+            "http.response.status_code": 200,
+        }
+        otlp.span(1, 1, None, False, None, "GET /p", 2, 0, 0, attrs, None)
+    assert set(otlp._PAIRS) == {("http.request.method", "GET"), ("http.response.status_code", 200)}
+
+
+def test_userinfo_in_the_endpoint_is_basic_auth_and_never_said() -> None:
+    """http://user:password@collector: sent as HTTP Basic authentication, as the SDK does;
+    the start line and every error show the URL without it."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel%40team:s3cret-pw@127.0.0.1:9/base"}
+    endpoint = tracing.Endpoint.from_env(env)
+    assert endpoint.url == "http://127.0.0.1:9/base/v1/traces"
+    assert endpoint.headers["Authorization"] == "Basic b3RlbEB0ZWFtOnMzY3JldC1wdw=="
+    problem = endpoint.post(b"spans", retry=False)
+    assert problem is not None and "127.0.0.1:9" in problem and "s3cret" not in problem
+    said = tracing.setup(env)
+    tracing.stop()
+    assert said.startswith("tracing on: OTLP/HTTP export to http://127.0.0.1:9/")
+    assert "s3cret" not in said and "team" not in said
+    bad = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "otel:s3cret-pw@collector:4318/v1/traces"}
+    with pytest.raises(ValueError) as refused:
+        tracing.Endpoint.from_env(bad)
+    assert "s3cret" not in str(refused.value)
+    assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (//collector:4318/v1/traces)" in str(refused.value)
 
 
 @pytest.fixture
@@ -198,3 +250,66 @@ def test_forked_workers_make_ids_of_their_own() -> None:
     os.close(read)
     os.close(write)
     assert theirs != f"{request_id_from(None)} {tracing._random.getrandbits(64)}"
+
+
+def _spans(count: int) -> list[bytes]:
+    return [
+        otlp.span(n + 1, n + 1, None, False, None, "GET /p", 2, 0, 0, {}, None)
+        for n in range(count)
+    ]
+
+
+def _exported(bodies: Exported) -> int:
+    count = 0
+    for _, body in bodies:
+        request = trace_service.ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        count += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+    return count
+
+
+async def test_stop_exports_every_buffered_span_at_once() -> None:
+    """At shutdown the buffer is exported whole, in batches, without waiting for the
+    schedule delay."""
+    async with otlp_receiver() as (got, url):
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "1000",
+        }
+        exporter = tracing._Exporter(env, {"service.name": "sg"})
+        for span in _spans(950):
+            exporter.spans.append(span)  # as add() does, without waking the thread
+        started = time.monotonic()
+        await asyncio.to_thread(exporter.stop)
+        assert time.monotonic() - started < 5
+        assert not exporter.thread.is_alive()
+        assert _exported(got) == 950 and len(got) == 10
+
+
+async def test_stop_is_bounded_when_the_collector_never_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A collector that takes connections and never answers: stop returns within the
+    export timeout (here 0.5 s) and says how many spans it dropped; it never hangs."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections complete in the backlog; nothing is ever read
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "0.5",
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
+        }
+        exporter = tracing._Exporter(env, {"service.name": "sg"})
+        exporter.spans.extend(_spans(500))
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="statusgate"):
+            await asyncio.to_thread(exporter.stop)
+        took = time.monotonic() - started
+        assert took < 3, took  # one export timeout (0.5 s), not one per batch
+        exporter.thread.join(2)
+        assert not exporter.thread.is_alive()
+    said = caplog.text
+    assert "100 spans not exported" in said and "400 spans dropped" in said, said

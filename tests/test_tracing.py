@@ -5,7 +5,8 @@ traceparent to the provider, and no secret is in any exported byte."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import shutil
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,15 @@ import pytest
 
 from gateway.demo_provider import DemoProvider
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, Exported, Served, otlp_receiver
+from conftest import (
+    AGENT_TOKEN,
+    PROVIDER_KEY,
+    Exported,
+    RedisServer,
+    Served,
+    free_port,
+    otlp_receiver,
+)
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
 trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
@@ -40,11 +49,12 @@ def spans(bodies: Exported) -> list[Any]:
     return found
 
 
-def attributes(span: Any) -> dict[str, Any]:
+def attributes(item: Any) -> dict[str, Any]:
+    """A span's or an event's attributes."""
     out: dict[str, Any] = {}
-    for item in span.attributes:
-        value = item.value
-        out[item.key] = value.string_value or value.int_value
+    for pair in item.attributes:
+        value = pair.value
+        out[pair.key] = value.string_value or value.int_value
     return out
 
 
@@ -112,3 +122,68 @@ async def test_without_an_endpoint_tracing_is_off_and_says_so_once(
             assert r.status == 202
     stderr = await asyncio.to_thread(served.stop)
     assert stderr.count("tracing off") == 1
+
+
+@pytest.fixture
+def redis_to_stop() -> Iterator[RedisServer]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH: cannot stop a private Redis under a gateway")
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_failures_mark_the_spans_they_happen_in(
+    tmp_path: Path,
+    upstream: tuple[DemoProvider, str],
+    gateways: list[Served],
+    receiver: tuple[Exported, str],
+    redis_to_stop: RedisServer,
+) -> None:
+    """An exception the gateway answers for (its store gone: 503) marks the server span
+    ERROR with error.type and an exception event (type and frames, never the message); a
+    provider that cannot be reached marks the client span; 4xx answers mark nothing."""
+    _, url = upstream
+    bodies, endpoint = receiver
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    store = f"{redis_to_stop.url}?prefix=spans-{free_port()}"
+    on_redis = await Served(tmp_path / "a", url, tmp_path / "a.db", env=env, store_url=store).up()
+    dead_provider = f"http://127.0.0.1:{free_port()}"
+    unreachable = await Served(tmp_path / "b", dead_provider, tmp_path / "b.db", env=env).up()
+    gateways += [on_redis, unreachable]
+    auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        for served, key in ((on_redis, "k-1"), (unreachable, "k-2")):
+            base = f"http://127.0.0.1:{served.port}/p/demo-jobs/v1/jobs"
+            async with http.get(f"{base}/op_unknown", headers=auth) as r:
+                assert r.status == 404
+            if served is on_redis:
+                redis_to_stop.stop()
+            async with http.post(base, json={}, headers={**auth, "Idempotency-Key": key}) as r:
+                assert r.status in (502, 503, 504), r.status
+    for served in (on_redis, unreachable):
+        await asyncio.to_thread(served.stop)
+    found = spans(bodies)
+    refused = [s for s in found if attributes(s).get("http.response.status_code") == 404]
+    assert len(refused) == 2 and all(s.status.code == 0 for s in refused)
+    assert all("error.type" not in attributes(s) for s in refused)
+    (store_failure,) = [
+        s for s in found if attributes(s).get("error.type") == "gateway.errors.StoreError"
+    ]
+    assert store_failure.kind == store_failure.SPAN_KIND_SERVER
+    assert store_failure.status.code == store_failure.status.STATUS_CODE_ERROR
+    assert store_failure.status.message == "StoreError"
+    (event,) = store_failure.events
+    assert event.name == "exception"
+    assert attributes(event)["exception.type"] == "gateway.errors.StoreError"
+    assert 'File "' in attributes(event)["exception.stacktrace"]
+    assert redis_to_stop.url.split("//")[1] not in bytes(store_failure.SerializeToString()).decode(
+        errors="replace"
+    )
+    (client,) = [s for s in found if s.kind == s.SPAN_KIND_CLIENT]
+    assert client.status.code == client.status.STATUS_CODE_ERROR
+    assert attributes(client)["error.type"] in ("unreachable", "connection")
+    (server,) = [s for s in found if s.span_id == client.parent_span_id]
+    assert server.status.code == server.status.STATUS_CODE_ERROR
+    assert attributes(server)["error.type"] == str(attributes(server)["http.response.status_code"])
