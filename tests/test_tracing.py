@@ -106,12 +106,21 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
         assert secret.encode() not in exported
 
 
+@pytest.mark.parametrize("disabled", [False, True], ids=["no endpoint", "OTEL_SDK_DISABLED"])
 async def test_without_an_endpoint_tracing_is_off_and_says_so_once(
-    tmp_path: Path, upstream: tuple[DemoProvider, str], gateways: list[Served]
+    tmp_path: Path,
+    upstream: tuple[DemoProvider, str],
+    gateways: list[Served],
+    receiver: tuple[Exported, str],
+    disabled: bool,
 ) -> None:
-    """No OTEL endpoint: the gateway serves as usual and logs once that tracing is off."""
+    """No OTEL endpoint, or the SDK disabled beside one: the gateway serves as usual,
+    exports nothing and logs once that tracing is off."""
     _, url = upstream
+    bodies, endpoint = receiver
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""}
+    if disabled:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SDK_DISABLED": "TRUE"}
     served = await Served(tmp_path, url, tmp_path / "g.db", env=env).up()
     gateways.append(served)
     async with aiohttp.ClientSession() as http:
@@ -122,6 +131,8 @@ async def test_without_an_endpoint_tracing_is_off_and_says_so_once(
             assert r.status == 202
     stderr = await asyncio.to_thread(served.stop)
     assert stderr.count("tracing off") == 1
+    assert ("OTEL_SDK_DISABLED is true" in stderr) is disabled
+    assert bodies == []
 
 
 @pytest.fixture
