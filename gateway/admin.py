@@ -342,7 +342,16 @@ async def _cancel_at_provider(
     if route.job_id is not None and route.job_id.path is not None:
         sent = body_with_job_id(route.job_id.path, record.provider_job_id)
         headers.setdefault("Content-Type", "application/json")
-    answer, _ = await send_upstream(runtime, policy, "cancel", route.method, url, headers, sent)
+    answer, _ = await send_upstream(
+        runtime,
+        policy,
+        "cancel",
+        route.method,
+        url,
+        headers,
+        sent,
+        operation_id=record.operation_id,
+    )
     return answer
 
 

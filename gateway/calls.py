@@ -14,7 +14,7 @@ from aiohttp import web
 
 from . import tracing
 from .config import Account
-from .context import note_provider_call
+from .context import CURRENT, note_provider_call
 from .credentials import Outgoing
 from .decide import Decision, Reply
 from .errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
@@ -54,6 +54,8 @@ async def send_upstream(
     url: str,
     headers: dict[str, str],
     body: bytes | None = None,
+    *,
+    operation_id: str | None = None,
 ) -> tuple[ProviderAnswer, UpstreamResponse | None]:
     """One upstream request as the core sees it (plus the raw answer when there is one),
     counted, timed and traced. ``headers`` come from headers.to_provider; the policy's
@@ -71,6 +73,8 @@ async def send_upstream(
                 url__path=path,  # never the query: it may hold a key
                 statusgate__provider=policy.provider,
                 statusgate__route=route,
+                statusgate__operation_id=operation_id,  # none yet at submit
+                statusgate__account=context.account if (context := CURRENT.get()) else None,
             )
         response, failure = await _exchange(
             runtime, policy, route, Outgoing(method, url, headers, body)

@@ -243,7 +243,7 @@ async def _poll(
             decision = await _reserve(asker, moved or record, window)
         if not decision.forward:
             return decision, None
-        answer, response = await _send(asker)
+        answer, response = await _send(asker, operation_id)
         released = True  # the answer's write releases the lease with it
         return await _record(asker, decision.record, answer, lease), response
     finally:
@@ -351,7 +351,7 @@ async def _reserved(asker: Asker, decision: Decision, window: Window | None) -> 
         await effects.decided(asker.policy, decision)
 
 
-async def _send(asker: Asker) -> tuple[ProviderAnswer, UpstreamResponse | None]:
+async def _send(asker: Asker, operation_id: str) -> tuple[ProviderAnswer, UpstreamResponse | None]:
     """The one status request, spaced under the provider's ceiling; a 429 or RateLimit
     answer tightens the ceiling for everyone."""
     runtime, policy = asker.runtime, asker.policy
@@ -360,7 +360,14 @@ async def _send(asker: Asker) -> tuple[ProviderAnswer, UpstreamResponse | None]:
     if policy.polling.provider_rate is not None:
         await runtime.space_sends(policy.provider, policy.polling.provider_rate)
     answer, response = await send_upstream(
-        runtime, policy, "status", route.method, url, dict(asker.headers), asker.body
+        runtime,
+        policy,
+        "status",
+        route.method,
+        url,
+        dict(asker.headers),
+        asker.body,
+        operation_id=operation_id,
     )
     limit = provider_limit(answer.status, response.headers if response else {}, runtime.clock())
     if limit is not None:

@@ -199,7 +199,9 @@ async def result(call: Call) -> web.StreamResponse:
     query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
     url = policy.upstream + fill(route.path, values, query)
     sent = to_provider(call.request.headers.items(), policy)
-    answer, response = await send_upstream(runtime, policy, "result", route.method, url, sent)
+    answer, response = await send_upstream(
+        runtime, policy, "result", route.method, url, sent, operation_id=record.operation_id
+    )
     limit = policy.polling.max_result_fetches
     detail = f"result fetch {fetched.result_fetches} of {limit}"
     await _audit_call(call, Event.RESULT_FETCHED, answer, detail, fetched)

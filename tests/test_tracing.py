@@ -96,9 +96,14 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
     assert attributes(submit_span)["statusgate.account"] == "team-a"
     assert attributes(submit_span)["statusgate.provider"] == "demo-jobs"
     assert attributes(submit_span)["statusgate.operation_id"].startswith("op_")
+    operation = attributes(submit_span)["statusgate.operation_id"]
     for span in client:
         assert attributes(span)["statusgate.provider"] == "demo-jobs"
+        assert attributes(span)["statusgate.account"] == "team-a"
         assert attributes(span)["http.response.status_code"] in (200, 202)
+    routes = {attributes(s)["statusgate.route"]: attributes(s) for s in client}
+    assert "statusgate.operation_id" not in routes["submit"]  # the provider's answer makes it
+    assert routes["status"]["statusgate.operation_id"] == operation
     sent = [e for e in demo.log if e["method"] in ("GET", "POST")]
     assert all(e["headers"]["traceparent"].split("-")[1] == TRACE_ID for e in sent)
     exported = b"".join(body for _, body in bodies)
