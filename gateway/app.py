@@ -282,16 +282,19 @@ async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not span.recording:
             return response
         context = CURRENT.get()
-        span.set(
-            http__request__method=request.method,
-            url__path=request.path,  # never the query
-            http__route=_route(request),
-            http__response__status_code=response.status,
-            statusgate__provider=request.get(PROVIDER),
-            statusgate__account=context.account if context else None,
-            statusgate__operation_id=response.headers.get("Statusgate-Operation"),
-            statusgate__outcome=response.headers.get("Statusgate-Outcome"),
-            statusgate__request_id=context.request_id if context else None,
+        headers = response.headers
+        span.update(
+            {
+                "http.request.method": request.method,
+                "url.path": request.path,  # never the query
+                "http.route": _route(request),
+                "http.response.status_code": response.status,
+                "statusgate.provider": request.get(PROVIDER),
+                "statusgate.account": context.account if context else None,
+                "statusgate.operation_id": headers.get("Statusgate-Operation"),
+                "statusgate.outcome": headers.get("Statusgate-Outcome"),
+                "statusgate.request_id": context.request_id if context else None,
+            }
         )
         if response.status >= 500 and span.error is None:
             span.failed(f"answered {response.status}", str(response.status))

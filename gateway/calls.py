@@ -66,23 +66,26 @@ async def send_upstream(
     with tracing.client_span(f"{method} {route}", headers) as span:
         if span.recording:
             host, port, path = _server(url, policy.upstream)
-            span.set(
-                http__request__method=method,
-                server__address=host,
-                server__port=port,
-                url__path=path,  # never the query: it may hold a key
-                statusgate__provider=policy.provider,
-                statusgate__route=route,
-                statusgate__operation_id=operation_id,  # none yet at submit
-                statusgate__account=context.account if (context := CURRENT.get()) else None,
+            context = CURRENT.get()
+            span.update(
+                {
+                    "http.request.method": method,
+                    "server.address": host,
+                    "server.port": port,
+                    "url.path": path,  # never the query: it may hold a key
+                    "statusgate.provider": policy.provider,
+                    "statusgate.route": route,
+                    "statusgate.operation_id": operation_id,  # none yet at submit
+                    "statusgate.account": context.account if context else None,
+                }
             )
         response, failure = await _exchange(
             runtime, policy, route, Outgoing(method, url, headers, body)
         )
         if response is not None:
-            span.set(http__response__status_code=response.status)
+            span.update({"http.response.status_code": response.status})
         else:
-            span.set(error__type=failure.value if failure is not None else "error")
+            span.update({"error.type": failure.value if failure is not None else "error"})
             span.failed("no usable answer from the provider")
     elapsed = time.perf_counter() - started
     metrics.upstream_duration.labels(policy.provider, route).observe(elapsed)

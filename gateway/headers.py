@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote_plus, urljoin, urlsplit
 
+from . import tracing
 from .decide import lookup
 from .policy import ProviderPolicy
 
@@ -96,7 +97,7 @@ def to_provider(
     credentials.py puts it on the request as it goes out (and removes anything an agent
     sent in its place)."""
     pairs = list(headers)
-    drop = HOP_BY_HOP | AGENT_ONLY | _connection_named(pairs)
+    drop = HOP_BY_HOP | AGENT_ONLY | tracing.replaced() | _connection_named(pairs)
     out: dict[str, str] = {}
     for name, value in pairs:
         lower = name.lower()

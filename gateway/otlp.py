@@ -55,29 +55,56 @@ def _value(value: AttributeValue) -> bytes:
 
 def _attribute(key: str, value: AttributeValue) -> bytes:
     """A KeyValue message's body."""
-    encoded = _KEYS.get(key)
-    if encoded is None:
-        encoded = _KEYS[key] = _field(0x0A, key.encode())
-    return encoded + _field(0x12, _value(value))
+    return (_KEYS.get(key) or _key(key)) + _field(0x12, _value(value))
 
 
 def attributes(items: Mapping[str, AttributeValue]) -> bytes:
     """A span's attributes as KeyValue fields. Most pairs repeat (method, route, provider,
-    status), so a string or integer pair once encoded is kept, up to CACHED pairs."""
+    status), so a string or integer pair once encoded is kept, up to CACHED pairs; pairs
+    whose values differ on every span (UNIQUE) are encoded each time and never kept."""
     cache = _PAIRS
     parts = []
     for pair in items.items():
-        if type(pair[1]) not in _CACHEABLE or pair[0] in UNIQUE:
-            parts.append(_field(0x4A, _attribute(*pair)))
-            continue
-        encoded = cache.get(pair)
-        if encoded is None:
-            encoded = _field(0x4A, _attribute(*pair))
+        key, value = pair
+        kind = type(value)
+        if kind is str or kind is int:  # exact: True == 1, so a bool must not find an int
+            encoded = cache.get(pair)
+            if encoded is not None:
+                parts.append(encoded)
+                continue
+            if key in UNIQUE:
+                parts.append(_unique(key, value) if kind is str else _pair(key, value))
+                continue
+            encoded = _pair(key, value)
             if len(cache) >= CACHED:
                 cache.clear()
             cache[pair] = encoded
-        parts.append(encoded)
+            parts.append(encoded)
+        else:
+            parts.append(_pair(key, value))
     return b"".join(parts)
+
+
+def _pair(key: str, value: AttributeValue) -> bytes:
+    """One attribute as a KeyValue field of a Span."""
+    return _field(0x4A, _attribute(key, value))
+
+
+def _unique(key: str, value: str) -> bytes:
+    """_pair for a string attribute, written in one go when every length fits one byte (a
+    path, an id): these are encoded for every span."""
+    encoded = value.encode()
+    n = len(encoded)
+    inner = _KEYS.get(key) or _key(key)
+    if len(inner) + n >= 124:
+        return _pair(key, value)
+    inner += bytes((0x12, n + 2, 0x0A, n)) + encoded
+    return bytes((0x4A, len(inner))) + inner
+
+
+def _key(key: str) -> bytes:
+    _KEYS[key] = encoded = _field(0x0A, key.encode())
+    return encoded
 
 
 CACHED = 4096
@@ -85,6 +112,14 @@ UNIQUE = frozenset({"url.path", "statusgate.request_id", "statusgate.operation_i
 """Attributes whose values differ from request to request: never cached."""
 _PAIRS: dict[tuple[str, AttributeValue], bytes] = {}
 _CACHEABLE = (str, int)  # exact types: True == 1 == 1.0, so bools and floats never are
+_HEAD = struct.Struct(">HQQHQ")  # trace_id (as two halves) and span_id, with their tags
+_PARENT = struct.Struct(">HQ")
+_TIMES = struct.Struct("<BQBQ")  # start and end, fixed64 with their tags
+_FLAGS = {  # SpanFlags: sampled, and whether the parent is remote (HAS_IS_REMOTE/IS_REMOTE)
+    False: b"\x85\x01" + _FIXED32.pack(0x101),
+    True: b"\x85\x01" + _FIXED32.pack(0x301),
+}
+_NAMES: dict[tuple[str, int], bytes] = {}
 
 
 def span(
@@ -102,35 +137,28 @@ def span(
     events: Sequence[Event] | None = None,
 ) -> bytes:
     """One sampled span (a Span message, with its tag and length)."""
-    parts = [
-        b"\x0a\x10",
-        trace_id.to_bytes(16, "big"),
-        b"\x12\x08",
-        span_id.to_bytes(8, "big"),
-    ]
+    parts = [_HEAD.pack(0x0A10, trace_id >> 64, trace_id & _LOW64, 0x1208, span_id)]
     if state:
         parts.append(_field(0x1A, state.encode()))
     if parent_id is not None:
-        parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
-    parts += (
-        _field(0x2A, name.encode()),
-        b"\x30",
-        bytes((kind,)),
-        b"\x39",
-        _FIXED64.pack(start),
-        b"\x41",
-        _FIXED64.pack(end),
-        attributes(attrs),
-    )
+        parts.append(_PARENT.pack(0x2208, parent_id))
+    named = _NAMES.get((name, kind))
+    if named is None:
+        named = _field(0x2A, name.encode()) + bytes((0x30, kind))
+        if len(_NAMES) < CACHED:
+            _NAMES[(name, kind)] = named
+    parts += (named, _TIMES.pack(0x39, start, 0x41, end), attributes(attrs))
     for at, event_name, event_attrs in events or ():
         encoded = b"".join(_field(0x1A, _attribute(k, v)) for k, v in event_attrs.items())
         event = b"\x09" + _FIXED64.pack(at) + _field(0x12, event_name.encode()) + encoded
         parts.append(_field(0x5A, event))
     if error is not None:
         parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))  # ERROR
-    # flags: sampled, and whether the parent is remote (SpanFlags HAS_IS_REMOTE / IS_REMOTE)
-    parts += (b"\x85\x01", _FIXED32.pack(0x301 if remote else 0x101))
+    parts.append(_FLAGS[remote])
     return _field(0x12, b"".join(parts))
+
+
+_LOW64 = (1 << 64) - 1
 
 
 def request(resource: bytes, scope: bytes, spans: Iterable[bytes]) -> bytes:

@@ -97,14 +97,14 @@ class Span:
         gathering them otherwise."""
         return self.sampled
 
-    def set(self, **attributes: str | int | float | None) -> None:
-        """Keyword names stand for dotted ones: ``url__path`` is ``url.path``."""
+    def update(self, attributes: Mapping[str, str | int | float | None]) -> None:
+        """Set these attributes, leaving out those whose value is None."""
         if not self.sampled:
             return
         kept = self.attributes
-        for name, value in attributes.items():
+        for key, value in attributes.items():
             if value is not None:
-                kept[_DOTTED.get(name) or _dotted(name)] = value
+                kept[key] = value
 
     def failed(self, why: str, error_type: str | None = None) -> None:
         """Status ERROR with ``why``; ``error_type`` is the semantic conventions'
@@ -151,12 +151,6 @@ class Span:
         )
 
 
-def _dotted(name: str) -> str:
-    _DOTTED[name] = dotted = name.replace("__", ".")
-    return dotted
-
-
-_DOTTED: dict[str, str] = {}
 _NOTHING = Span()
 _current: ContextVar[Span | None] = ContextVar("statusgate_span", default=None)
 _random = random.Random()  # span and trace ids: unique, not secret (as the SDK's generator)
@@ -455,6 +449,15 @@ def enabled() -> bool:
     return _state.tracer is not None
 
 
+def replaced() -> frozenset[str]:
+    """Agent headers (lower case) never forwarded as they are: with tracing on, each
+    provider call carries the W3C context of its own span instead."""
+    return _W3C_SET if _state.tracer is not None else _NONE
+
+
+_NONE: frozenset[str] = frozenset()
+
+
 class _Off:
     """The context of a span when tracing is off: nothing."""
 
@@ -510,9 +513,7 @@ def client_span(name: str, headers: MutableMapping[str, str]) -> _Off | _Current
     tracer = _state.tracer
     if tracer is None:
         return _OFF
-    for key in [k for k in headers if k.lower() in _W3C]:
-        del headers[key]  # the agent's own: this span's context replaces it
-    span = tracer.start(name, CLIENT, None)
+    span = tracer.start(name, CLIENT, None)  # headers.to_provider left out the agent's
     headers["traceparent"] = span.traceparent()
     if span.state:
         headers["tracestate"] = span.state
@@ -539,3 +540,4 @@ def _end(tracer: _Tracer, span: Span) -> None:
 
 
 _W3C = ("traceparent", "tracestate")
+_W3C_SET = frozenset(_W3C)

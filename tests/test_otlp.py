@@ -49,7 +49,11 @@ def decoded(value: object) -> object:
     name=st.text(max_size=200),
     kind=st.sampled_from([tracing.SERVER, tracing.CLIENT]),
     start=st.integers(min_value=0, max_value=2**64 - 1),
-    attrs=st.dictionaries(st.text(min_size=1, max_size=40), values, max_size=12),
+    attrs=st.dictionaries(
+        st.one_of(st.sampled_from(sorted(otlp.UNIQUE)), st.text(min_size=1, max_size=40)),
+        values,
+        max_size=12,
+    ),
     error=st.one_of(st.none(), st.text(max_size=100)),
     events=st.lists(
         st.tuples(

@@ -80,7 +80,10 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
         async with http.post(f"{base}?api_key=q1", json=body, headers=headers) as r:
             job = (await r.json())["id"]
         await asyncio.sleep(1.1)
-        async with http.get(f"{base}/{job}", headers={**auth, "Prefer": "wait=5"}) as r:
+        # header names in another case (as Go's net/http sends them): replaced all the same
+        shouting = {"Traceparent": parent["traceparent"], "TraceState": "agent=1"}
+        headers = {"Authorization": f"Bearer {AGENT_TOKEN}", **shouting, "Prefer": "wait=5"}
+        async with http.get(f"{base}/{job}", headers=headers) as r:
             assert r.headers["Statusgate-Outcome"] == "succeeded"
     await asyncio.to_thread(served.stop)  # the exporter flushes to the receiver at exit
     found = spans(bodies)
@@ -105,7 +108,11 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
     assert "statusgate.operation_id" not in routes["submit"]  # the provider's answer makes it
     assert routes["status"]["statusgate.operation_id"] == operation
     sent = [e for e in demo.log if e["method"] in ("GET", "POST")]
-    assert all(e["headers"]["traceparent"].split("-")[1] == TRACE_ID for e in sent)
+    client_ids = {s.span_id.hex() for s in client}
+    for call in sent:
+        _, trace, span_id, _ = call["headers"]["traceparent"].split("-")
+        assert trace == TRACE_ID and span_id in client_ids  # the client span's, not the agent's
+        assert call["headers"]["tracestate"] == "agent=1"
     exported = b"".join(body for _, body in bodies)
     for secret in (AGENT_TOKEN, PROVIDER_KEY, "secret-idem-key-1", "api_key", "q1"):
         assert secret.encode() not in exported
