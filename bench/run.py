@@ -22,6 +22,7 @@ import re
 import shutil
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -296,6 +297,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--growth", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument(
+        "--paired-only", action="store_true", help="only the audit and tracing ratios"
+    )
     args = parser.parse_args()
     seconds = args.seconds or (2.0 if args.quick else 5.0)
     rows: dict[tuple[str, str], Result] = {}
@@ -311,6 +315,10 @@ def main() -> None:
             {"DEMO_API_KEY": KEY},
         ):
             bench_policy(folder, provider)
+            if args.paired_only:
+                _paired(folder, agent, rows)
+                _print_paired()
+                return
             jobs = asyncio.run(
                 submit_many(provider, direct_headers, REAL_OPS, [{"state": "running"}])
             )
@@ -345,7 +353,7 @@ def main() -> None:
                 print("G2: skipped (no Redis answering; set REDIS_URL)")
             for name, store in stores:
                 _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
-            PAIRED.update(_paired(folder, agent, seconds, rows))
+            _paired(folder, agent, rows)
             _extra_rows(folder, agent, seconds, rows, redis)
             rate = 0.6 * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
             fixed: dict[str, Result] = {}
@@ -388,6 +396,32 @@ def _nginx(folder: Path, provider: str) -> Iterator[str | None]:
         yield f"http://127.0.0.1:{port}"
 
 
+@contextlib.contextmanager
+def _serving(
+    folder: Path,
+    store: str,
+    agent: dict[str, str],
+    *,
+    audit: bool,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, list[str]]]:
+    """A gateway process with REAL_OPS running operations, each polled once: its base URL
+    and the agent paths of those operations."""
+    port = free_port()
+    config = gateway_config(folder, port, store, audit)
+    with spawn(
+        [PY, "-m", "gateway", "serve", "--config", str(config), *args],
+        port,
+        {"DEMO_API_KEY": KEY, **(env or {})},
+    ):
+        base = f"http://127.0.0.1:{port}/p/bench"
+        jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
+        paths = [f"/v1/jobs/{j}" for j in jobs]
+        asyncio.run(prime(base, agent, paths[:1]))
+        yield f"http://127.0.0.1:{port}", [f"/p/bench{p}" for p in paths]
+
+
 def _gateway_paths(
     name: str,
     folder: Path,
@@ -401,19 +435,8 @@ def _gateway_paths(
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> None:
-    port = free_port()
-    config = gateway_config(folder, port, store, audit)
-    with spawn(
-        [PY, "-m", "gateway", "serve", "--config", str(config), *args],
-        port,
-        {"DEMO_API_KEY": KEY, **(env or {})},
-    ):
-        base = f"http://127.0.0.1:{port}/p/bench"
-        jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
-        paths = [f"/v1/jobs/{j}" for j in jobs]
-        asyncio.run(prime(base, agent, paths[:1]))
-        gateway = f"http://127.0.0.1:{port}"
-        full = [f"/p/bench{p}" for p in paths]
+    with _serving(folder, store, agent, audit=audit, args=args, env=env) as (gateway, full):
+        base = gateway + "/p/bench"
         rows[(name, "forwarded poll")] = measured(name, gateway, full, agent, seconds)
         if store.startswith("redis://") and not only_forwarded:
             COMMANDS[f"{name} forwarded poll"] = _redis_commands(store, gateway, full, agent)
@@ -482,18 +505,20 @@ def _redis_commands(store: str, gateway: str, paths: list[str], headers: dict[st
     return len(sent) / SERIAL
 
 
-ROUNDS = 5
-PAIRED: dict[str, float] = {}
+ROUNDS = 6
+SLICES = 4
+SLICE_SECONDS = 2.0
+PAIRED: dict[str, list[float]] = {}
 
 
-def _paired(
-    folder: Path, agent: dict[str, str], seconds: float, rows: dict[tuple[str, str], Result]
-) -> dict[str, float]:
-    """Audit off and tracing on against G1 as it is, forwarded polls, in ROUNDS rounds of
-    fresh processes in rotating order; each variant's ratio to G1 is the median of the
-    rounds' ratios. A ratio near 1 needs this: on this VM one configuration measured twice a
-    few minutes apart differed by up to 20%, so one run of each said more about the minute
-    than about audit or tracing. Spans go to a local OTLP sink."""
+def _paired(folder: Path, agent: dict[str, str], rows: dict[tuple[str, str], Result]) -> None:
+    """Audit off and tracing on against G1 as it is, forwarded polls. A ratio near 1 cannot
+    be read off one run of each on this VM: the same configuration measured twice moved by up
+    to 20% between runs a minute apart, and by ~5% between two processes at the same time
+    (each has its own hash seed and memory layout). So: ROUNDS rounds, each with fresh
+    processes of all three variants; in a round, SLICES short runs of each, taken in turn,
+    so drift over seconds touches all alike; a round's ratio is its sums' ratio, and the
+    ratio printed is the median of the rounds'. Spans go to a local OTLP sink."""
     sink = free_port()
     variants: dict[str, dict[str, Any]] = {
         "G1 as is": {"audit": True},
@@ -504,33 +529,33 @@ def _paired(
         },
     }
     names = list(variants)
-    measured_rps: dict[str, list[float]] = {name: [] for name in names}
+    mean_rps = dict.fromkeys(names, 0.0)
     with spawn([PY, str(ROOT / "bench/otlp_sink.py"), str(sink)], sink):
         for round_ in range(ROUNDS):
-            order = names[round_ % len(names) :] + names[: round_ % len(names)]
-            for name in order:
-                run: dict[tuple[str, str], Result] = {}
-                variant = variants[name]
-                _gateway_paths(
-                    name,
-                    folder,
-                    f"sqlite:///{folder}/paired-{round_}-{names.index(name)}.db",
-                    agent,
-                    seconds,
-                    run,
-                    audit=variant["audit"],
-                    only_forwarded=True,
-                    env=variant.get("env"),
-                )
-                measured_rps[name].append(run[(name, "forwarded poll")].rps)
+            with contextlib.ExitStack() as running:
+                targets = {
+                    name: running.enter_context(
+                        _serving(
+                            folder,
+                            f"sqlite:///{folder}/paired-{round_}-{index}.db",
+                            agent,
+                            audit=variants[name]["audit"],
+                            env=variants[name].get("env"),
+                        )
+                    )
+                    for index, name in enumerate(names)
+                }
+                summed = dict.fromkeys(names, 0.0)
+                for slice_ in range(SLICES):
+                    turn = (round_ + slice_) % len(names)
+                    for name in names[turn:] + names[:turn]:
+                        gateway, paths = targets[name]
+                        summed[name] += capacity(gateway, paths, agent, SLICE_SECONDS).rps
+            for name in names:
+                mean_rps[name] += summed[name] / SLICES / ROUNDS
+                PAIRED.setdefault(name, []).append(summed[name] / summed[names[0]])
     for name in names[1:]:
-        rps = measured_rps[name]
-        rows[(name, "forwarded poll")] = Result(sum(rps) / len(rps), 0.0, 0.0)
-    base = measured_rps[names[0]]
-    return {
-        name: sorted(a / b for a, b in zip(measured_rps[name], base, strict=True))[ROUNDS // 2]
-        for name in names[1:]
-    }
+        rows[(name, "forwarded poll")] = Result(mean_rps[name], 0.0, 0.0)
 
 
 def _extra_rows(
@@ -689,13 +714,7 @@ def _print(
             f"p50 with {stored:,} / with {REAL_OPS:,} stored operations: "
             f"{large.p50 / small.p50:.2f} [<= 1.2] (p99 {large.p99 / small.p99:.2f})"
         )
-    paired = f"median of {ROUNDS} rounds in rotating order"
-    if "G1 audit off" in PAIRED:
-        audit = 1 / PAIRED["G1 audit off"]
-        print(f"audit on / off forwarded throughput: {audit:.2f} [>= 0.95] ({paired})")
-    if "G1 tracing on" in PAIRED:
-        traced = PAIRED["G1 tracing on"]
-        print(f"tracing on / off forwarded throughput: {traced:.2f} [>= 0.9] ({paired})")
+    _print_paired()
     workers = ratio(("G2 2 workers", fwd), (g2, fwd))
     print(f"G2 2 workers / 1 worker forwarded throughput: {workers}")
     chosen = ("B2 bare proxy", "G1 Statusgate SQLite", "G2 Statusgate Redis")
@@ -705,6 +724,21 @@ def _print(
         target = "<= 1" if "refusal" in what else "<= 2"
         what = what.removeprefix(g2 + " ")
         print(f"Redis commands (round trips) per {what}: {per_request:.2f} [{target}]")
+
+
+def _print_paired() -> None:
+    paired = f"median of {ROUNDS} rounds of fresh processes, {SLICES} runs each in turn"
+    for name, what, target, invert in (
+        ("G1 audit off", "audit on / off", ">= 0.95", True),
+        ("G1 tracing on", "tracing on / off", ">= 0.9", False),
+    ):
+        if name in PAIRED:
+            ratios = sorted(1 / r if invert else r for r in PAIRED[name])
+            spread = f"rounds {ratios[0]:.2f}-{ratios[-1]:.2f}"
+            print(
+                f"{what} forwarded throughput: {statistics.median(ratios):.2f} [{target}] "
+                f"({paired}; {spread})"
+            )
 
 
 if __name__ == "__main__":

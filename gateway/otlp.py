@@ -36,7 +36,11 @@ def _varint(n: int) -> bytes:
 def _field(tag: int, payload: bytes) -> bytes:
     """A length-delimited field: tag byte (field number << 3 | 2), length, payload."""
     n = len(payload)
-    return bytes((tag, n)) + payload if n < 0x80 else bytes((tag,)) + _varint(n) + payload
+    if n < 0x80:
+        return b"".join((_BYTE[tag], _BYTE[n], payload))
+    if n < 0x4000:
+        return b"".join((_BYTE[tag], _BYTE[(n & 0x7F) | 0x80], _BYTE[n >> 7], payload))
+    return bytes((tag,)) + _varint(n) + payload
 
 
 def _value(value: AttributeValue) -> bytes:
@@ -59,47 +63,25 @@ def _attribute(key: str, value: AttributeValue) -> bytes:
 
 
 def attributes(items: Mapping[str, AttributeValue]) -> bytes:
-    """A span's attributes as KeyValue fields. Most pairs repeat (method, route, provider,
-    status), so a string or integer pair once encoded is kept, up to CACHED pairs; pairs
-    whose values differ on every span (UNIQUE) are encoded each time and never kept."""
-    cache = _PAIRS
-    parts = []
-    for pair in items.items():
-        key, value = pair
-        kind = type(value)
-        if kind is str or kind is int:  # exact: True == 1, so a bool must not find an int
-            encoded = cache.get(pair)
-            if encoded is not None:
-                parts.append(encoded)
-                continue
-            if key in UNIQUE:
-                parts.append(_unique(key, value) if kind is str else _pair(key, value))
-                continue
-            encoded = _pair(key, value)
-            if len(cache) >= CACHED:
-                cache.clear()
-            cache[pair] = encoded
-            parts.append(encoded)
-        else:
-            parts.append(_pair(key, value))
-    return b"".join(parts)
+    """Attributes as the KeyValue fields of a Span (the caller keeps what repeats)."""
+    return b"".join([_pair(key, value) for key, value in items.items()])
 
 
 def _pair(key: str, value: AttributeValue) -> bytes:
-    """One attribute as a KeyValue field of a Span."""
-    return _field(0x4A, _attribute(key, value))
-
-
-def _unique(key: str, value: str) -> bytes:
-    """_pair for a string attribute, written in one go when every length fits one byte (a
-    path, an id): these are encoded for every span."""
-    encoded = value.encode()
-    n = len(encoded)
+    """One attribute as a KeyValue field of a Span; a short string (a path, an id: the
+    common case) is written in one go."""
     inner = _KEYS.get(key) or _key(key)
-    if len(inner) + n >= 124:
-        return _pair(key, value)
-    inner += bytes((0x12, n + 2, 0x0A, n)) + encoded
-    return bytes((0x4A, len(inner))) + inner
+    if type(value) is str:
+        encoded = value.encode()
+        n = len(encoded)
+        size = len(inner) + n + 4
+        if size < 0x80:  # every length fits one byte
+            return b"".join((_J, _BYTE[size], inner, _S, _BYTE[n + 2], _A, _BYTE[n], encoded))
+    return _field(0x4A, inner + _field(0x12, _value(value)))
+
+
+_BYTE = [bytes((n,)) for n in range(256)]
+_J, _S, _A = b"\x4a", b"\x12", b"\x0a"  # Span.attributes, KeyValue.value, AnyValue.string
 
 
 def _key(key: str) -> bytes:
@@ -107,11 +89,6 @@ def _key(key: str) -> bytes:
     return encoded
 
 
-CACHED = 4096
-UNIQUE = frozenset({"url.path", "statusgate.request_id", "statusgate.operation_id"})
-"""Attributes whose values differ from request to request: never cached."""
-_PAIRS: dict[tuple[str, AttributeValue], bytes] = {}
-_CACHEABLE = (str, int)  # exact types: True == 1 == 1.0, so bools and floats never are
 _HEAD = struct.Struct(">HQQHQ")  # trace_id (as two halves) and span_id, with their tags
 _PARENT = struct.Struct(">HQ")
 _TIMES = struct.Struct("<BQBQ")  # start and end, fixed64 with their tags
@@ -132,11 +109,12 @@ def span(
     kind: int,
     start: int,
     end: int,
-    attrs: Mapping[str, AttributeValue],
+    attrs: bytes,
     error: str | None,
     events: Sequence[Event] | None = None,
 ) -> bytes:
-    """One sampled span (a Span message, with its tag and length)."""
+    """One sampled span (a Span message, with its tag and length); ``attrs`` as from
+    attributes()."""
     parts = [_HEAD.pack(0x0A10, trace_id >> 64, trace_id & _LOW64, 0x1208, span_id)]
     if state:
         parts.append(_field(0x1A, state.encode()))
@@ -145,9 +123,9 @@ def span(
     named = _NAMES.get((name, kind))
     if named is None:
         named = _field(0x2A, name.encode()) + bytes((0x30, kind))
-        if len(_NAMES) < CACHED:
+        if len(_NAMES) < 1024:
             _NAMES[(name, kind)] = named
-    parts += (named, _TIMES.pack(0x39, start, 0x41, end), attributes(attrs))
+    parts += (named, _TIMES.pack(0x39, start, 0x41, end), attrs)
     for at, event_name, event_attrs in events or ():
         encoded = b"".join(_field(0x1A, _attribute(k, v)) for k, v in event_attrs.items())
         event = b"\x09" + _FIXED64.pack(at) + _field(0x12, event_name.encode()) + encoded

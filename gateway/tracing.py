@@ -54,6 +54,7 @@ class Span:
 
     __slots__ = (
         "attributes",
+        "end",
         "error",
         "events",
         "kind",
@@ -65,6 +66,7 @@ class Span:
         "start",
         "state",
         "trace_id",
+        "varying",
     )
 
     def __init__(
@@ -87,7 +89,9 @@ class Span:
         self.name = name
         self.kind = kind
         self.start = time.time_ns()
-        self.attributes: dict[str, Any] = {}
+        self.end = 0
+        self.attributes: dict[str, str | int] = {}  # values that repeat across spans
+        self.varying: dict[str, Any] = {}  # VARYING ones, and any other type
         self.error: str | None = None
         self.events: list[otlp.Event] | None = None
 
@@ -101,10 +105,15 @@ class Span:
         """Set these attributes, leaving out those whose value is None."""
         if not self.sampled:
             return
-        kept = self.attributes
+        repeating, varying = self.attributes, self.varying
         for key, value in attributes.items():
-            if value is not None:
-                kept[key] = value
+            if value is None:
+                continue
+            # exact types: True == 1 == 1.0, and a cached block must never answer for another
+            if key not in VARYING and (type(value) is str or type(value) is int):
+                repeating[key] = value
+            else:
+                varying[key] = value
 
     def failed(self, why: str, error_type: str | None = None) -> None:
         """Status ERROR with ``why``; ``error_type`` is the semantic conventions'
@@ -132,9 +141,22 @@ class Span:
         return f"00-{self.trace_id:032x}-{self.span_id:016x}-{'01' if self.sampled else '00'}"
 
     def encoded(self) -> bytes:
-        """The ended span, OTLP-encoded (on the loop: encoding in the export thread would
-        hold the GIL for milliseconds a batch, and the loop, which lets go of it at every
-        socket call, would wait behind it each time)."""
+        """The ended span, OTLP-encoded (by the export thread; the loop never touches an
+        ended span again). The attributes that repeat (method, route, status, provider,
+        account, outcome) are encoded once per combination and kept, up to BLOCKS
+        combinations; the VARYING ones are encoded every time."""
+        attributes = b""
+        if self.attributes:
+            key = tuple(self.attributes.items())
+            kept = _BLOCKS.get(key)
+            if kept is None:
+                kept = otlp.attributes(self.attributes)
+                if len(_BLOCKS) >= BLOCKS:
+                    _BLOCKS.clear()
+                _BLOCKS[key] = kept
+            attributes = kept
+        if self.varying:
+            attributes += otlp.attributes(self.varying)
         return otlp.span(
             self.trace_id,
             self.span_id,
@@ -144,13 +166,17 @@ class Span:
             self.name,
             self.kind,
             self.start,
-            time.time_ns(),
-            self.attributes,
+            self.end,
+            attributes,
             self.error,
             self.events,
         )
 
 
+VARYING = frozenset({"url.path", "statusgate.request_id", "statusgate.operation_id"})
+"""Attributes whose values differ from span to span: never part of a kept block."""
+BLOCKS = 4096
+_BLOCKS: dict[tuple[tuple[str, str | int], ...], bytes] = {}
 _NOTHING = Span()
 _current: ContextVar[Span | None] = ContextVar("statusgate_span", default=None)
 _random = random.Random()  # span and trace ids: unique, not secret (as the SDK's generator)
@@ -221,7 +247,7 @@ class _Exporter:
         self.batch = min(_number(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), self.limit)
         self.endpoint = Endpoint.from_env(env)
         self.framing = otlp.resource_and_scope(resource, "statusgate", __version__)
-        self.spans: list[bytes] = []  # ended spans, encoded
+        self.spans: list[Span] = []  # ended spans, encoded by the thread
         self.dropped = 0
         self.wake = threading.Condition()
         self.stopping = False
@@ -229,7 +255,7 @@ class _Exporter:
         self.thread = threading.Thread(target=self._run, name="statusgate-traces", daemon=True)
         self.thread.start()
 
-    def add(self, span: bytes) -> None:
+    def add(self, span: Span) -> None:
         """On the loop: never blocks; past the queue limit the span is dropped."""
         spans = self.spans
         if len(spans) >= self.limit:
@@ -279,12 +305,33 @@ class _Exporter:
                 self.wake.wait(seconds)
             return not self.stopping
 
-    def _export(self, batch: list[bytes], timeout: float) -> None:
-        body = otlp.request(*self.framing, batch)
+    def _export(self, batch: list[Span], timeout: float) -> None:
+        body = otlp.request(*self.framing, self._encoded(batch))
         retry = not self.stopping
         problem = self.endpoint.post(body, retry=retry, pause=self._pause, timeout=timeout)
         if problem is not None:
             log.warning("traces: %d spans not exported: %s", len(batch), problem)
+
+    @staticmethod
+    def _encoded(batch: list[Span]) -> list[bytes]:
+        """The batch encoded, a few spans at a time: between them the thread lets go of the
+        GIL, so the loop, when it has work, waits tens of microseconds for it, not the
+        interpreter's switch interval (5 ms). Encoding here rather than on the loop puts
+        the work where the loop is idle (waiting on the store or the provider). A span
+        that cannot be encoded is dropped with a warning."""
+        encoded = []
+        for done, span in enumerate(batch, 1):
+            try:
+                encoded.append(span.encoded())
+            except (ValueError, TypeError, UnicodeError, OverflowError) as exc:
+                name, why = span.name, type(exc).__name__
+                log.warning("traces: span %r dropped, not encodable: %s", name, why)
+            if done % YIELD_EVERY == 0:
+                time.sleep(0)  # lets go of the GIL
+        return encoded
+
+
+YIELD_EVERY = 8
 
 
 def _number(env: Mapping[str, str], name: str, default: int) -> int:
@@ -529,14 +576,10 @@ def record_exception(error: BaseException) -> None:
 
 
 def _end(tracer: _Tracer, span: Span) -> None:
-    """Hand an ended, sampled span to the exporter; a span that cannot be encoded is
-    dropped with a warning, never a failed request."""
-    if not span.sampled:
-        return
-    try:
-        tracer.exporter.add(span.encoded())
-    except (ValueError, TypeError, UnicodeError, OverflowError) as exc:
-        log.warning("traces: span %r dropped, not encodable: %s", span.name, type(exc).__name__)
+    """Hand an ended, sampled span to the exporter."""
+    if span.sampled:
+        span.end = time.time_ns()
+        tracer.exporter.add(span)
 
 
 _W3C = ("traceparent", "tracestate")

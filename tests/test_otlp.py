@@ -49,11 +49,7 @@ def decoded(value: object) -> object:
     name=st.text(max_size=200),
     kind=st.sampled_from([tracing.SERVER, tracing.CLIENT]),
     start=st.integers(min_value=0, max_value=2**64 - 1),
-    attrs=st.dictionaries(
-        st.one_of(st.sampled_from(sorted(otlp.UNIQUE)), st.text(min_size=1, max_size=40)),
-        values,
-        max_size=12,
-    ),
+    attrs=st.dictionaries(st.text(min_size=1, max_size=40), values, max_size=12),
     error=st.one_of(st.none(), st.text(max_size=100)),
     events=st.lists(
         st.tuples(
@@ -81,7 +77,18 @@ def test_every_span_decodes_as_written(
     exactly the span that was encoded (twice: the second time from the attribute cache)."""
     framing = otlp.resource_and_scope({"service.name": "sg", "n": 3}, "statusgate", "0.1.0")
     encoded = otlp.span(
-        trace_id, span_id, parent_id, remote, state, name, kind, start, start, attrs, error, events
+        trace_id,
+        span_id,
+        parent_id,
+        remote,
+        state,
+        name,
+        kind,
+        start,
+        start,
+        otlp.attributes(attrs),
+        error,
+        events,
     )
     for body in (otlp.request(*framing, [encoded]), otlp.request(*framing, [encoded] * 2)):
         request = trace_service.ExportTraceServiceRequest()
@@ -116,16 +123,39 @@ def test_every_span_decodes_as_written(
         assert span.flags == (0x301 if remote else 0x101)
 
 
-def test_a_bool_never_comes_back_from_the_cache_as_an_int() -> None:
-    """True == 1 in Python: the attribute cache must not answer one for the other."""
-    for value in (1, True, 1.0, "1"):
-        body = otlp.request(
-            b"", b"", [otlp.span(1, 1, None, False, None, "n", 2, 0, 0, {"k": value}, None)]
-        )
-        request = trace_service.ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        attribute = request.resource_spans[0].scope_spans[0].spans[0].attributes[0].value
-        assert decoded(attribute) == value and type(decoded(attribute)) is type(value)
+def _decoded_attributes(encoded: bytes) -> dict[str, object]:
+    request = trace_service.ExportTraceServiceRequest()
+    request.ParseFromString(otlp.request(b"", b"", [encoded]))
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    return {a.key: decoded(a.value) for a in span.attributes}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(
+            st.one_of(st.sampled_from(sorted(tracing.VARYING)), st.sampled_from("abc")),
+            st.one_of(st.sampled_from([0, 1, True, False, 1.0, "1", "x"]), scalars),
+            max_size=5,
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_kept_attribute_blocks_never_answer_for_other_values(
+    spans: list[dict[str, otlp.AttributeValue]],
+) -> None:
+    """Spans whose repeating attributes are encoded once and kept: each span still reads
+    back exactly as set, types included (True == 1 == 1.0 in Python; a block kept for one
+    must never be given for another)."""
+    for attrs in spans:
+        span = tracing.Span(1, sampled=True)
+        span.update(attrs)  # type: ignore[arg-type]
+        got = _decoded_attributes(span.encoded())
+        assert got.keys() == attrs.keys()
+        for key, value in attrs.items():
+            assert type(got[key]) is type(value), (key, value, got[key])
+            assert got[key] == value or (isinstance(value, float) and math.isnan(value))
 
 
 def test_the_endpoint_comes_from_the_standard_variables() -> None:
@@ -153,20 +183,25 @@ def test_the_endpoint_comes_from_the_standard_variables() -> None:
         tracing.Endpoint.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318"})
 
 
-def test_unique_attribute_values_never_enter_the_cache() -> None:
-    """Paths, request ids and operation ids differ on every span: caching their encodings
-    would evict the pairs that repeat, for nothing."""
-    otlp._PAIRS.clear()
-    for n in range(3 * otlp.CACHED):
-        attrs: dict[str, otlp.AttributeValue] = {
-            "url.path": f"/p/demo/v1/jobs/{n}",
-            "statusgate.request_id": f"req-{n}",
-            "statusgate.operation_id": f"op_{n}",
-            "http.request.method": "GET",
-            "http.response.status_code": 200,
-        }
-        otlp.span(1, 1, None, False, None, "GET /p", 2, 0, 0, attrs, None)
-    assert set(otlp._PAIRS) == {("http.request.method", "GET"), ("http.response.status_code", 200)}
+def test_varying_attribute_values_never_enter_the_kept_blocks() -> None:
+    """Paths, request ids and operation ids differ on every span: keeping their encodings
+    would evict the blocks that repeat, for nothing."""
+    tracing._BLOCKS.clear()
+    for n in range(3 * tracing.BLOCKS):
+        span = tracing.Span(1, sampled=True)
+        span.update(
+            {
+                "url.path": f"/p/demo/v1/jobs/{n}",
+                "statusgate.request_id": f"req-{n}",
+                "statusgate.operation_id": f"op_{n}",
+                "http.request.method": "GET",
+                "http.response.status_code": 200,
+            }
+        )
+        span.encoded()
+    assert list(tracing._BLOCKS) == [
+        (("http.request.method", "GET"), ("http.response.status_code", 200))
+    ]
 
 
 def test_userinfo_in_the_endpoint_is_basic_auth_and_never_said() -> None:
@@ -256,11 +291,8 @@ def test_forked_workers_make_ids_of_their_own() -> None:
     assert theirs != f"{request_id_from(None)} {tracing._random.getrandbits(64)}"
 
 
-def _spans(count: int) -> list[bytes]:
-    return [
-        otlp.span(n + 1, n + 1, None, False, None, "GET /p", 2, 0, 0, {}, None)
-        for n in range(count)
-    ]
+def _spans(count: int) -> list[tracing.Span]:
+    return [tracing.Span(n + 1, sampled=True, name="GET /p") for n in range(count)]
 
 
 def _exported(bodies: Exported) -> int:
