@@ -66,7 +66,6 @@ class Span:
         "start",
         "state",
         "trace_id",
-        "varying",
     )
 
     def __init__(
@@ -90,8 +89,7 @@ class Span:
         self.kind = kind
         self.start = time.time_ns()
         self.end = 0
-        self.attributes: dict[str, str | int] = {}  # values that repeat across spans
-        self.varying: dict[str, Any] = {}  # VARYING ones, and any other type
+        self.attributes: list[Mapping[str, Any]] = []  # as given; sorted out when encoded
         self.error: str | None = None
         self.events: list[otlp.Event] | None = None
 
@@ -102,18 +100,10 @@ class Span:
         return self.sampled
 
     def update(self, attributes: Mapping[str, str | int | float | None]) -> None:
-        """Set these attributes, leaving out those whose value is None."""
-        if not self.sampled:
-            return
-        repeating, varying = self.attributes, self.varying
-        for key, value in attributes.items():
-            if value is None:
-                continue
-            # exact types: True == 1 == 1.0, and a cached block must never answer for another
-            if key not in VARYING and (type(value) is str or type(value) is int):
-                repeating[key] = value
-            else:
-                varying[key] = value
+        """Set these attributes (a None value sets nothing). The mapping is kept as it is
+        and read when the span is encoded, off the loop: it must not change afterwards."""
+        if self.sampled:
+            self.attributes.append(attributes)
 
     def failed(self, why: str, error_type: str | None = None) -> None:
         """Status ERROR with ``why``; ``error_type`` is the semantic conventions'
@@ -122,7 +112,7 @@ class Span:
             return
         self.error = why
         if error_type is not None:
-            self.attributes["error.type"] = error_type
+            self.attributes.append({"error.type": error_type})
 
     def raised(self, error: BaseException) -> None:
         """Failed by ``error``: status ERROR, ``error.type``, and (for an Exception, not a
@@ -145,18 +135,31 @@ class Span:
         ended span again). The attributes that repeat (method, route, status, provider,
         account, outcome) are encoded once per combination and kept, up to BLOCKS
         combinations; the VARYING ones are encoded every time."""
+        repeating: dict[str, str | int] = {}
+        varying: dict[str, Any] = {}
+        for given in self.attributes:
+            for key, value in given.items():
+                if value is None:
+                    continue
+                # exact types: True == 1 == 1.0; a kept block must never answer for another
+                if key not in VARYING and (type(value) is str or type(value) is int):
+                    repeating[key] = value
+                    varying.pop(key, None)
+                else:
+                    varying[key] = value
+                    repeating.pop(key, None)
         attributes = b""
-        if self.attributes:
-            key = tuple(self.attributes.items())
-            kept = _BLOCKS.get(key)
+        if repeating:
+            shape = tuple(repeating.items())
+            kept = _BLOCKS.get(shape)
             if kept is None:
-                kept = otlp.attributes(self.attributes)
+                kept = otlp.attributes(repeating)
                 if len(_BLOCKS) >= BLOCKS:
                     _BLOCKS.clear()
-                _BLOCKS[key] = kept
+                _BLOCKS[shape] = kept
             attributes = kept
-        if self.varying:
-            attributes += otlp.attributes(self.varying)
+        if varying:
+            attributes += otlp.attributes(varying)
         return otlp.span(
             self.trace_id,
             self.span_id,
