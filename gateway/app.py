@@ -268,32 +268,45 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 UNTRACED = ("/metrics", "/healthz", "/readyz")
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
+TRACED_TOP = frozenset({"p", "admin", "mcp", "console", "problems"})
 
 
 @web.middleware
 async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A server span per request (SPEC 17), continuing the agent's trace context; provider
-    calls made for it (held polls included) become its client spans."""
-    if not tracing.enabled() or request.path.startswith(UNTRACED):
+    calls made for it (held polls included) become its client spans. Its name and the
+    attributes kept from span to span are of bounded variety, whatever an agent sends."""
+    path = request.path
+    if path.startswith(UNTRACED):
         return await handler(request)
-    route = request.path.split("/", 2)[1] if request.path != "/" else ""
-    with tracing.server_span(f"{request.method} /{route}", request.headers) as span:
-        response = await handler(request)
+    method = request.method if request.method in METHODS else "_OTHER"
+    top = path.split("/", 2)[1] if path != "/" else ""
+    name = f"{method} /{top if top in TRACED_TOP else '*'}"
+    with tracing.server_span(name, request.headers) as span:
         if not span.recording:
-            return response
+            return await handler(request)
         context = CURRENT.get()
+        span.update(  # before the answer: a request cut short still says what it was
+            {
+                "http.request.method": method,
+                "http.request.method_original": request.method if method == "_OTHER" else None,
+                "url.path": path,  # never the query
+                "statusgate.request_id": context.request_id if context else None,
+            }
+        )
+        response = await handler(request)
         headers = response.headers
         span.update(
             {
-                "http.request.method": request.method,
-                "url.path": request.path,  # never the query
                 "http.route": _route(request),
                 "http.response.status_code": response.status,
                 "statusgate.provider": request.get(PROVIDER),
                 "statusgate.account": context.account if context else None,
                 "statusgate.operation_id": headers.get("Statusgate-Operation"),
                 "statusgate.outcome": headers.get("Statusgate-Outcome"),
-                "statusgate.request_id": context.request_id if context else None,
             }
         )
         if response.status >= 500 and span.error is None:

@@ -67,6 +67,25 @@ def attributes(items: Mapping[str, AttributeValue]) -> bytes:
     return b"".join([_pair(key, value) for key, value in items.items()])
 
 
+def repeating_attributes(items: Mapping[str, str | int]) -> bytes:
+    """attributes() for values that repeat from span to span (method, route, status,
+    provider): each combination is encoded once and kept, up to BLOCKS combinations. The
+    values must be exact str or int: True == 1 == 1.0, and a kept block must never be
+    given for another type's value."""
+    shape = tuple(items.items())
+    kept = _BLOCKS.get(shape)
+    if kept is None:
+        kept = attributes(items)
+        if len(_BLOCKS) >= BLOCKS:
+            _BLOCKS.clear()
+        _BLOCKS[shape] = kept
+    return kept
+
+
+BLOCKS = 4096
+_BLOCKS: dict[tuple[tuple[str, str | int], ...], bytes] = {}
+
+
 def _pair(key: str, value: AttributeValue) -> bytes:
     """One attribute as a KeyValue field of a Span; a short string (a path, an id: the
     common case) is written in one go."""

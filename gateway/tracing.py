@@ -10,13 +10,9 @@ Where the cost goes, measured: the SDK's tracer spends ~35 us per span on the ev
 its OTLP encoder ~38 us per span (under the GIL), together about a quarter of a forwarded
 poll. So the SDK does what it does once: the sampler (``OTEL_TRACES_SAMPLER`` and its
 argument), the resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``) and the W3C
-propagator that reads an agent's context. A span on the loop is a few slots, and ended, a
-tuple in a bounded buffer; a thread encodes batches (otlp.py, a few us a span) and posts them
-as OTLP/HTTP protobuf to the endpoint that the standard ``OTEL_EXPORTER_OTLP_*`` variables
-name (headers, timeout in seconds as the Python SDK reads it, gzip, TLS files). The batching
-variables ``OTEL_BSP_SCHEDULE_DELAY``, ``OTEL_BSP_MAX_QUEUE_SIZE`` and
-``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` mean what they mean to the SDK's batch processor; a full
-buffer drops spans and says so.
+propagator that reads an agent's context. A span on the loop is a few slots and the mappings
+of attributes given to it; ended, it goes to a bounded buffer, and a thread (export.py)
+encodes batches (otlp.py) and posts them as OTLP/HTTP protobuf.
 
 Spans never carry a token, a credential, a query string or an Idempotency-Key: paths are
 recorded without their query, and header values are never recorded at all.
@@ -24,24 +20,18 @@ recorded without their query, and header values are never recorded at all.
 
 from __future__ import annotations
 
-import base64
-import gzip
+import asyncio
 import logging
 import os
 import random
-import ssl
-import threading
 import time
 import traceback
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
-from . import __version__, otlp
+from . import otlp
+from .export import Exporter, shown
 
 log = logging.getLogger("statusgate")
 
@@ -116,14 +106,23 @@ class Span:
 
     def raised(self, error: BaseException) -> None:
         """Failed by ``error``: status ERROR, ``error.type``, and (for an Exception, not a
-        cancellation) an ``exception`` event with its type and stack frames. Never its
-        message: a message may quote a URL with its query, a header or a provider's body."""
+        cancellation) an ``exception`` event with its type and stack frames (file, line,
+        function). Never its message: a message may quote a URL with its query, a header or
+        a provider's body."""
+        if isinstance(error, asyncio.CancelledError):  # the agent went away, say
+            self.failed("cancelled", "cancelled")
+            return
         kind = type(error)
         module = "" if kind.__module__ == "builtins" else kind.__module__ + "."
         name = module + kind.__qualname__
         self.failed(kind.__name__, name)
         if self.sampled and isinstance(error, Exception):
-            frames = "".join(traceback.format_tb(error.__traceback__))
+            frames = "".join(  # where, not what: no source lines, no values
+                f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n'
+                for frame in traceback.StackSummary.extract(
+                    traceback.walk_tb(error.__traceback__), lookup_lines=False
+                )
+            )
             attributes = {"exception.type": name, "exception.stacktrace": frames}
             self.events = [*(self.events or ()), (time.time_ns(), "exception", attributes)]
 
@@ -133,8 +132,8 @@ class Span:
     def encoded(self) -> bytes:
         """The ended span, OTLP-encoded (by the export thread; the loop never touches an
         ended span again). The attributes that repeat (method, route, status, provider,
-        account, outcome) are encoded once per combination and kept, up to BLOCKS
-        combinations; the VARYING ones are encoded every time."""
+        account, outcome) are encoded once per combination and kept (otlp.py); the
+        VARYING ones are encoded every time."""
         repeating: dict[str, str | int] = {}
         varying: dict[str, Any] = {}
         for given in self.attributes:
@@ -148,16 +147,7 @@ class Span:
                 else:
                     varying[key] = value
                     repeating.pop(key, None)
-        attributes = b""
-        if repeating:
-            shape = tuple(repeating.items())
-            kept = _BLOCKS.get(shape)
-            if kept is None:
-                kept = otlp.attributes(repeating)
-                if len(_BLOCKS) >= BLOCKS:
-                    _BLOCKS.clear()
-                _BLOCKS[shape] = kept
-            attributes = kept
+        attributes = otlp.repeating_attributes(repeating) if repeating else b""
         if varying:
             attributes += otlp.attributes(varying)
         return otlp.span(
@@ -176,10 +166,15 @@ class Span:
         )
 
 
-VARYING = frozenset({"url.path", "statusgate.request_id", "statusgate.operation_id"})
+VARYING = frozenset(
+    {
+        "url.path",
+        "statusgate.request_id",
+        "statusgate.operation_id",
+        "http.request.method_original",  # whatever an agent sent
+    }
+)
 """Attributes whose values differ from span to span: never part of a kept block."""
-BLOCKS = 4096
-_BLOCKS: dict[tuple[tuple[str, str | int], ...], bytes] = {}
 _NOTHING = Span()
 _current: ContextVar[Span | None] = ContextVar("statusgate_span", default=None)
 _random = random.Random()  # span and trace ids: unique, not secret (as the SDK's generator)
@@ -191,7 +186,7 @@ class _Tracer:
     """What tracing needs while it is on: the sampler, the W3C propagator, the buffer of
     ended spans and the exporter."""
 
-    def __init__(self, sampler: Any, w3c: Any, exporter: _Exporter) -> None:
+    def __init__(self, sampler: Any, w3c: Any, exporter: Exporter) -> None:
         from opentelemetry import trace
 
         self.sampler = sampler
@@ -240,222 +235,6 @@ def _static_root_decision(description: str) -> bool | None:
     return {"AlwaysOnSampler": True, "AlwaysOffSampler": False}.get(root)
 
 
-class _Exporter:
-    """Ended spans, buffered on the loop and exported in batches by a thread: encoded by
-    otlp.py and posted to the OTLP/HTTP endpoint."""
-
-    def __init__(self, env: Mapping[str, str], resource: Mapping[str, Any]) -> None:
-        self.delay = _number(env, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
-        self.limit = _number(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)
-        self.batch = min(_number(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), self.limit)
-        self.endpoint = Endpoint.from_env(env)
-        self.framing = otlp.resource_and_scope(resource, "statusgate", __version__)
-        self.spans: list[Span] = []  # ended spans, encoded by the thread
-        self.dropped = 0
-        self.wake = threading.Condition()
-        self.stopping = False
-        self.deadline = float("inf")  # set at stop: the flush at shutdown ends by then
-        self.thread = threading.Thread(target=self._run, name="statusgate-traces", daemon=True)
-        self.thread.start()
-
-    def add(self, span: Span) -> None:
-        """On the loop: never blocks; past the queue limit the span is dropped."""
-        spans = self.spans
-        if len(spans) >= self.limit:
-            self.dropped += 1
-            return
-        spans.append(span)
-        if len(spans) == self.batch:
-            with self.wake:
-                self.wake.notify()
-
-    def stop(self) -> None:
-        """Export what is buffered, within one export timeout in all (each export tried
-        once); what is left by then is dropped and counted in a warning. Never hangs."""
-        with self.wake:
-            self.stopping = True
-            self.deadline = time.monotonic() + self.endpoint.timeout
-            self.wake.notify()
-        self.thread.join(self.endpoint.timeout + 1.0)
-        if self.thread.is_alive():  # a collector that neither answers nor refuses
-            log.warning("traces: the export at shutdown did not finish; spans dropped")
-
-    def _run(self) -> None:
-        while True:
-            with self.wake:
-                if not self.stopping and len(self.spans) < self.batch:
-                    self.wake.wait(self.delay)
-                stopping = self.stopping
-            while self.spans:
-                left = self.deadline - time.monotonic()
-                if self.stopping and left <= 0:
-                    self.dropped += len(self.spans)
-                    self.spans.clear()
-                    break
-                batch = self.spans[: self.batch]
-                del self.spans[: len(batch)]  # the loop only appends: these are the first
-                self._export(batch, min(left, self.endpoint.timeout))
-            if self.dropped:
-                log.warning("traces: %d spans dropped (buffer full or shutdown)", self.dropped)
-                self.dropped = 0
-            if stopping:
-                return
-
-    def _pause(self, seconds: float) -> bool:
-        """Wait between attempts; False (give up retrying) once the gateway is stopping."""
-        with self.wake:
-            if not self.stopping:
-                self.wake.wait(seconds)
-            return not self.stopping
-
-    def _export(self, batch: list[Span], timeout: float) -> None:
-        body = otlp.request(*self.framing, self._encoded(batch))
-        retry = not self.stopping
-        problem = self.endpoint.post(body, retry=retry, pause=self._pause, timeout=timeout)
-        if problem is not None:
-            log.warning("traces: %d spans not exported: %s", len(batch), problem)
-
-    @staticmethod
-    def _encoded(batch: list[Span]) -> list[bytes]:
-        """The batch encoded, a few spans at a time: between them the thread lets go of the
-        GIL, so the loop, when it has work, waits tens of microseconds for it, not the
-        interpreter's switch interval (5 ms). Encoding here rather than on the loop puts
-        the work where the loop is idle (waiting on the store or the provider). A span
-        that cannot be encoded is dropped with a warning."""
-        encoded = []
-        for done, span in enumerate(batch, 1):
-            try:
-                encoded.append(span.encoded())
-            except (ValueError, TypeError, UnicodeError, OverflowError) as exc:
-                name, why = span.name, type(exc).__name__
-                log.warning("traces: span %r dropped, not encodable: %s", name, why)
-            if done % YIELD_EVERY == 0:
-                time.sleep(0)  # lets go of the GIL
-        return encoded
-
-
-YIELD_EVERY = 8
-
-
-def _number(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env.get(name, "")
-    return int(value) if value.isdigit() and int(value) > 0 else default
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how spans are posted, from the standard OTLP exporter variables (the
-    traces-specific one first, then the general one)."""
-
-    url: str
-    headers: dict[str, str]
-    timeout: float
-    gzip: bool
-    tls: ssl.SSLContext | None
-
-    RETRIABLE = (429, 502, 503, 504)
-    ATTEMPTS = 4
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Endpoint:
-        """Userinfo in the URL (``http://user:password@collector``) becomes HTTP Basic
-        authentication, as the SDK's exporter does, and is never said back: errors and the
-        start line show the URL without it."""
-        from opentelemetry.util.re import parse_env_headers
-
-        def get(name: str, default: str = "") -> str:
-            return env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or env.get(
-                f"OTEL_EXPORTER_OTLP_{name}", default
-            )
-
-        variable = next(name for name in (*ENDPOINTS, "") if not name or env.get(name))
-        url = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or (
-            env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").removesuffix("/") + "/v1/traces"
-        )
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"{variable or 'the OTLP endpoint'} ({shown(url)}) is not an http:// or "
-                "https:// URL"
-            )
-        headers = {
-            "Content-Type": "application/x-protobuf",
-            "User-Agent": f"statusgate/{__version__}",
-        }
-        parts = urllib.parse.urlsplit(url)
-        if "@" in parts.netloc:
-            userinfo, host = parts.netloc.rsplit("@", 1)
-            user, _, password = userinfo.partition(":")
-            login = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
-            headers["Authorization"] = "Basic " + base64.b64encode(login.encode()).decode()
-            url = urllib.parse.urlunsplit(parts._replace(netloc=host))
-        headers.update(parse_env_headers(get("HEADERS"), liberal=True))
-        try:
-            timeout = float(get("TIMEOUT", "10"))
-        except ValueError:
-            timeout = 10.0
-        tls = None
-        if url.startswith("https:"):
-            tls = ssl.create_default_context(cafile=get("CERTIFICATE") or None)
-            if get("CLIENT_CERTIFICATE"):
-                tls.load_cert_chain(get("CLIENT_CERTIFICATE"), get("CLIENT_KEY") or None)
-        return cls(
-            url,
-            headers,
-            timeout if timeout > 0 else 10.0,
-            get("COMPRESSION").lower() == "gzip",
-            tls,
-        )
-
-    def post(
-        self,
-        body: bytes,
-        *,
-        retry: bool,
-        pause: Callable[[float], bool] | None = None,
-        timeout: float | None = None,
-    ) -> str | None:
-        """Post one export request; None when the collector took it, else what went wrong.
-        Busy answers and connection failures are tried again (up to four attempts, waiting
-        1, 2, 4 s or the collector's Retry-After) unless ``retry`` is off (at shutdown).
-        ``timeout``: for each attempt, instead of the configured one."""
-        headers = dict(self.headers)
-        if self.gzip:
-            body = gzip.compress(body, compresslevel=6)
-            headers["Content-Encoding"] = "gzip"
-        problem = "not tried"
-        for attempt in range(self.ATTEMPTS if retry else 1):
-            wait = float(2**attempt)
-            request = urllib.request.Request(self.url, body, headers, method="POST")  # noqa: S310
-            try:  # the scheme is http or https: from_env refuses any other
-                with urllib.request.urlopen(  # noqa: S310
-                    request, timeout=timeout or self.timeout, context=self.tls
-                ):
-                    return None
-            except urllib.error.HTTPError as exc:
-                problem = f"the collector answered {exc.code}"
-                if exc.code not in self.RETRIABLE:
-                    return problem
-                after = exc.headers.get("Retry-After", "")
-                wait = float(after) if after.isdigit() else wait
-            except (OSError, ValueError) as exc:
-                problem = (
-                    f"the collector at {shown(self.url)} is unreachable ({type(exc).__name__})"
-                )
-            if attempt + 1 < self.ATTEMPTS and retry:
-                if pause is None:
-                    time.sleep(min(wait, 30.0))
-                elif not pause(min(wait, 30.0)):
-                    break
-        return problem
-
-
-def shown(url: str) -> str:
-    """A URL as it may be logged: without userinfo, query or fragment."""
-    parts = urllib.parse.urlsplit(url if "://" in url else "//" + url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return f"{parts.scheme + ':' if parts.scheme else ''}//{host}{parts.path}"
-
-
 class _State:
     tracer: _Tracer | None = None
 
@@ -481,7 +260,7 @@ def setup(environ: Mapping[str, str] | None = None) -> str:
     sampler = TracerProvider().sampler  # as OTEL_TRACES_SAMPLER and its argument say
     resource = Resource.create({"service.name": service}).attributes
     try:
-        exporter = _Exporter(env, resource)
+        exporter = Exporter(env, resource)
     except (ValueError, OSError) as exc:  # an endpoint that is no URL, a TLS file missing
         return f"tracing off: {exc}"
     _state.tracer = _Tracer(sampler, TraceContextTextMapPropagator(), exporter)

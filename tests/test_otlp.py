@@ -1,9 +1,11 @@
-"""The gateway's own OTLP encoding and export (gateway/otlp.py, tracing.Endpoint), checked
+"""The gateway's own OTLP encoding and export (gateway/otlp.py, export.Endpoint), checked
 against the generated classes of opentelemetry-proto and a real HTTP collector."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import logging
 import math
 import os
@@ -15,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import otlp, tracing
+from gateway import export, otlp, tracing
 
 from conftest import Exported, otlp_receiver
 
@@ -159,7 +161,7 @@ def test_kept_attribute_blocks_never_answer_for_other_values(
 
 
 def test_the_endpoint_comes_from_the_standard_variables() -> None:
-    base = tracing.Endpoint.from_env(
+    base = export.Endpoint.from_env(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
             "OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc%20def,tenant=t1",
@@ -170,7 +172,7 @@ def test_the_endpoint_comes_from_the_standard_variables() -> None:
     assert base.url == "http://collector:4318/v1/traces"
     assert base.headers["api-key"] == "abc def" and base.headers["tenant"] == "t1"
     assert (base.timeout, base.gzip, base.tls) == (3.0, True, None)
-    specific = tracing.Endpoint.from_env(
+    specific = export.Endpoint.from_env(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://traces.example/custom",
@@ -180,14 +182,14 @@ def test_the_endpoint_comes_from_the_standard_variables() -> None:
     assert specific.url == "https://traces.example/custom"
     assert specific.timeout == 7.0 and specific.tls is not None
     with pytest.raises(ValueError, match="not an http"):
-        tracing.Endpoint.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318"})
+        export.Endpoint.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318"})
 
 
 def test_varying_attribute_values_never_enter_the_kept_blocks() -> None:
     """Paths, request ids and operation ids differ on every span: keeping their encodings
     would evict the blocks that repeat, for nothing."""
-    tracing._BLOCKS.clear()
-    for n in range(3 * tracing.BLOCKS):
+    otlp._BLOCKS.clear()
+    for n in range(3 * otlp.BLOCKS):
         span = tracing.Span(1, sampled=True)
         span.update(
             {
@@ -199,7 +201,7 @@ def test_varying_attribute_values_never_enter_the_kept_blocks() -> None:
             }
         )
         span.encoded()
-    assert list(tracing._BLOCKS) == [
+    assert list(otlp._BLOCKS) == [
         (("http.request.method", "GET"), ("http.response.status_code", 200))
     ]
 
@@ -208,7 +210,7 @@ def test_userinfo_in_the_endpoint_is_basic_auth_and_never_said() -> None:
     """http://user:password@collector: sent as HTTP Basic authentication, as the SDK does;
     the start line and every error show the URL without it."""
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel%40team:s3cret-pw@127.0.0.1:9/base"}
-    endpoint = tracing.Endpoint.from_env(env)
+    endpoint = export.Endpoint.from_env(env)
     assert endpoint.url == "http://127.0.0.1:9/base/v1/traces"
     assert endpoint.headers["Authorization"] == "Basic b3RlbEB0ZWFtOnMzY3JldC1wdw=="
     problem = endpoint.post(b"spans", retry=False)
@@ -217,9 +219,19 @@ def test_userinfo_in_the_endpoint_is_basic_auth_and_never_said() -> None:
     tracing.stop()
     assert said.startswith("tracing on: OTLP/HTTP export to http://127.0.0.1:9/")
     assert "s3cret" not in said and "team" not in said
+    # a password with /, ? or # left unencoded: the userinfo still ends at the last @
+    raw = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:s3/cr?e#t@127.0.0.1:9"}
+    endpoint = export.Endpoint.from_env(raw)
+    assert endpoint.url == "http://127.0.0.1:9/v1/traces"
+    assert base64.b64decode(endpoint.headers["Authorization"][6:]) == b"otel:s3/cr?e#t"
+    said = tracing.setup(raw)
+    tracing.stop()
+    assert "s3" not in said and "cr" not in said, said
+    problem = endpoint.post(b"spans", retry=False)
+    assert problem is not None and "s3/" not in problem
     bad = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "otel:s3cret-pw@collector:4318/v1/traces"}
     with pytest.raises(ValueError) as refused:
-        tracing.Endpoint.from_env(bad)
+        export.Endpoint.from_env(bad)
     assert "s3cret" not in str(refused.value)
     assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (//collector:4318/v1/traces)" in str(refused.value)
 
@@ -235,7 +247,7 @@ async def test_an_export_is_tried_again_when_the_collector_is_busy(
     collector: tuple[Exported, str],
 ) -> None:
     got, url = collector
-    endpoint = tracing.Endpoint.from_env(
+    endpoint = export.Endpoint.from_env(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": url,
             "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
@@ -256,9 +268,9 @@ async def test_an_export_is_tried_again_when_the_collector_is_busy(
 
 
 async def test_an_unreachable_collector_is_a_reason_not_an_exception() -> None:
-    endpoint = tracing.Endpoint.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    endpoint = export.Endpoint.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     problem = await asyncio.to_thread(endpoint.post, b"spans", retry=False)
-    assert problem is not None and "unreachable" in problem
+    assert problem is not None and "unreachable (ConnectionRefusedError)" in problem
 
 
 def test_the_sampler_decides_roots_once_when_it_can() -> None:
@@ -314,7 +326,7 @@ async def test_stop_exports_every_buffered_span_at_once() -> None:
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
             "OTEL_BSP_MAX_QUEUE_SIZE": "1000",
         }
-        exporter = tracing._Exporter(env, {"service.name": "sg"})
+        exporter = export.Exporter(env, {"service.name": "sg"})
         for span in _spans(950):
             exporter.spans.append(span)  # as add() does, without waking the thread
         started = time.monotonic()
@@ -338,7 +350,7 @@ async def test_stop_is_bounded_when_the_collector_never_answers(
             "OTEL_BSP_SCHEDULE_DELAY": "600000",
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
         }
-        exporter = tracing._Exporter(env, {"service.name": "sg"})
+        exporter = export.Exporter(env, {"service.name": "sg"})
         exporter.spans.extend(_spans(500))
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="statusgate"):
@@ -349,3 +361,133 @@ async def test_stop_is_bounded_when_the_collector_never_answers(
         assert not exporter.thread.is_alive()
     said = caplog.text
     assert "100 spans not exported" in said and "400 spans dropped" in said, said
+
+
+def test_the_timeout_is_seconds_or_else_milliseconds_and_headers_are_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """10 is seconds (as the Python SDK reads it), 10000 milliseconds (as the OpenTelemetry
+    specification says); a malformed header entry is skipped and named by position only."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "10"}
+    assert export.Endpoint.from_env(env).timeout == 10.0
+    assert export.Endpoint.from_env({**env, "OTEL_EXPORTER_OTLP_TIMEOUT": "10000"}).timeout == 10.0
+    headers = "tenant=t1,Authorization: Bearer hidden-token,x-key=a%3Db"
+    with caplog.at_level(logging.WARNING, logger="statusgate"):
+        endpoint = export.Endpoint.from_env({**env, "OTEL_EXPORTER_OTLP_HEADERS": headers})
+    assert endpoint.headers["tenant"] == "t1" and endpoint.headers["x-key"] == "a=b"
+    assert "Authorization" not in endpoint.headers
+    assert "entry 2 is not name=value" in caplog.text and "hidden-token" not in caplog.text
+
+
+class _Raw:
+    """A TCP server on loopback that answers every connection with ``answer`` and closes."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            with contextlib.suppress(ConnectionError):
+                await reader.read(65536)
+                writer.write(self.answer)
+                await writer.drain()
+            writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_a_collector_that_answers_no_http_is_a_reason_and_the_thread_lives_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A collector that answers garbage (an OTLP/gRPC port, say): each export is a warning,
+    the export thread goes on, and a span that fails to encode costs only itself."""
+
+    class Unencodable:
+        name = "bad"
+
+        def encoded(self) -> bytes:
+            raise RuntimeError("not a span")
+
+    async with _Raw(b"SSH-2.0-nope\r\n\r\n") as url:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2"}
+        exporter = export.Exporter(env, {"service.name": "sg"})
+        with caplog.at_level(logging.WARNING, logger="statusgate"):
+            exporter.add(Unencodable())
+            exporter.add(_spans(1)[0])  # the batch is full: the thread wakes
+            for _ in range(100):
+                if "2 spans dropped export failed (RuntimeError)" in caplog.text:
+                    break
+                await asyncio.sleep(0.02)
+            assert exporter.thread.is_alive()
+            for span in _spans(2):
+                exporter.add(span)
+            await asyncio.to_thread(exporter.stop)
+    said = caplog.text
+    assert "2 spans dropped export failed (RuntimeError)" in said, said
+    assert "2 spans not exported: the collector at" in said and "failed (BadStatusLine)" in said
+
+
+async def test_a_redirecting_collector_is_not_followed() -> None:
+    """A redirect is an answer: the spans and the collector's credentials go nowhere else."""
+    async with _Raw(b"") as elsewhere:
+        moved = f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {elsewhere}/v1/traces\r\n"
+        redirecting = _Raw(moved.encode() + b"Content-Length: 0\r\n\r\n")
+        async with redirecting as url:
+            env = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_EXPORTER_OTLP_HEADERS": "k=secret"}
+            endpoint = export.Endpoint.from_env(env)
+            problem = await asyncio.to_thread(endpoint.post, b"spans", retry=False)
+        assert problem == "the collector answered 307"
+        assert redirecting.connections == 1
+
+
+async def test_a_full_buffer_is_said_while_the_overload_lasts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Spans dropped because the buffer is full are counted and said after every export,
+    not only once the buffer empties (under overload it does not)."""
+    async with otlp_receiver() as (got, url):
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "10",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5",
+        }
+        exporter = export.Exporter(env, {"service.name": "sg"})
+        with caplog.at_level(logging.WARNING, logger="statusgate"):
+            exporter.spans.extend(_spans(10))  # full, before the thread gets to it
+            for span in _spans(7):
+                exporter.add(span)
+            await asyncio.to_thread(exporter.stop)
+        assert _exported(got) == 10
+    assert "export buffer full, 7 spans dropped" in caplog.text
+
+
+def test_an_exception_marks_a_span_without_its_message() -> None:
+    """Status ERROR, error.type the exception's qualified class, an exception event with
+    its type and frames; never the message (it may quote a URL with a key)."""
+    span = tracing.Span(1, sampled=True, name="GET status", kind=tracing.CLIENT)
+    try:
+        raise TimeoutError("GET https://p.example/jobs?key=secret-in-message")
+    except TimeoutError as exc:
+        span.raised(exc)
+    request = trace_service.ExportTraceServiceRequest()
+    request.ParseFromString(otlp.request(b"", b"", [span.encoded()]))
+    exported = request.resource_spans[0].scope_spans[0].spans[0]
+    assert exported.status.code == exported.status.STATUS_CODE_ERROR
+    assert {a.key: decoded(a.value) for a in exported.attributes} == {"error.type": "TimeoutError"}
+    (event,) = exported.events
+    attrs = {a.key: decoded(a.value) for a in event.attributes}
+    assert event.name == "exception" and attrs["exception.type"] == "TimeoutError"
+    assert "test_an_exception_marks_a_span_without_its_message" in str(
+        attrs["exception.stacktrace"]
+    )
+    assert b"secret-in-message" not in request.SerializeToString()

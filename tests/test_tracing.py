@@ -210,3 +210,42 @@ async def test_failures_mark_the_spans_they_happen_in(
     (server,) = [s for s in found if s.span_id == client.parent_span_id]
     assert server.status.code == server.status.STATUS_CODE_ERROR
     assert attributes(server)["error.type"] == str(attributes(server)["http.response.status_code"])
+
+
+async def test_a_request_cut_short_and_an_unknown_method_are_spans_of_bounded_names(
+    tmp_path: Path,
+    upstream: tuple[DemoProvider, str],
+    gateways: list[Served],
+    receiver: tuple[Exported, str],
+) -> None:
+    """An agent that hangs up on a held poll leaves a span that says what the request was
+    and that it was cancelled; a method no HTTP specification knows is _OTHER in the name
+    and the attributes (its own spelling kept aside), so agents cannot grow span names."""
+    _, url = upstream
+    bodies, endpoint = receiver
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    served = await Served(tmp_path, url, tmp_path / "g.db", env=env).up()
+    gateways.append(served)
+    base = f"http://127.0.0.1:{served.port}/p/demo-jobs/v1/jobs"
+    auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        body = {"demo_script": [{"state": "running"}]}
+        async with http.post(base, json=body, headers={**auth, "Idempotency-Key": "k"}) as r:
+            job = (await r.json())["id"]
+        held = {**auth, "Prefer": "wait=20", "X-Request-Id": "cut-short-1"}
+        with pytest.raises(asyncio.TimeoutError):
+            timeout = aiohttp.ClientTimeout(total=1.5)
+            async with http.get(f"{base}/{job}", headers=held, timeout=timeout) as r:
+                await r.read()
+        async with http.request("PROPFIND", f"{base}/{job}", headers=auth) as r:
+            assert r.status >= 400
+        await asyncio.sleep(0.5)  # the gateway notices the hang-up
+    await asyncio.to_thread(served.stop)
+    found = spans(bodies)
+    (cut,) = [s for s in found if attributes(s).get("statusgate.request_id") == "cut-short-1"]
+    assert cut.status.code == cut.status.STATUS_CODE_ERROR
+    assert attributes(cut)["error.type"] == "cancelled"
+    assert attributes(cut)["url.path"] == f"/p/demo-jobs/v1/jobs/{job}"
+    (brewed,) = [s for s in found if attributes(s).get("http.request.method") == "_OTHER"]
+    assert brewed.name == "_OTHER /p"
+    assert attributes(brewed)["http.request.method_original"] == "PROPFIND"
