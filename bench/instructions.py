@@ -31,7 +31,7 @@ OPERATIONS = 200
 WARM_UP = 400
 
 
-def _counted(folder: Path, provider: str, env: dict[str, str], polls: int) -> dict[str, float]:
+def _counted(folder: Path, env: dict[str, str], polls: int) -> dict[str, float]:
     """Instructions per poll by thread ("loop" is the main thread, "others" all the rest)."""
     port = free_port()
     config = gateway_config(folder, port, f"sqlite:///{folder}/cg-{port}.db", audit=True)
@@ -112,9 +112,9 @@ def main() -> None:
             spawn([PY, str(ROOT / "bench/otlp_sink.py"), str(sink)], sink),
         ):
             bench_policy(folder, provider)
-            off = _counted(folder, provider, {}, polls)
+            off = _counted(folder, {}, polls)
             traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}"}
-            on = _counted(folder, provider, traced, polls)
+            on = _counted(folder, traced, polls)
     print(f"Instructions per forwarded poll (callgrind, {polls} polls one at a time, SQLite)")
     print(f"{'':<14} {'event loop':>12} {'other threads':>14} {'all':>12}")
     for name, counted in (("tracing off", off), ("tracing on", on)):

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import platform
@@ -42,6 +43,7 @@ KEY = "bench-provider-key"
 NGINX_HINT = "apt-get install nginx-light"
 TOKEN = "bench-agent-token"
 REAL_OPS = 1000
+RUNS = itertools.count()  # gateway runs: each writes an audit file of its own
 
 
 def free_port() -> int:
@@ -250,7 +252,7 @@ def gateway_config(folder: Path, port: int, store: str, audit: bool) -> Path:
     if os.environ.get("BENCH_LOG_LEVEL"):
         config["logging"] = {"level": os.environ["BENCH_LOG_LEVEL"]}
     if audit:
-        config["audit"] = {"path": f"audit-{port}.jsonl"}  # one per gateway run
+        config["audit"] = {"path": f"audit-{next(RUNS)}.jsonl"}  # one per gateway run
     path = folder / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -316,7 +318,7 @@ def main() -> None:
         ):
             bench_policy(folder, provider)
             if args.paired_only:
-                _paired(folder, agent, rows)
+                _paired(folder, agent, rows, 3 if args.quick else ROUNDS)
                 _print_paired()
                 return
             jobs = asyncio.run(
@@ -353,7 +355,7 @@ def main() -> None:
                 print("G2: skipped (no Redis answering; set REDIS_URL)")
             for name, store in stores:
                 _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
-            _paired(folder, agent, rows)
+            _paired(folder, agent, rows, 3 if args.quick else ROUNDS)
             _extra_rows(folder, agent, seconds, rows, redis)
             rate = 0.6 * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
             fixed: dict[str, Result] = {}
@@ -511,11 +513,13 @@ SLICE_SECONDS = 2.0
 PAIRED: dict[str, list[float]] = {}
 
 
-def _paired(folder: Path, agent: dict[str, str], rows: dict[tuple[str, str], Result]) -> None:
+def _paired(
+    folder: Path, agent: dict[str, str], rows: dict[tuple[str, str], Result], rounds: int
+) -> None:
     """Audit off and tracing on against G1 as it is, forwarded polls. A ratio near 1 cannot
     be read off one run of each on this VM: the same configuration measured twice moved by up
     to 20% between runs a minute apart, and by ~5% between two processes at the same time
-    (each has its own hash seed and memory layout). So: ROUNDS rounds, each with fresh
+    (each has its own hash seed and memory layout). So: ``rounds`` rounds, each with fresh
     processes of all three variants; in a round, SLICES short runs of each, taken in turn,
     so drift over seconds touches all alike; a round's ratio is its sums' ratio, and the
     ratio printed is the median of the rounds'. Spans go to a local OTLP sink."""
@@ -531,7 +535,7 @@ def _paired(folder: Path, agent: dict[str, str], rows: dict[tuple[str, str], Res
     names = list(variants)
     mean_rps = dict.fromkeys(names, 0.0)
     with spawn([PY, str(ROOT / "bench/otlp_sink.py"), str(sink)], sink):
-        for round_ in range(ROUNDS):
+        for round_ in range(rounds):
             with contextlib.ExitStack() as running:
                 targets = {
                     name: running.enter_context(
@@ -552,7 +556,7 @@ def _paired(folder: Path, agent: dict[str, str], rows: dict[tuple[str, str], Res
                         gateway, paths = targets[name]
                         summed[name] += capacity(gateway, paths, agent, SLICE_SECONDS).rps
             for name in names:
-                mean_rps[name] += summed[name] / SLICES / ROUNDS
+                mean_rps[name] += summed[name] / SLICES / rounds
                 PAIRED.setdefault(name, []).append(summed[name] / summed[names[0]])
     for name in names[1:]:
         rows[(name, "forwarded poll")] = Result(mean_rps[name], 0.0, 0.0)
@@ -727,7 +731,8 @@ def _print(
 
 
 def _print_paired() -> None:
-    paired = f"median of {ROUNDS} rounds of fresh processes, {SLICES} runs each in turn"
+    rounds = len(PAIRED.get("G1 as is", ()))
+    paired = f"median of {rounds} rounds of fresh processes, {SLICES} runs each in turn"
     for name, what, target, invert in (
         ("G1 audit off", "audit on / off", ">= 0.95", True),
         ("G1 tracing on", "tracing on / off", ">= 0.9", False),

@@ -84,6 +84,8 @@ async def send_upstream(
         )
         if response is not None:
             span.update({"http.response.status_code": response.status})
+            if response.status >= 400:  # an error for a client span (semantic conventions)
+                span.failed(f"answered {response.status}", str(response.status))
         else:
             span.update({"error.type": failure.value if failure is not None else "error"})
             span.failed("no usable answer from the provider")

@@ -50,6 +50,8 @@ def _value(value: AttributeValue) -> bytes:
     if isinstance(value, bool):
         return b"\x10\x01" if value else b"\x10\x00"
     if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise OverflowError("an int attribute must fit 64 bits")
         return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)  # int64: two's complement
     if isinstance(value, float):
         return b"\x21" + _DOUBLE.pack(value)

@@ -256,9 +256,13 @@ def setup(environ: Mapping[str, str] | None = None) -> str:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ImportError:
         return "tracing off: the otel extra is not installed (pip install statusgate[otel])"
-    service = env.get("OTEL_SERVICE_NAME") or "statusgate"
-    sampler = TracerProvider().sampler  # as OTEL_TRACES_SAMPLER and its argument say
-    resource = Resource.create({"service.name": service}).attributes
+    # the SDK reads OTEL_TRACES_SAMPLER (and _ARG), OTEL_SERVICE_NAME and
+    # OTEL_RESOURCE_ATTRIBUTES from the process environment
+    sampler = TracerProvider().sampler
+    resource = dict(Resource.create().attributes)
+    if str(resource.get("service.name", "")).startswith("unknown_service"):
+        resource["service.name"] = "statusgate"  # SPEC 17's default, not the SDK's
+    service = resource["service.name"]
     try:
         exporter = Exporter(env, resource)
     except (ValueError, OSError) as exc:  # an endpoint that is no URL, a TLS file missing

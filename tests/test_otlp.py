@@ -76,7 +76,7 @@ def test_every_span_decodes_as_written(
     events: list[otlp.Event],
 ) -> None:
     """Whatever the ids, names, attribute values and sizes, opentelemetry-proto reads back
-    exactly the span that was encoded (twice: the second time from the attribute cache)."""
+    exactly the span that was encoded (alone in a request, and beside another)."""
     framing = otlp.resource_and_scope({"service.name": "sg", "n": 3}, "statusgate", "0.1.0")
     encoded = otlp.span(
         trace_id,

@@ -62,7 +62,7 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
     tmp_path: Path,
     upstream: tuple[DemoProvider, str],
     gateways: list[Served],
-    receiver: tuple[list[bytes], str],
+    receiver: tuple[Exported, str],
 ) -> None:
     """Server spans continue the agent's traceparent, each provider call is a client span
     beneath them, the provider sees the same trace id, and nothing secret is exported."""
