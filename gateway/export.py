@@ -28,7 +28,6 @@ from . import __version__, otlp
 
 log = logging.getLogger("statusgate")
 
-YIELD_EVERY = 8  # spans encoded between two releases of the GIL
 SHUTDOWN_CAP = 30.0  # seconds: the most a stop waits for the collector, whatever the timeout
 
 
@@ -130,20 +129,19 @@ class Exporter:
 
     @staticmethod
     def _encoded(batch: list[Ended]) -> list[bytes]:
-        """The batch encoded, a few spans at a time: between them the thread lets go of the
-        GIL, so the loop, when it has work, waits tens of microseconds for it, not the
-        interpreter's switch interval (5 ms). Encoding here rather than on the loop puts
-        the work where the loop is idle (waiting on the store or the provider). A span
-        that cannot be encoded is dropped with a warning."""
+        """The batch encoded. Here rather than on the loop, the work lands where the loop
+        is idle (waiting on the store or the provider); the interpreter hands the GIL back
+        to the loop at its switch interval (5 ms). Measured side by side (paired rounds,
+        forwarded polls): 0.93 of tracing off, against 0.88 letting go of the GIL every 8
+        spans (each hand-over between the two cores costs more than it saves) and 0.88
+        encoding on the loop. A span that cannot be encoded is dropped with a warning."""
         encoded = []
-        for done, span in enumerate(batch, 1):
+        for span in batch:
             try:
                 encoded.append(span.encoded())
             except (ValueError, TypeError, OverflowError) as exc:
                 name, why = span.name, type(exc).__name__
                 log.warning("traces: span %r dropped, not encodable: %s", name, why)
-            if done % YIELD_EVERY == 0:
-                time.sleep(0)  # lets go of the GIL
         return encoded
 
 

@@ -303,6 +303,18 @@ def test_forked_workers_make_ids_of_their_own() -> None:
     assert theirs != f"{request_id_from(None)} {tracing._random.getrandbits(64)}"
 
 
+def _exporter(url: str, timeout: str = "10", **batching: str) -> export.Exporter:
+    """An exporter to ``url`` that waits to be woken (or stopped); ``batching``: the
+    OTEL_BSP_ variables without their prefix."""
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+        "OTEL_EXPORTER_OTLP_TIMEOUT": timeout,
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        **{f"OTEL_BSP_{name}": value for name, value in batching.items()},
+    }
+    return export.Exporter(env, {"service.name": "sg"})
+
+
 def _spans(count: int) -> list[tracing.Span]:
     return [tracing.Span(n + 1, sampled=True, name="GET /p") for n in range(count)]
 
@@ -320,13 +332,7 @@ async def test_stop_exports_every_buffered_span_at_once() -> None:
     """At shutdown the buffer is exported whole, in batches, without waiting for the
     schedule delay."""
     async with otlp_receiver() as (got, url):
-        env = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
-            "OTEL_BSP_SCHEDULE_DELAY": "600000",
-            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
-            "OTEL_BSP_MAX_QUEUE_SIZE": "1000",
-        }
-        exporter = export.Exporter(env, {"service.name": "sg"})
+        exporter = _exporter(url, MAX_EXPORT_BATCH_SIZE="100", MAX_QUEUE_SIZE="1000")
         for span in _spans(950):
             exporter.spans.append(span)  # as add() does, without waking the thread
         started = time.monotonic()
@@ -344,13 +350,8 @@ async def test_stop_is_bounded_when_the_collector_never_answers(
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)  # connections complete in the backlog; nothing is ever read
-        env = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
-            "OTEL_EXPORTER_OTLP_TIMEOUT": "0.5",
-            "OTEL_BSP_SCHEDULE_DELAY": "600000",
-            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100",
-        }
-        exporter = export.Exporter(env, {"service.name": "sg"})
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        exporter = _exporter(url, timeout="0.5", MAX_EXPORT_BATCH_SIZE="100")
         exporter.spans.extend(_spans(500))
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="statusgate"):
@@ -418,8 +419,7 @@ async def test_a_collector_that_answers_no_http_is_a_reason_and_the_thread_lives
             raise RuntimeError("not a span")
 
     async with _Raw(b"SSH-2.0-nope\r\n\r\n") as url:
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2"}
-        exporter = export.Exporter(env, {"service.name": "sg"})
+        exporter = _exporter(url, MAX_EXPORT_BATCH_SIZE="2")
         with caplog.at_level(logging.WARNING, logger="statusgate"):
             exporter.add(Unencodable())
             exporter.add(_spans(1)[0])  # the batch is full: the thread wakes
@@ -455,13 +455,7 @@ async def test_a_full_buffer_is_said_while_the_overload_lasts(
     """Spans dropped because the buffer is full are counted and said after every export,
     not only once the buffer empties (under overload it does not)."""
     async with otlp_receiver() as (got, url):
-        env = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
-            "OTEL_BSP_SCHEDULE_DELAY": "600000",
-            "OTEL_BSP_MAX_QUEUE_SIZE": "10",
-            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5",
-        }
-        exporter = export.Exporter(env, {"service.name": "sg"})
+        exporter = _exporter(url, MAX_QUEUE_SIZE="10", MAX_EXPORT_BATCH_SIZE="5")
         with caplog.at_level(logging.WARNING, logger="statusgate"):
             exporter.spans.extend(_spans(10))  # full, before the thread gets to it
             for span in _spans(7):
