@@ -291,6 +291,17 @@ def redis_url() -> str | None:
     return f"{url.split('?')[0]}?prefix=bench-{os.getpid()}"
 
 
+def _forget(store: str) -> None:
+    """Delete what this run wrote to Redis: every key under its prefix (never FLUSHALL)."""
+    import redis as redis_py
+
+    prefix = store.split("prefix=", 1)[1]
+    client = redis_py.Redis.from_url(store.split("?")[0])
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        client.unlink(key)
+    client.close()
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -366,6 +377,8 @@ def main() -> None:
             rates = {name: 0.6 * rows[(name, "forwarded poll")].rps for name, _ in stores}
             fixed.update(_gateway_fixed(folder, agent, rates, seconds, stores))
             growth = _growth(folder, provider, jobs, agent, rate, seconds, args.growth)
+            if redis is not None:
+                _forget(redis)
     _print(rows, fixed, rate, growth, args.growth)
 
 

@@ -206,6 +206,17 @@ def test_varying_attribute_values_never_enter_the_kept_blocks() -> None:
     ]
 
 
+def test_kept_blocks_stay_bounded_whatever_the_values() -> None:
+    """A repeating attribute that turns out not to repeat (a new one nobody added to
+    VARYING) costs speed, never memory: the kept blocks stay within BLOCKS."""
+    otlp._BLOCKS.clear()
+    for n in range(3 * otlp.BLOCKS):
+        span = tracing.Span(1, sampled=True)
+        span.update({"statusgate.new_unique_thing": f"value-{n}", "http.route": "status"})
+        span.encoded()
+        assert len(otlp._BLOCKS) <= otlp.BLOCKS
+
+
 def test_userinfo_in_the_endpoint_is_basic_auth_and_never_said() -> None:
     """http://user:password@collector: sent as HTTP Basic authentication, as the SDK does;
     the start line and every error show the URL without it."""
