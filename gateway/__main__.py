@@ -1,5 +1,5 @@
 """``python -m gateway`` is the ``statusgate`` command."""
 
-from .cli import main
+from gateway.cli import main
 
 raise SystemExit(main())

@@ -21,22 +21,27 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from . import admin, console, decide, mcp, openapi, polls, proxy, tracing
-from .audit import AuditLog, Fsync
-from .bodies import BodyTimeout, BodyTooLarge
-from .config import Settings
-from .context import CURRENT, RequestContext, request_id_from
-from .effects import Effects
-from .errors import StoreError
-from .logs import request_line
-from .metrics import Metrics, exposition
-from .models import Clock
-from .policy import ProviderPolicy
-from .problems import SLUG, explain, problem
-from .runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
-from .store import Store, store_from_url
-from .store.base import PURGE_BATCH
-from .upstream import Upstream
+from gateway import mcp
+from gateway.core import decide
+from gateway.core.models import Clock
+from gateway.errors import StoreError
+from gateway.flow import polls
+from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
+from gateway.http import proxy
+from gateway.http.bodies import BodyTimeout, BodyTooLarge
+from gateway.http.problems import SLUG, explain, problem
+from gateway.observe import tracing
+from gateway.observe.audit import AuditLog, Fsync
+from gateway.observe.context import CURRENT, RequestContext, request_id_from
+from gateway.observe.effects import Effects
+from gateway.observe.logs import request_line
+from gateway.observe.metrics import Metrics, exposition
+from gateway.operator import admin, console, openapi
+from gateway.provider.client import Upstream
+from gateway.settings.config import Settings
+from gateway.settings.policy import ProviderPolicy
+from gateway.store import Store, store_from_url
+from gateway.store.base import PURGE_BATCH
 
 log = logging.getLogger("statusgate")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__
-from .errors import ConfigError
+from gateway import __version__
+from gateway.errors import ConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,8 +89,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _policy_test(args: argparse.Namespace) -> int:
-    from .config import load_settings
-    from .policytool import verdict
+    from gateway.operator.policytool import verdict
+    from gateway.settings.config import load_settings
 
     settings = load_settings(args.config)
     policy = settings.policies.get(args.provider)
@@ -108,9 +108,9 @@ def _policy_test(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from .config import GatewayFile
-    from .policy import ProviderPolicy
-    from .policytool import dumps, schema
+    from gateway.operator.policytool import dumps, schema
+    from gateway.settings.config import GatewayFile
+    from gateway.settings.policy import ProviderPolicy
 
     if args.kind == "policy":
         print(dumps(schema(ProviderPolicy, "Statusgate provider policy (policies/NAME.yaml)")))
@@ -120,8 +120,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .config import load_settings
-    from .store import store_from_url
+    from gateway.settings.config import load_settings
+    from gateway.store import store_from_url
 
     settings = load_settings(args.config)
     store_from_url(settings.store_url)  # the scheme and options are valid
@@ -135,8 +135,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .config import load_settings
-    from .workers import prepare_metrics_dir, refusal, run
+    from gateway.settings.config import load_settings
+    from gateway.workers import prepare_metrics_dir, refusal, run
 
     settings = load_settings(args.config)
     why = refusal(settings, args.workers)
@@ -144,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"statusgate serve: {why}", file=sys.stderr)
         return 1
     if args.workers == 1:
-        from .server import serve
+        from gateway.server import serve
 
         return serve(settings)
     return run(settings, args.workers, prepare_metrics_dir())
@@ -160,14 +160,14 @@ def _token_hash(args: argparse.Namespace) -> int:
 
 
 def _demo_provider(args: argparse.Namespace) -> int:
-    from .demo_provider import run
+    from gateway.demo.provider import run
 
     run(args.host, args.port)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run
+    from gateway.demo.walkthrough import run
 
     return run(max(1, min(args.agents, 500)))
 
@@ -175,7 +175,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _audit_verify(args: argparse.Namespace) -> int:
     import os
 
-    from .audit import read_lines, verify
+    from gateway.observe.audit import read_lines, verify
 
     key = None
     if args.key_env:
@@ -204,9 +204,9 @@ def _audit_verify(args: argparse.Namespace) -> int:
 
 
 def _audit_story(args: argparse.Namespace) -> int:
-    from .audit import records
-    from .config import audit_path, load_gateway_file
-    from .story import story
+    from gateway.core.story import story
+    from gateway.observe.audit import records
+    from gateway.settings.config import audit_path, load_gateway_file
 
     path = audit_path(load_gateway_file(args.config), args.config.parent.resolve())
     if path is None:

@@ -16,11 +16,12 @@ import sys
 import uvloop
 from aiohttp import web
 
-from . import logs, reloading, tracing
-from .app import ParserNoise, create_app
-from .config import Settings
-from .errors import StoreError
-from .runtime import RUNTIME, Runtime
+from gateway.app import ParserNoise, create_app
+from gateway.errors import StoreError
+from gateway.flow import reloading
+from gateway.flow.runtime import RUNTIME, Runtime
+from gateway.observe import logs, tracing
+from gateway.settings.config import Settings
 
 log = logging.getLogger("statusgate")
 

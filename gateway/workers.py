@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from .config import Settings, load_settings
-from .errors import ConfigError
+from gateway.errors import ConfigError
+from gateway.settings.config import Settings, load_settings
 
 RESTART_GAP = 1.0  # a worker that dies is restarted, at most once a second
 START_WINDOW = 5.0  # a worker exiting with 1 this soon after its start could not start
@@ -35,13 +35,6 @@ def _reloaded(settings: Settings) -> Settings:
         return load_settings(settings.path)
     except ConfigError:
         return settings  # the workers refuse it too, and say why
-
-
-def reload_all() -> None:
-    """In a worker: have the supervisor pass SIGHUP to every worker, so a reload asked of
-    one (POST /admin/reload) reaches them all."""
-    if os.environ.get("STATUSGATE_WORKER"):
-        os.kill(os.getppid(), signal.SIGHUP)
 
 
 def refusal(settings: Settings, workers: int) -> str | None:
@@ -82,7 +75,7 @@ def run(settings: Settings, workers: int, metrics_dir: Path | None = None) -> in
 
 
 def _supervise(settings: Settings, workers: int) -> int:
-    from .server import serve
+    from gateway.server import serve
 
     children: dict[int, tuple[int, float]] = {}  # pid -> (worker number, started)
     current = [settings]  # what a worker started now runs: the last set that loaded

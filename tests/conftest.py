@@ -29,10 +29,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import create_app
-from gateway.config import load_settings
-from gateway.demo_provider import DemoProvider
-from gateway.models import DelaySource, OperationRecord
-from gateway.runtime import RUNTIME
+from gateway.core.models import DelaySource, OperationRecord
+from gateway.demo.provider import DemoProvider
+from gateway.flow.runtime import RUNTIME
+from gateway.settings.config import load_settings
 from gateway.store import Store, store_from_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -598,7 +598,7 @@ async def gateways() -> AsyncIterator[list[Served]]:
             served.stop(signal.SIGKILL)
 
 
-# -- real SDKs and real providers as agents and upstreams (tests/test_provider_*.py) ----------
+# -- real SDKs and real providers as agents and upstreams (tests/sdk/test_provider_*.py) ----------
 
 
 @pytest.fixture
@@ -657,7 +657,7 @@ def permitted_polls(polling: dict[str, Any], elapsed: float) -> int:
     within ``elapsed`` seconds of the submit: the k-th poll comes at least
     sum(jitter.min * min(max_delay, base_delay * 2^i) for i < k) after it; one poll of
     slack for the first being due at once."""
-    from gateway.units import parse_duration
+    from gateway.settings.units import parse_duration
 
     base, top = parse_duration(polling["base_delay"]), parse_duration(polling["max_delay"])
     floor = float(polling["jitter"]["min"])
@@ -750,3 +750,15 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await the_store.open()
     yield the_store
     await the_store.close()
+
+
+async def raw(harness: Harness, request: bytes) -> tuple[int, bytes]:
+    """Send bytes as they are (no client library normalising them); the status and body."""
+    server = harness.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(request)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(65536), 5)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_abuse import raw
+from gateway.core.idempotency import forwarded_key
+from gateway.core.models import OperationFilter
+from gateway.core.routing import RouteTable, fill
+from gateway.flow.runtime import RUNTIME
 
-from gateway.idempotency import forwarded_key
-from gateway.models import OperationFilter
-from gateway.routing import RouteTable, fill
-from gateway.runtime import RUNTIME
-
-from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PROVIDER_KEY, Harness
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PROVIDER_KEY, Harness, raw
 
 OPS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 

@@ -13,7 +13,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from gateway.config import load_gateway_file
+from gateway.settings.config import load_gateway_file
 from gateway.errors import ConfigError
 
 WILDCARD_HOSTS = {"", "0.0.0.0", "::"}  # noqa: S104 (names the wildcard, binds nothing)

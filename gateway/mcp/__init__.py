@@ -14,6 +14,6 @@ account another account's operations, nor any token, credential or upstream URL.
 
 from __future__ import annotations
 
-from .transport import handle, routes
+from gateway.mcp.transport import handle, routes
 
 __all__ = ["handle", "routes"]

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import polls
-from ..config import Account
-from ..models import OperationRecord
-from ..policy import ProviderPolicy
-from ..problems import PROBLEMS
-from ..runtime import Runtime
+from gateway.core.models import OperationRecord
+from gateway.core.problems import PROBLEMS
+from gateway.flow import polls
+from gateway.flow.runtime import Runtime
+from gateway.settings.config import Account
+from gateway.settings.policy import ProviderPolicy
 
 MAX_ID = 200  # characters of an operation id worth looking up
 

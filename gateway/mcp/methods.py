@@ -13,11 +13,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import __version__
-from ..errors import StoreError
-from . import tasks, tools
-from .caller import Caller, Refused, owned
-from .jsonrpc import (
+from gateway import __version__
+from gateway.errors import StoreError
+from gateway.mcp import tasks, tools
+from gateway.mcp.caller import Caller, Refused, owned
+from gateway.mcp.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -27,7 +27,7 @@ from .jsonrpc import (
     error,
     result,
 )
-from .sessions import LEGACY_TASKS, Session, issue, negotiate
+from gateway.mcp.sessions import LEGACY_TASKS, Session, issue, negotiate
 
 log = logging.getLogger("statusgate")
 EXTENSION = "io.modelcontextprotocol/tasks"

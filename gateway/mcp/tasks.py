@@ -22,13 +22,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..cursors import cursor_after, position
-from ..models import OperationFilter, OperationRecord, Outcome
-from ..policy import ProviderPolicy
-from ..units import rfc3339
-from . import tools
-from .caller import Caller, Refused, look, owned, policy_of, wait
-from .jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, OPERATION_ENDED, RpcError
+from gateway.core.cursors import cursor_after, position
+from gateway.core.models import OperationFilter, OperationRecord, Outcome
+from gateway.mcp import tools
+from gateway.mcp.caller import Caller, Refused, look, owned, policy_of, wait
+from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, OPERATION_ENDED, RpcError
+from gateway.settings.policy import ProviderPolicy
+from gateway.settings.units import rfc3339
 
 STATUS = {
     Outcome.PENDING: "working",

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..models import OperationFilter, OperationRecord, Outcome
-from . import views
-from .caller import Caller, Refused, owned, policy_of, wait
-from .jsonrpc import INVALID_PARAMS, RpcError
+from gateway.core.models import OperationFilter, OperationRecord, Outcome
+from gateway.mcp import views
+from gateway.mcp.caller import Caller, Refused, owned, policy_of, wait
+from gateway.mcp.jsonrpc import INVALID_PARAMS, RpcError
 
 LIST_LIMIT = 100
 NEW_VALIDATION = frozenset({"2025-11-25"})  # input errors are tool errors (SEP-1303)

@@ -19,16 +19,25 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from ..bodies import read_limited
-from ..config import Account
-from ..context import current_request_id, note_account
-from ..polls import gone
-from ..problems import problem
-from ..runtime import ROUTE, RUNTIME, Runtime, agent_token
-from . import methods
-from .caller import Caller
-from .jsonrpc import INVALID_PARAMS, INVALID_REQUEST, Message, Parsed, error, parse, result
-from .sessions import BATCHING, Ended, Session, read
+from gateway.flow.polls import gone
+from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
+from gateway.http import auth
+from gateway.http.bodies import read_limited
+from gateway.http.problems import problem
+from gateway.mcp import methods
+from gateway.mcp.caller import Caller
+from gateway.mcp.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    Message,
+    Parsed,
+    error,
+    parse,
+    result,
+)
+from gateway.mcp.sessions import BATCHING, Ended, Session, read
+from gateway.observe.context import current_request_id, note_account
+from gateway.settings.config import Account
 
 SESSION = "Mcp-Session-Id"
 VERSION = "MCP-Protocol-Version"
@@ -50,7 +59,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
     if not _origin_allowed(runtime, request.headers.get("Origin")):
         return _rpc(403, INVALID_REQUEST, "Forbidden: the Origin is not this gateway's.")
-    account, token = runtime.agent(request.headers), agent_token(request.headers)
+    account, token = (
+        auth.agent(runtime.settings, request.headers),
+        auth.agent_token(request.headers),
+    )
     if account is None or token is None:
         return problem("unauthenticated", "Send 'Authorization: Bearer <agent token>'.")
     note_account(account.id)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..escalation import problem_members
-from ..headers import Rewriter
-from ..models import OperationRecord, Outcome, Reason
-from ..policy import ProviderPolicy
-from ..units import rfc3339
+from gateway.core.escalation import problem_members
+from gateway.core.models import OperationRecord, Outcome, Reason
+from gateway.provider.headers import Rewriter
+from gateway.settings.policy import ProviderPolicy
+from gateway.settings.units import rfc3339
 
 STRING = {"type": "string"}
 INSTANT = {"type": "string", "format": "date-time"}

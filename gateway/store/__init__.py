@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import ConfigError
-from ..units import parse_duration
-from .base import DEFAULT_CACHE_BYTES, Store
-from .memory import MemoryStore
-from .sqlite import SQLiteStore
+from gateway.errors import ConfigError
+from gateway.settings.config import DEFAULT_CACHE_BYTES
+from gateway.settings.units import parse_duration
+from gateway.store.base import Store
+from gateway.store.memory import MemoryStore
+from gateway.store.sqlite import SQLiteStore
 
 __all__ = ["MemoryStore", "SQLiteStore", "Store", "Tuning", "store_from_url"]
 
@@ -50,7 +51,7 @@ def _sqlite(url: str, tuning: Tuning) -> Store:
 
 
 def _redis(url: str, tuning: Tuning) -> Store:
-    from .redis import from_url
+    from gateway.store.redis import from_url
 
     return from_url(url)
 

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import StoreError
-from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from ..pacing import Pacer
+from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
+from gateway.core.pacing import Pacer
+from gateway.errors import StoreError
 
 T = TypeVar("T")
 Ids = list[str]  # operation ids
@@ -246,7 +246,6 @@ class Store(Records, Coordination):
 
 
 PURGE_BATCH = 1000
-DEFAULT_CACHE_BYTES = 64 * 1024 * 1024  # limits.cache_bytes unless configured
 
 
 def purgeable(record: OperationRecord, provider: str, ended_before: float) -> bool:

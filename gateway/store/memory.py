@@ -6,8 +6,8 @@ on the event loop without locks.
 
 from __future__ import annotations
 
-from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from .base import PURGE_BATCH, Ids, Store, is_overdue, listed_at, matches, purgeable
+from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
+from gateway.store.base import PURGE_BATCH, Ids, Store, is_overdue, listed_at, matches, purgeable
 
 
 class MemoryStore(Store):

@@ -57,10 +57,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
-from ..errors import NotAdmissible, StoreError
-from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from ..pacing import GUARD, MIN_WAIT
-from .base import PURGE_BATCH, Ids, Mutation, Store, T, matches, purgeable
+from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
+from gateway.core.pacing import GUARD, MIN_WAIT
+from gateway.errors import NotAdmissible, StoreError
+from gateway.store.base import PURGE_BATCH, Ids, Mutation, Store, T, matches, purgeable
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
@@ -701,8 +701,8 @@ def from_url(url: str) -> RedisStore:
     """``redis://host:port/db`` or ``redis+cluster://host:port,host:port``, with the options
     ``prefix``, ``max_connections`` (50), ``timeout`` (300ms), ``wait_replicas`` (0, one
     Redis only) and ``shards`` (64, a cluster only; fixed for the life of the data)."""
-    from ..errors import ConfigError
-    from ..units import parse_duration
+    from gateway.errors import ConfigError
+    from gateway.settings.units import parse_duration
 
     parts = urlsplit(url)
     options = parse_qs(parts.query)

@@ -34,9 +34,10 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ..errors import StoreError
-from ..models import IdempotencyEntry, OperationFilter, OperationRecord
-from .base import DEFAULT_CACHE_BYTES, PURGE_BATCH, Ids, Mutation, Store
+from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord
+from gateway.errors import StoreError
+from gateway.settings.config import DEFAULT_CACHE_BYTES
+from gateway.store.base import PURGE_BATCH, Ids, Mutation, Store
 
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]

@@ -1,0 +1,506 @@
+"""The rule book of SPEC section 4: what to do with a status call and with a provider answer.
+
+Pure: (policy, record, now, event) -> Decision. No I/O, no clock, no randomness (a uniform draw
+``u`` is passed in), no logging, no asyncio. The HTTP shell carries decisions out: it sends
+when ``forward`` is set, persists ``record`` when ``changed`` is set, and answers with
+``problem`` or with the provider's (or the stored final) body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.core.models import (
+    DelaySource,
+    Escalation,
+    Event,
+    Failure,
+    FinalResponse,
+    OperationRecord,
+    Outcome,
+    ProviderAnswer,
+    Reason,
+)
+from gateway.core.schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
+from gateway.settings.policy import ProviderPolicy, RequiredField
+
+
+class Reply(enum.Enum):
+    PROVIDER = "provider"  # the provider's answer, passed through
+    FINAL = "final"  # the stored final provider answer, no provider call
+    PROBLEM = "problem"  # a problem+json answer named by ``problem``
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    record: OperationRecord
+    reply: Reply
+    changed: bool = False
+    forward: bool = False
+    problem: str | None = None
+    retry_after: float | None = None  # seconds the agent should wait, when it should
+    event: Event | None = None  # the audit line this decision writes
+    plan: Plan | None = None
+    detail: str | None = None  # why, for the agent, when the record does not say it
+    cut_at: float | None = None  # an earlier request reserved then, its answer never recorded
+
+
+def as_write(decision: Decision | None) -> tuple[OperationRecord | None, Decision | None]:
+    """A decision as a store mutation (``Store.mutate``): its record is written only when
+    it changed; no decision writes nothing."""
+    if decision is None:
+        return None, None
+    return (decision.record if decision.changed else None), decision
+
+
+def permitted_actions(
+    reason: Reason, policy: ProviderPolicy, record: OperationRecord
+) -> tuple[str, ...]:
+    """The bounded operator options an escalation allows (SPEC sections 5 and 12): only
+    actions that can succeed: no extend once max_extension is spent, no second cancel."""
+    if reason in (Reason.UNKNOWN_STATE, Reason.INTEGRATION_FAILURE, Reason.AUTHORIZATION_DENIED):
+        return ("resume", "abandon")
+    extend = ("extend",) if extension_left(policy, record) is not None else ()
+    if reason is Reason.RATE_LIMITED:
+        return (*extend, "abandon")
+    can_cancel = policy.routes.cancel is not None and record.cancel_requested_at is None
+    return (*extend, *(("cancel_at_provider",) if can_cancel else ()), "abandon")
+
+
+def extension_left(policy: ProviderPolicy, record: OperationRecord) -> tuple[float, int] | None:
+    """Time and requests still allowed by ``escalation.max_extension``; None when spent."""
+    bound = policy.escalation.max_extension
+    seconds = bound.time - record.extended_seconds
+    requests = bound.requests - record.extended_requests
+    if seconds <= 0 or requests <= 0:
+        return None
+    return seconds, requests
+
+
+def escalate(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    reason: Reason,
+    now: float,
+    detail: str,
+    **changes: Any,
+) -> Decision:
+    """End waiting: the record becomes escalated and the agent gets operation-escalated.
+
+    The escalation keeps the credential and policy fingerprints in force now: ``resume``
+    is permitted once the live ones differ from these."""
+    new = record.evolve(**changes)
+    escalation = Escalation(
+        reason,
+        now,
+        detail,
+        permitted_actions(reason, policy, new),
+        credential_fingerprint=policy.credential_fingerprint,
+        policy_fingerprint=policy.fingerprint,
+    )
+    new = new.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=now)
+    return Decision(
+        new, Reply.PROBLEM, changed=True, problem="operation-escalated", event=Event.ESCALATED
+    )
+
+
+def admit(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decision:
+    """Steps 2-6 of a status call: may a request go to the provider now?"""
+    if record.outcome.terminal:
+        return Decision(record, Reply.FINAL)
+    if record.outcome in (Outcome.ESCALATED, Outcome.ABANDONED):
+        return Decision(record, Reply.PROBLEM, problem="operation-escalated")
+    if now >= record.deadline_at:
+        return escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, "the deadline has passed")
+    if record.status_requests_used >= record.max_status_requests:
+        detail = f"all {record.max_status_requests} status requests have been used"
+        return escalate(policy, record, Reason.REQUEST_BUDGET_EXHAUSTED, now, detail)
+    if now < record.next_poll_at:
+        wait = record.next_poll_at - now
+        return Decision(
+            record, Reply.PROBLEM, problem="too-early", retry_after=wait, event=Event.REFUSED
+        )
+    return Decision(record, Reply.PROVIDER, forward=True)
+
+
+def overdue(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decision | None:
+    """SPEC 16: a pending operation past its deadline is escalated even when nobody asks.
+
+    None while the operation is not pending or its deadline has not come."""
+    if record.outcome is not Outcome.PENDING or now < record.deadline_at:
+        return None
+    detail = "the deadline has passed"
+    decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail, inflight_at=None)
+    return dataclasses.replace(decision, cut_at=record.inflight_at)
+
+
+def paused(policy: ProviderPolicy, record: OperationRecord, now: float, wait: float) -> Decision:
+    """A poll that is due but must wait ``wait`` seconds because the provider is paused or
+    at its ceiling (SPEC 16): too-early, or escalate ``deadline_exceeded`` when the pause
+    ends after the last moment the operation may still poll."""
+    decision = admit(policy, record, now)
+    if not decision.forward:
+        return decision
+    if now + wait > record.deadline_at - policy.polling.final_poll_margin:
+        detail = "the provider paused status calls until after the operation's deadline"
+        return escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail)
+    detail = "The provider's ceiling on status calls is reached; this poll waits."
+    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
+
+
+def take(
+    policy: ProviderPolicy, record: OperationRecord, now: float, refusals: int = 0
+) -> Decision:
+    """Steps 2-6 again under the lease, then step 8's reservation: the record to store next.
+
+    Refusals counted in memory since the last write are folded into whatever is written.
+    Under the lease, a reservation whose answer was never recorded (``inflight_at``) is a
+    request cut short by a crash: it is cleared here and reported as ``cut_at``.
+    """
+    cut = record.inflight_at
+    if cut is not None:
+        record = record.evolve(inflight_at=None)
+    decision = admit(policy, record, now)
+    if decision.forward:
+        decision = dataclasses.replace(
+            decision, record=reserve(record, now, refusals), changed=True
+        )
+    elif decision.changed and refusals:
+        folded = decision.record.evolve(early_refusals=decision.record.early_refusals + refusals)
+        decision = dataclasses.replace(decision, record=folded)
+    elif cut is not None:
+        decision = dataclasses.replace(decision, changed=True)
+    return decision if cut is None else dataclasses.replace(decision, cut_at=cut)
+
+
+def recover(record: OperationRecord) -> Decision | None:
+    """At start: a reservation whose answer was never recorded, when no poll holds the
+    lease, is a request cut short by a crash. None when there is none."""
+    if record.inflight_at is None:
+        return None
+    cleared = record.evolve(inflight_at=None)
+    return Decision(cleared, Reply.PROBLEM, changed=True, cut_at=record.inflight_at)
+
+
+def reserve(record: OperationRecord, now: float, refusals: int = 0) -> OperationRecord:
+    """Spend one status request before it is sent; folds in refusals counted meanwhile.
+
+    ``inflight_at`` marks the request as sent-but-unanswered until its answer is recorded."""
+    return record.evolve(
+        status_requests_used=record.status_requests_used + 1,
+        early_refusals=record.early_refusals + refusals,
+        last_polled_at=now,
+        inflight_at=now,
+    )
+
+
+def still_ours(reserved: OperationRecord, current: OperationRecord) -> bool:
+    """Fencing: a poll's answer applies only while no later poll has been reserved.
+
+    A replica paused past its lease finds another reservation on the record when it wakes;
+    its answer is then stale and is dropped rather than written over a newer record.
+    """
+    return (
+        current.status_requests_used == reserved.status_requests_used
+        and current.last_polled_at == reserved.last_polled_at
+    )
+
+
+def come_back(record: OperationRecord, wait: float, detail: str) -> Decision:
+    """A poll that cannot go now for a reason of the moment (another poll holds the lease,
+    the store's clock refused): too-early in ``wait`` seconds, nothing written."""
+    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
+
+
+def superseded(record: OperationRecord, now: float) -> Decision:
+    """The answer to give when this poll's answer was dropped: the record as it stands."""
+    if record.outcome.terminal:
+        return Decision(record, Reply.FINAL)
+    if record.outcome is not Outcome.PENDING:
+        return Decision(record, Reply.PROBLEM, problem="operation-escalated")
+    wait = max(1.0, record.next_poll_at - now)
+    detail = "A later status request superseded this one; its answer was not recorded."
+    return Decision(record, Reply.PROBLEM, problem="too-early", retry_after=wait, detail=detail)
+
+
+def open_operation(
+    policy: ProviderPolicy,
+    *,
+    operation_id: str,
+    account: str,
+    job_id: str,
+    fingerprint: str,
+    idempotency_key: str | None,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+) -> Decision:
+    """The record written before the submit answer goes back; first poll per SPEC 4.4."""
+    polling = policy.polling
+    record = OperationRecord(
+        operation_id=operation_id,
+        provider=policy.provider,
+        account=account,
+        provider_job_id=job_id,
+        request_fingerprint=fingerprint,
+        idempotency_key=idempotency_key,
+        started_at=now,
+        deadline_at=now + polling.deadline,
+        max_status_requests=polling.max_status_requests,
+        max_transport_failures=polling.max_transport_failures,
+        max_rate_limited=polling.max_rate_limited,
+        next_poll_at=now,
+        delay_source=DelaySource.LOCAL_BACKOFF,
+        credential_fingerprint=policy.credential_fingerprint,
+        policy_fingerprint=policy.fingerprint,
+        last_http_status=answer.status,
+    )
+    body = _json(answer.body)
+    hint = _hint(policy, answer, body if isinstance(body, dict) else None, now)
+    state = lookup(body, policy.states.field) if isinstance(body, dict) else None
+    known = state_text(state) if isinstance(state, str | bool | int | float) else None
+    return _schedule(
+        policy, record.evolve(last_known_state=known), answer, now, u, AnswerKind.PENDING, hint
+    )
+
+
+def classify(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+) -> Decision:
+    """Step 9: what one provider answer to a status request means (SPEC table).
+
+    Recording the answer clears the reservation's ``inflight_at`` whatever it says."""
+    if record.outcome is not Outcome.PENDING:  # decided meanwhile: the answer changes nothing
+        decision = superseded(record, now)
+    else:
+        decision = _classify(policy, record, answer, now, u)
+    if decision.record.inflight_at is None:
+        return decision
+    cleared = decision.record.evolve(inflight_at=None)
+    return dataclasses.replace(decision, record=cleared, changed=True)
+
+
+def _classify(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+) -> Decision:
+    seen = {"last_http_status": answer.status, "last_polled_at": now}
+    status = answer.status
+    if answer.failure is Failure.TOO_LARGE:
+        detail = "the status answer is larger than limits.max_response_body"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
+    if answer.failure is not None or (status is not None and status >= 500):
+        return _transport_failure(policy, record, answer, now, u)
+    assert status is not None
+    if status in (401, 403):
+        detail = f"the provider answered {status} to the gateway's credential"
+        return escalate(policy, record, Reason.AUTHORIZATION_DENIED, now, detail, **seen)
+    if status == 404:
+        if now - record.started_at <= policy.polling.not_found_grace:
+            new = record.evolve(**seen)
+            return _schedule(policy, new, answer, now, u, AnswerKind.NOT_VISIBLE, Guidance())
+        detail = "the provider no longer knows the job (404 after the not-found grace period)"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
+    if status == 429:
+        return _rate_limited(policy, record, answer, now, u)
+    if not 200 <= status < 300:
+        detail = f"unexpected HTTP status {status} from the status route"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
+    return _classify_body(policy, record.evolve(**seen), answer, now, u)
+
+
+def _transport_failure(
+    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, now: float, u: float
+) -> Decision:
+    used = record.transport_failures_used + 1
+    new = record.evolve(
+        transport_failures_used=used, last_http_status=answer.status, last_polled_at=now
+    )
+    if used > record.max_transport_failures:
+        detail = f"{used} transport failures, more than the {record.max_transport_failures} allowed"
+        return escalate(policy, new, Reason.PROVIDER_FAILURE, now, detail)
+    retry_after = answer.retry_after if answer.status == 503 else None
+    hint = guidance(retry_after, None, None, now, retry_after_only=True)
+    return _schedule(policy, new, answer, now, u, AnswerKind.UNAVAILABLE, hint)
+
+
+def _rate_limited(
+    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, now: float, u: float
+) -> Decision:
+    used = record.rate_limited_used + 1
+    new = record.evolve(rate_limited_used=used, last_http_status=429, last_polled_at=now)
+    if used > record.max_rate_limited:
+        detail = f"{used} rate-limited answers, more than the {record.max_rate_limited} allowed"
+        return escalate(policy, new, Reason.RATE_LIMITED, now, detail)
+    hint = guidance(answer.retry_after, None, None, now, retry_after_only=True)
+    return _schedule(policy, new, answer, now, u, AnswerKind.THROTTLED, hint)
+
+
+def _classify_body(
+    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, now: float, u: float
+) -> Decision:
+    body = _json(answer.body)
+    if not isinstance(body, dict):
+        detail = "the status answer is not a JSON object"
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+    states = policy.states
+    state = lookup(body, states.field)
+    if isinstance(state, dict | list):
+        detail = f"the state field {states.field!r} is not a JSON scalar"
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+    if state is not None:
+        record = record.evolve(last_known_state=state_text(state))
+    kind = policy.state_class(state)
+    if kind is None and state is None:
+        detail = f"the state field {states.field!r} is missing"
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+    if kind is None:
+        detail = f"state {_short(state_text(state))} is not in the policy's state table"
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+    if kind == "success" and any(lookup(body, p) is not None for p in states.failure_if_present):
+        kind = "failure"  # Google's done: true with an error
+    if kind == "pending":
+        expires = (
+            parse_instant(lookup(body, states.expires_at_field))
+            if states.expires_at_field
+            else None
+        )
+        if expires is not None and now > expires:
+            shown = _short(state_text(state))
+            detail = f"the job is still {shown} after its own {states.expires_at_field}"
+            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+        hint = _hint(policy, answer, body, now)
+        return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
+    if kind == "success":
+        missing = [field.path for field in states.required() if not _present(body, field)]
+        if missing:
+            detail = f"success without the required field(s) {', '.join(missing)}"
+            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+    return _finish(record, answer, _OUTCOMES[kind], now)
+
+
+_OUTCOMES = {
+    "success": Outcome.SUCCEEDED,
+    "failure": Outcome.FAILED,
+    "cancelled": Outcome.CANCELLED,
+    "expired": Outcome.EXPIRED,
+}
+
+
+def _finish(
+    record: OperationRecord, answer: ProviderAnswer, outcome: Outcome, now: float
+) -> Decision:
+    final = FinalResponse(answer.status or 200, answer.content_type, answer.body)
+    new = record.evolve(outcome=outcome, final_response=final, ended_at=now)
+    return Decision(new, Reply.PROVIDER, changed=True, event=Event.FINISHED)
+
+
+_PROBLEM_FOR = {
+    AnswerKind.PENDING: None,
+    AnswerKind.THROTTLED: "provider-rate-limited",
+    AnswerKind.NOT_VISIBLE: "job-not-visible-yet",
+}
+
+
+def _schedule(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+    kind: AnswerKind,
+    hint: Guidance,
+) -> Decision:
+    """Set next_poll_at (or escalate when the provider asks to wait past the deadline)."""
+    the_plan = plan(
+        policy.polling,
+        now=now,
+        deadline_at=record.deadline_at,
+        attempt=record.status_requests_used,
+        u=u,
+        kind=kind,
+        hint=hint,
+    )
+    if the_plan.beyond_deadline:
+        detail = "the provider asked to wait past the operation's deadline"
+        decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail)
+        return dataclasses.replace(decision, plan=the_plan)
+    new = record.evolve(next_poll_at=the_plan.next_poll_at, delay_source=the_plan.source)
+    if kind is AnswerKind.UNAVAILABLE:
+        problem: str | None = (
+            "provider-timeout" if answer.failure is Failure.TIMEOUT else "provider-unavailable"
+        )
+    else:
+        problem = _PROBLEM_FOR[kind]
+    return Decision(
+        new,
+        Reply.PROBLEM if problem else Reply.PROVIDER,
+        changed=True,
+        problem=problem,
+        retry_after=max(0.0, the_plan.next_poll_at - now),
+        event=Event.POLLED,
+        plan=the_plan,
+    )
+
+
+def _hint(
+    policy: ProviderPolicy, answer: ProviderAnswer, body: Mapping[str, Any] | None, now: float
+) -> Guidance:
+    hints = policy.hints
+    poll_after = (
+        lookup(body, hints.poll_after_seconds) if body and hints.poll_after_seconds else None
+    )
+    next_check = lookup(body, hints.next_check_at) if body and hints.next_check_at else None
+    return guidance(answer.retry_after, poll_after, next_check, now)
+
+
+def _present(body: Any, field: RequiredField) -> bool:
+    """A required field is present (and not null, unless the policy allows null)."""
+    if field.allow_null:
+        parent, _, leaf = field.path.rpartition(".")
+        node = lookup(body, parent) if parent else body
+        return isinstance(node, dict) and leaf in node
+    return lookup(body, field.path) is not None
+
+
+def lookup(data: Any, dotted: str | None) -> Any:
+    """The value at a dotted path in parsed JSON, or None when any step is missing."""
+    if dotted is None:
+        return None
+    node = data
+    for part in dotted.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def state_text(state: Any) -> str:
+    """A state as recorded and shown: strings as they are, other JSON scalars as JSON."""
+    return state if isinstance(state, str) else json.dumps(state)
+
+
+def _short(state: str) -> str:
+    return json.dumps(state[:80])

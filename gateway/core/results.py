@@ -1,0 +1,61 @@
+"""The rules of the result route (SPEC sections 4, 12 and 16), as pure functions.
+
+A result is fetched only after success, only while the operation's result budget lasts,
+and from a provider path that may be filled from the stored final answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from gateway.core.models import OperationRecord, Outcome
+from gateway.core.routing import final_values
+from gateway.settings.policy import ProviderPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    slug: str
+    detail: str
+
+
+def provider_values(template: str, record: OperationRecord) -> dict[str, str] | Refusal:
+    """The values the result route's provider path needs, or why there is no result yet."""
+    if record.outcome is not Outcome.SUCCEEDED:
+        return _not_succeeded(record)
+    values = {"job_id": record.provider_job_id}
+    if "{final." not in template:
+        return values
+    final = record.final_response
+    try:
+        body = json.loads(final.body) if final is not None else None
+    except (ValueError, RecursionError):
+        body = None
+    found = final_values(template, body)
+    if isinstance(found, str):
+        return Refusal(
+            "not-ready",
+            f"The job succeeded but its final answer has no usable {found!r}: "
+            "there is no result to fetch.",
+        )
+    return {**values, **found}
+
+
+def fetch(
+    policy: ProviderPolicy, record: OperationRecord
+) -> tuple[OperationRecord | None, OperationRecord | Refusal]:
+    """Count one result fetch on the record before it is sent (a store mutation)."""
+    if record.outcome is not Outcome.SUCCEEDED:
+        return None, _not_succeeded(record)
+    limit = policy.polling.max_result_fetches
+    if record.result_fetches >= limit:
+        detail = f"The result was fetched {record.result_fetches} times; the limit is {limit}."
+        return None, Refusal("result-budget-exhausted", detail)
+    new = record.evolve(result_fetches=record.result_fetches + 1)
+    return new, new
+
+
+def _not_succeeded(record: OperationRecord) -> Refusal:
+    detail = f"The operation is {record.outcome.value}; the result is served after success."
+    return Refusal("not-ready", detail)

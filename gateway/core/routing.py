@@ -1,0 +1,175 @@
+"""Which declared route of a policy an agent's request is, if any (SPEC sections 4 and 12),
+and the provider path a route is sent to.
+
+Paths are matched still percent-encoded, so an encoded slash or dot can never smuggle a
+different upstream path through a placeholder segment. Every placeholder matches one segment
+that must look like a job id. A route's fixed query (``?terminate=true``) is not matched; it
+is sent as written. The agent's path of a result route whose provider path takes a field of
+the final answer (``{final.output_file_id}``) carries the job id in that segment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.core.decide import lookup
+from gateway.settings.policy import (
+    PLACEHOLDER,
+    Passthrough,
+    ProviderPolicy,
+    Route,
+    RouteMatch,
+    SubmitRoute,
+    placeholders,
+)
+
+KINDS = ("submit", "status", "result", "cancel")
+
+
+JOB_ID = re.compile(r"[A-Za-z0-9._~-]{1,200}")
+MAX_SEGMENTS = 8
+
+
+def valid_job_id(job_id: str) -> bool:
+    """One segment of ``[A-Za-z0-9._~-]{1,200}``, not ``.`` or ``..`` (SPEC 11)."""
+    return JOB_ID.fullmatch(job_id) is not None and job_id not in (".", "..")
+
+
+def valid_job_path(job_id: str) -> bool:
+    """A ``{job_id*}`` resource name: 1 to 8 valid segments joined by ``/`` (SPEC 12)."""
+    segments = job_id.split("/")
+    return len(segments) <= MAX_SEGMENTS and all(valid_job_id(s) for s in segments)
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    kind: str  # submit, status, result, cancel or passthrough
+    job_id: str | None
+    params: Mapping[str, str] = field(default_factory=dict)  # every placeholder's segment
+
+    @property
+    def valid(self) -> bool:
+        """Every segment a placeholder matched looks like a job id (SPEC 11); a
+        ``{job_id*}`` match is checked segment by segment (SPEC 12)."""
+        return all(
+            valid_job_path(value) if name == "job_id*" else valid_job_id(value)
+            for name, value in self.params.items()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    kind: str
+    method: str
+    pattern: re.Pattern[str]
+    names: tuple[str, ...]
+    match: RouteMatch | None
+
+
+class RouteTable:
+    def __init__(self, policy: ProviderPolicy) -> None:
+        self._routes: list[_Route] = []
+        for kind in KINDS:
+            route = getattr(policy.routes, kind)
+            if route is not None:
+                self._routes.append(_compile(kind, route))
+        for route in policy.routes.passthrough:
+            self._routes.append(_compile("passthrough", route))
+        # routes with a header match are tried first: they are the more specific ones
+        self._routes.sort(key=lambda r: r.match is None)
+
+    def match(
+        self, method: str, raw_path: str, headers: Mapping[str, str] | None = None
+    ) -> Match | None:
+        """The first declared route for ``method``, ``raw_path`` and (for routes with a
+        ``match``) ``headers``, or None. Callers check ``valid`` before using segments."""
+        for route in self._routes:
+            if route.method != method:
+                continue
+            if route.match is not None and (headers is None or not route.match.accepts(headers)):
+                continue
+            found = route.pattern.fullmatch(raw_path)
+            if found is None:
+                continue
+            params = dict(zip(route.names, found.groups(), strict=True))
+            job_id = params.get("job_id") or params.get("job_id*")
+            if job_id is None and route.kind == "result":
+                job_id = next(iter(params.values()), None)
+            return Match(route.kind, job_id, params)
+        return None
+
+
+def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> _Route:
+    path = route.path.partition("?")[0]
+    names = tuple(placeholders(path))
+    parts = PLACEHOLDER.split(path)  # literal, name, literal, name, ..., literal
+    regex = "".join(
+        re.escape(part) if i % 2 == 0 else ("([^?#]+)" if part == "job_id*" else "([^/?#]+)")
+        for i, part in enumerate(parts)
+    )
+    return _Route(kind, route.method, re.compile(regex), names, route.match)
+
+
+def fill(template: str, values: Mapping[str, str], agent_query: str = "") -> str:
+    """The provider path (and query) of a route: placeholders filled from ``values``
+    (``{job_id*}`` from ``job_id``), the route's fixed query kept, then ``agent_query``
+    (already filtered) appended."""
+
+    def value(found: re.Match[str]) -> str:
+        name = found.group(1)
+        return values[name] if name in values else values[name.rstrip("*")]
+
+    path = PLACEHOLDER.sub(value, template)
+    if agent_query:
+        path += ("&" if "?" in path else "?") + agent_query
+    return path
+
+
+def final_values(template: str, final_body: Any) -> dict[str, str] | str:
+    """Values of the template's ``{final.<field>}`` placeholders read from the stored final
+    answer, or the name of the first one that is missing (or not a valid id)."""
+    values: dict[str, str] = {}
+    for name in placeholders(template):
+        if not name.startswith("final."):
+            continue
+        value = lookup(final_body, name.removeprefix("final."))
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            return name.removeprefix("final.")
+        if not valid_job_id(str(value)):
+            return name.removeprefix("final.")
+        values[name] = str(value)
+    return values
+
+
+def job_id_value(value: Any) -> str | None:
+    """A job id as found in JSON: strings as they are, whole numbers as text, else None."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return str(value)
+
+
+def valid_job(policy: ProviderPolicy, job_id: str) -> bool:
+    """A job id this policy's routes can carry: one segment, or several for ``{job_id*}``."""
+    return valid_job_path(job_id) if policy.multi_segment else valid_job_id(job_id)
+
+
+def job_id_from_body(body: bytes, path: str) -> str | None:
+    """The job id at ``path`` in a JSON request body (``{from: request, path: P}``)."""
+    try:
+        data = json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        return None
+    return job_id_value(lookup(data, path))
+
+
+def body_with_job_id(path: str, job_id: str) -> bytes:
+    """The JSON body the gateway sends itself when a route reads the job id from the body
+    (an operator's cancel): ``{"a": {"b": id}}`` for path ``a.b``."""
+    node: Any = job_id
+    for part in reversed(path.split(".")):
+        node = {part: node}
+    return json.dumps(node).encode()

@@ -1,0 +1,130 @@
+"""What every handler shares: settings, store, upstream, clock, random source, effects
+(audit, metrics, webhook), and the table of polls in flight in this process.
+
+Built once by app.create_app; handlers reach it through ``request.app[RUNTIME]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.core.models import Clock
+from gateway.core.pacing import Spacer
+from gateway.core.routing import RouteTable
+from gateway.observe.effects import Effects
+from gateway.provider.client import Upstream, UpstreamResponse
+from gateway.provider.credentials import Applier, applier_for
+from gateway.provider.headers import Rewriter
+from gateway.provider.send import Channel
+from gateway.settings.config import Settings
+from gateway.settings.policy import ProviderPolicy
+from gateway.store.base import Store
+
+if TYPE_CHECKING:
+    from gateway.core.decide import Decision
+
+PollTask = asyncio.Task[tuple["Decision", UpstreamResponse | None]]
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    store: Store
+    upstream: Upstream
+    clock: Clock
+    rng: random.Random
+    effects: Effects
+    routes: dict[str, RouteTable] = field(init=False)
+    rewriters: dict[str, Rewriter] = field(init=False)
+    credentials: dict[str, Applier] = field(init=False)
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    inflight: dict[str, PollTask] = field(default_factory=dict)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    holding: int = 0  # status calls held for Prefer: wait right now
+    spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
+    admin_port: int | None = None  # the admin listener's bound port, once serving
+
+    def __post_init__(self) -> None:
+        self.credentials = {}
+        self.apply(self.settings)
+
+    def apply(self, settings: Settings) -> None:
+        """Make ``settings`` the running set, all at once (no await in between, so no
+        request sees half of it). A credential that did not change keeps its applier (and
+        an OAuth2 token already fetched)."""
+        base = settings.file.public_base_url
+        policies = settings.policies
+        credentials = {
+            name: self.credentials[name]
+            if name in self.credentials
+            and self.settings.policies.get(name) is not None
+            and self.settings.policies[name].credential == policy.credential
+            else applier_for(policy, upstream=self.upstream, clock=self.clock)
+            for name, policy in policies.items()
+        }
+        routes = {name: RouteTable(p) for name, p in policies.items()}
+        rewriters = {name: Rewriter(p, base) for name, p in policies.items()}
+        self.settings, self.routes, self.rewriters, self.credentials = (
+            settings,
+            routes,
+            rewriters,
+            credentials,
+        )
+        limits = settings.file.limits
+        self.upstream.configure(
+            timeout=limits.upstream_timeout, max_response_body=limits.max_response_body
+        )
+
+    def applier(self, policy: ProviderPolicy) -> Applier:
+        """The credential applier for ``policy``: the running one, or, for a call that
+        began before a reload changed or removed the policy, one of its own (never the new
+        credential sent to the old origin)."""
+        if self.settings.policies.get(policy.provider) is policy:
+            return self.credentials[policy.provider]
+        return applier_for(policy, upstream=self.upstream, clock=self.clock)
+
+    def rewriter(self, policy: ProviderPolicy) -> Rewriter:
+        """The URL rewriter for ``policy``, as ``applier`` chooses appliers."""
+        if self.settings.policies.get(policy.provider) is policy:
+            return self.rewriters[policy.provider]
+        return Rewriter(policy, self.settings.file.public_base_url)
+
+    def route_table(self, policy: ProviderPolicy) -> RouteTable:
+        """The route table for ``policy``, as ``applier`` chooses appliers."""
+        if self.settings.policies.get(policy.provider) is policy:
+            return self.routes[policy.provider]
+        return RouteTable(policy)
+
+    async def pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` on the injected sleeper; False at once if the gateway stops."""
+        if self.stopping.is_set():
+            return False
+        sleeper = asyncio.ensure_future(self.sleep(seconds))
+        stopper = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            stopper.cancel()
+        return not self.stopping.is_set()
+
+    async def space_sends(self, provider: str, rate: float) -> None:
+        """Wait until a status call to ``provider`` may leave this process (pacing.Spacer)."""
+        await self.spacer.wait(provider, rate, self.clock, self.sleep)
+
+    def channel(self, policy: ProviderPolicy) -> Channel:
+        """What sending to ``policy``'s provider needs (provider/send.py)."""
+        return Channel(self.upstream, self.applier(policy), self.effects.metrics)
+
+
+RUNTIME = web.AppKey("runtime", Runtime)
+# What a handler learned about a request, for the metrics middleware.
+PROVIDER = web.RequestKey("provider", str)
+ROUTE = web.RequestKey("route", str)
+OUTCOME = web.RequestKey("outcome", str)

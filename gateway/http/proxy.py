@@ -1,0 +1,266 @@
+"""Agent-facing handlers under ``/p/{provider}/...``: the thin shell around decide.py.
+
+Each handler loads, asks the pure core, sends at most what the decision allows, asks the core
+again about the answer, saves, and answers. No polling rule lives here; if one seems to, it
+belongs in decide.py or schedule.py.
+
+Also owns the hold (``Prefer: wait``) and the shared poll for callers without an HTTP status
+call: ``wait_for`` is how the MCP server waits for an account's operation, through the same
+schedule, budgets and coalescing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from aiohttp import web
+
+from gateway.core import decide, results
+from gateway.core.decide import Decision, Reply
+from gateway.core.models import Event, OperationRecord, ProviderAnswer
+from gateway.core.routing import fill, job_id_from_body, valid_job
+from gateway.flow.polls import Asker, StaleCopy, gone, held, shared_poll
+from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
+from gateway.http import auth
+from gateway.http.answers import (
+    Call,
+    operation_headers,
+    passthrough,
+    render,
+    unknown_operation,
+    upstream_problem,
+)
+from gateway.http.prefer import format_wait, prefer_wait
+from gateway.http.problems import problem
+from gateway.http.submit import read_body, submit
+from gateway.observe.context import note_account
+from gateway.provider.headers import agent_query, header_safe, to_provider
+from gateway.provider.send import send_upstream
+from gateway.settings.policy import ProviderPolicy
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    """Entry for every ``/p/{provider}/...`` request."""
+    runtime = request.app[RUNTIME]
+    account = auth.agent(runtime.settings, request.headers)
+    if account is None:
+        return problem("unauthenticated", "Send 'Authorization: Bearer <agent token>'.")
+    note_account(account.id)
+    name = request.match_info["provider"]
+    policy = runtime.settings.policies.get(name)
+    if policy is None:
+        return problem("unknown-provider", f"No provider named {name!r} is configured.")
+    if not account.allows(name):
+        return problem("forbidden", f"This account may not use provider {name!r}.")
+    request[PROVIDER] = name
+    raw_path = request.rel_url.raw_path.removeprefix(f"/p/{name}") or "/"  # the API's root
+    match = runtime.routes[name].match(request.method, raw_path, request.headers)
+    if match is None:
+        detail = f"{request.method} {raw_path} is not a declared route of {name!r}."
+        return problem("route-not-allowed", detail)
+    if not match.valid:
+        return problem("invalid-request", "Path segments must match [A-Za-z0-9._~-]{1,200}.")
+    request[ROUTE] = match.kind
+    call = Call(request, runtime, account, policy, match)
+    source = _body_source(policy, match.kind)
+    if source is not None:  # a status call by POST names its job in the body (SPEC 12)
+        call = await _with_body_job_id(call, source)
+        if call.match.job_id is None or not valid_job(policy, call.match.job_id):
+            detail = f"The request body must name the job in {source!r}."
+            return problem("invalid-request", detail)
+    if match.kind == "submit":
+        return await submit(call)
+    if match.kind == "status":
+        return await status(call)
+    if match.kind == "result":
+        return await result(call)
+    if match.kind == "passthrough":
+        return await passthrough_call(call)
+    return problem(
+        "approval-required",
+        "Cancelling a job is an operator decision: ask an operator to use "
+        "POST /admin/operations/{id}/cancel.",
+    )
+
+
+def _body_source(policy: ProviderPolicy, kind: str) -> str | None:
+    """The request body path that names the job on this kind of route, if any."""
+    route = getattr(policy.routes, kind, None) if kind in ("status", "result") else None
+    source = route.job_id if route is not None else None
+    return source.path if source is not None else None
+
+
+async def _with_body_job_id(call: Call, path: str) -> Call:
+    body = await read_body(call)
+    match = dataclasses.replace(call.match, job_id=job_id_from_body(body, path))
+    return dataclasses.replace(call, match=match, body=body)
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+def _asker(call: Call) -> Asker:
+    request = call.request
+    route = call.policy.routes.status
+    return Asker(
+        call.runtime,
+        call.policy,
+        call.job_id,
+        to_provider(request.headers.items(), call.policy),
+        agent_query(request.rel_url.raw_query_string, route.query_params),
+        call.body,
+        gone=lambda: gone(request),
+        request=request,
+    )
+
+
+async def status(call: Call) -> web.StreamResponse:
+    runtime, policy = call.runtime, call.policy
+    held = call.request.headers.get("Prefer")
+    copy = None if held else runtime.store.known(call.account.id, policy.provider, call.job_id)
+    record: OperationRecord | None = None
+    if copy is not None and decide.admit(policy, copy, runtime.clock()).forward:
+        # due by this process's copy: the reservation's compare-and-set proves it current,
+        # saving a read; a stale copy sends us the stored record to start from
+        try:
+            decision, response = await shared_poll(_asker(call), copy, pace=True, from_copy=True)
+            return render(call, decision, response, runtime.clock())
+        except StaleCopy as stale:
+            record = stale.record
+    if record is None:
+        record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
+    if record is None:
+        return unknown_operation()
+    wait = prefer_wait(call.request.headers.getall("Prefer", []))
+    if wait:  # RFC 7240: wait=0 asks for no wait at all
+        return await _hold(call, record, min(wait, policy.polling.max_hold))
+    now = runtime.clock()
+    decision = decide.admit(policy, record, now)
+    if not decision.forward and not decision.changed:  # answered without any write
+        if _holds_early(policy, decision):
+            return await _hold(call, record, 0.0, early=True)
+        return _refusal(call, decision, now)
+    decision, response = await shared_poll(_asker(call), record, pace=decision.forward)
+    return render(call, decision, response, runtime.clock())
+
+
+def _holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
+    """``polling.early_calls: hold`` (SPEC 12): a too-early call whose next permitted poll
+    is within ``max_hold`` waits for it instead of getting 429."""
+    return (
+        policy.polling.early_calls == "hold"
+        and decision.problem == "too-early"
+        and decision.retry_after is not None
+        and decision.retry_after <= policy.polling.max_hold
+    )
+
+
+async def _hold(
+    call: Call, record: OperationRecord, wait: float, *, early: bool = False
+) -> web.StreamResponse:
+    """``Prefer: wait=N`` on a status call, or (``early``) an early call held for the next
+    permitted poll (``early_calls: hold``): the hold below, answered as a status call."""
+    decision, response = await held(_asker(call), record, wait, early=early)
+    answer = render(call, decision, response, call.runtime.clock())
+    if not early:
+        answer.headers["Preference-Applied"] = f"wait={format_wait(wait)}"
+    return answer
+
+
+def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
+    if decision.problem == "too-early":
+        call.runtime.effects.refusals.note(decision.record, now)
+    elif decision.reply is Reply.FINAL:
+        call.request[OUTCOME] = "cached"
+    return render(call, decision, None, now)
+
+
+# -- result and passthrough --------------------------------------------------------------
+
+
+async def result(call: Call) -> web.StreamResponse:
+    """The result route: only after success, at most ``max_result_fetches`` times, each
+    fetch counted on the record before it is sent and audited as ``result_fetched``."""
+    runtime, policy = call.runtime, call.policy
+    record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
+    if record is None:
+        return unknown_operation()
+    route = policy.routes.result
+    assert route is not None
+    values = results.provider_values(route.path, record)
+    if isinstance(values, results.Refusal):
+        return _refused(call, record, values)
+    fetched = await runtime.store.mutate(
+        record.operation_id,
+        lambda current: results.fetch(policy, current),
+        known=record,
+    )
+    if isinstance(fetched, results.Refusal):
+        return _refused(call, record, fetched)
+    query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
+    url = policy.upstream + fill(route.path, values, query)
+    sent = to_provider(call.request.headers.items(), policy)
+    answer, response = await send_upstream(
+        runtime.channel(policy),
+        policy,
+        "result",
+        route.method,
+        url,
+        sent,
+        operation_id=record.operation_id,
+    )
+    limit = policy.polling.max_result_fetches
+    detail = f"result fetch {fetched.result_fetches} of {limit}"
+    await _audit_call(call, Event.RESULT_FETCHED, answer, detail, fetched)
+    headers = _headers(call, fetched)
+    if response is None:
+        return upstream_problem(answer, record.operation_id, headers)
+    return passthrough(call, response, headers)
+
+
+async def _audit_call(
+    call: Call,
+    event: Event,
+    answer: ProviderAnswer,
+    detail: str,
+    operation: OperationRecord | None = None,
+) -> None:
+    """The audit line of a provider call outside the polling loop, naming a failure."""
+    failure = f", {answer.failure.value}" if answer.failure is not None else ""
+    await call.runtime.effects.call(
+        provider=call.policy.provider,
+        account=call.account.id,
+        event=event,
+        http_status=answer.status,
+        detail=detail + failure,
+        operation=operation,
+    )
+
+
+def _headers(call: Call, record: OperationRecord) -> dict[str, str]:
+    return operation_headers(record, call.runtime.clock())
+
+
+def _refused(call: Call, record: OperationRecord, refusal: results.Refusal) -> web.Response:
+    headers = _headers(call, record)
+    return problem(refusal.slug, refusal.detail, operation_id=record.operation_id, headers=headers)
+
+
+async def passthrough_call(call: Call) -> web.StreamResponse:
+    """A declared provider call around a job (SPEC 12): forwarded with the credential,
+    scrubbed and rewritten like any answer, audited as ``passthrough``; not tracked."""
+    runtime, policy, request = call.runtime, call.policy, call.request
+    body = await read_body(call)
+    raw_path = request.rel_url.raw_path.removeprefix(f"/p/{policy.provider}")
+    url = policy.upstream + raw_path
+    if request.rel_url.raw_query_string:
+        url += "?" + request.rel_url.raw_query_string
+    headers = to_provider(request.headers.items(), policy)
+    answer, response = await send_upstream(
+        runtime.channel(policy), policy, "passthrough", request.method, url, headers, body or None
+    )
+    detail = f"{request.method} {header_safe(raw_path)}"
+    await _audit_call(call, Event.PASSTHROUGH, answer, detail)
+    if response is None:
+        return upstream_problem(answer, None)
+    return passthrough(call, response, {})

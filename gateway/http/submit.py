@@ -1,0 +1,303 @@
+"""The submit route: idempotency, one forwarded submission, and the operation record written
+before the agent hears back (SPEC section 4, "Submit"). No submission is ever sent twice by
+the gateway on its own."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import secrets
+from typing import Any
+
+from aiohttp import web
+
+from gateway.core import decide, idempotency
+from gateway.core.idempotency import Seen
+from gateway.core.models import (
+    Event,
+    Failure,
+    IdempotencyEntry,
+    IdemState,
+    OperationRecord,
+    Outcome,
+    ProviderAnswer,
+    StoredResponse,
+)
+from gateway.core.routing import fill, job_id_from_body, valid_job
+from gateway.errors import StoreError
+from gateway.http.answers import Call, operation_headers, rewrite_body, upstream_problem
+from gateway.http.bodies import read_limited
+from gateway.http.problems import problem
+from gateway.provider.client import UpstreamResponse
+from gateway.provider.headers import to_provider
+from gateway.provider.send import send_upstream
+
+log = logging.getLogger("statusgate")
+IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+async def submit(call: Call) -> web.StreamResponse:
+    runtime, policy, request = call.runtime, call.policy, call.request
+    body = await read_body(call)
+    rules = policy.routes.submit.idempotency
+    key = request.headers.get("Idempotency-Key")
+    if key is None and rules.from_body is not None:
+        key = job_id_from_body(body, rules.from_body)  # e.g. AWS ClientRequestToken
+    if key is not None and not idempotency.valid_key(key):
+        detail = "Idempotency-Key must be 1 to 255 visible ASCII characters."
+        return problem("invalid-request", detail)
+    if key is None and rules.required:
+        detail = "This provider's submissions must carry an Idempotency-Key header" + (
+            f" or a {rules.from_body!r} body field." if rules.from_body else "."
+        )
+        return problem("idempotency-key-missing", detail)
+    path = request.rel_url.raw_path_qs
+    fingerprint = hashlib.sha256(
+        f"{request.method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+    ).hexdigest()
+    now = runtime.clock()
+    entry = None
+    if key is not None:
+        entry = IdempotencyEntry(
+            key=f"{call.account.id}\n{policy.provider}\n{key}",
+            fingerprint=fingerprint,
+            state=IdemState.IN_FLIGHT,
+            created_at=now,
+            expires_at=now + rules.retention,
+        )
+        seen = await runtime.store.claim_idempotency(entry, now)
+        if seen is not None:
+            return await _replay(call, seen, fingerprint, now)
+    route = policy.routes.submit
+    url = policy.upstream + fill(route.path, call.match.params, request.rel_url.raw_query_string)
+    forwarded = None if key is None else idempotency.forwarded_key(call.account.id, key)
+    headers = to_provider(request.headers.items(), policy, forwarded)
+    answer, response = await send_upstream(
+        runtime.channel(policy), policy, "submit", route.method, url, headers, body
+    )
+    if response is None:
+        await _audit(call, Event.SUBMIT_FAILED, None, f"no answer: {_failure(answer)}")
+        return await _submit_failed(call, entry, answer.failure)
+    if not 200 <= response.status < 300:
+        if entry is not None:
+            await runtime.store.drop_idempotency(entry.key)
+        if response.status in (401, 403):
+            return await _credential_rejected(call, response.status)
+        detail = "the provider refused the submission; its answer was passed through"
+        await _audit(call, Event.SUBMIT_REJECTED, response.status, detail)
+        rewriter = runtime.rewriter(policy)
+        passed = web.Response(status=response.status, body=response.body)
+        for name, value in rewriter.response_headers(response.headers.items(), policy):
+            passed.headers.add(name, value)
+        return passed
+    return await _open(call, entry, fingerprint, key, answer, response, body)
+
+
+async def _credential_rejected(call: Call, status: int) -> web.Response:
+    """SPEC 12: the provider refused the gateway's own credential. The agent's token was
+    fine, so it must not see a 401 as if it were not; the operator is told."""
+    policy = call.policy
+    log.error(
+        "provider %s answered %d to the gateway's credential on submit; check the policy's "
+        "credential",
+        policy.provider,
+        status,
+    )
+    detail = "the provider refused the gateway's credential; no operation was created"
+    await _audit(call, Event.SUBMIT_REJECTED, status, detail)
+    detail = (
+        f"The provider answered {status} to the gateway's own credential for "
+        f"{policy.provider!r}; no job was created. An operator must fix the credential."
+    )
+    return problem("provider-credential-rejected", detail)
+
+
+async def _open(
+    call: Call,
+    entry: IdempotencyEntry | None,
+    fingerprint: str,
+    key: str | None,
+    answer: ProviderAnswer,
+    response: UpstreamResponse,
+    sent: bytes,
+) -> web.StreamResponse:
+    runtime, policy = call.runtime, call.policy
+    job_id = _job_id(call, response, sent)
+    if job_id is None:
+        if entry is not None:  # the job may exist: never let a retry submit it again
+            await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+        await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "no valid job id")
+        detail = "The provider accepted the submission but gave no valid job id to track."
+        return problem("integration-failure", detail)
+    now = runtime.clock()
+    decision = decide.open_operation(
+        policy,
+        operation_id=new_operation_id(now),
+        account=call.account.id,
+        job_id=job_id,
+        fingerprint=fingerprint,
+        idempotency_key=key,
+        answer=answer,
+        now=now,
+        u=runtime.rng.random(),
+    )
+    rewriter = runtime.rewriter(policy)
+    kept = tuple(rewriter.response_headers(response.headers.items(), policy))
+    status = policy.routes.status
+    has_location = any(name.lower() == "location" for name, _ in kept)
+    if status.job_id is None and not has_location:  # a status URL exists to point at
+        base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
+        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
+    stored = StoredResponse(
+        response.status, kept, rewrite_body(call, response.body, response.content_type)
+    )
+    completed = None
+    if entry is not None:
+        completed = _replace(
+            entry,
+            state=IdemState.COMPLETED,
+            operation_id=decision.record.operation_id,
+            response=stored,
+        )
+    try:
+        record = await runtime.store.create(decision.record, completed)
+    except StoreError:  # the job exists at the provider: say so, never "nothing forwarded"
+        log.error("store failed after provider %s accepted a submission", policy.provider)
+        if entry is not None:  # a retry with the key must not submit again either
+            with contextlib.suppress(StoreError):
+                await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+        await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "the store failed")
+        detail = (
+            f"The provider accepted the submission (job {job_id}) but the gateway could not "
+            "record it. Do not resubmit: an operator must look at the provider."
+        )
+        return problem("submission-outcome-unknown", detail)
+    if record.operation_id == decision.record.operation_id:  # new, not a known job
+        opened = dataclasses.replace(decision, event=Event.SUBMITTED)
+        await runtime.effects.decided(policy, opened, http_status=response.status)
+        if record.outcome is Outcome.ESCALATED:
+            await runtime.effects.decided(policy, decision)
+    return _stored_answer(stored, record, runtime.clock())
+
+
+def _job_id(call: Call, response: UpstreamResponse, sent: bytes) -> str | None:
+    """The provider's id for the new job, from wherever the policy says (SPEC 12)."""
+    source = call.policy.routes.submit.job_id
+    job_id: str | None
+    if source.source == "body":
+        assert source.path is not None
+        job_id = job_id_from_body(response.body, source.path)
+    elif source.source == "request":
+        assert source.path is not None
+        job_id = job_id_from_body(sent, source.path)
+    elif source.source == "header":
+        assert source.name is not None
+        job_id = response.headers.get(source.name)
+    else:
+        job_id = _job_id_from_location(call, response)
+    return job_id if job_id is not None and valid_job(call.policy, job_id) else None
+
+
+def _job_id_from_location(call: Call, response: UpstreamResponse) -> str | None:
+    """The status route's {job_id} in Location, else in a declared status URL header."""
+    policy = call.policy
+    prefix = f"{call.runtime.settings.file.public_base_url}/p/{policy.provider}"
+    rewriter = call.runtime.rewriter(policy)
+    for header in ("Location", *policy.routes.submit.status_url_headers):
+        value = response.headers.get(header)
+        gateway_url = rewriter.url(value) if value is not None else None
+        if gateway_url is None:
+            continue
+        path = gateway_url.removeprefix(prefix).split("?", 1)[0]
+        match = call.runtime.route_table(policy).match(policy.routes.status.method, path)
+        if match is not None and match.kind == "status":
+            return match.job_id
+    return None
+
+
+def _stored_answer(stored: StoredResponse, record: OperationRecord, now: float) -> web.Response:
+    response = web.Response(status=stored.status, body=stored.body)
+    for name, value in stored.headers:
+        response.headers.add(name, value)
+    response.headers.update(operation_headers(record, now))
+    return response
+
+
+async def _replay(
+    call: Call, seen: IdempotencyEntry, fingerprint: str, now: float
+) -> web.StreamResponse:
+    runtime = call.runtime
+    limit = runtime.settings.file.limits.upstream_timeout + IN_FLIGHT_MARGIN
+    verdict = idempotency.judge(seen, fingerprint, now, limit)
+    if verdict is Seen.CONFLICT:
+        detail = "This Idempotency-Key was used for a different request."
+        return problem("idempotency-key-conflict", detail)
+    if verdict is Seen.IN_USE:
+        detail = "The original request with this key is still in flight."
+        return problem("idempotency-key-in-use", detail, retry_after=1)
+    if verdict is Seen.REPLAY:
+        assert seen.response is not None and seen.operation_id is not None
+        record = await runtime.store.get(seen.operation_id)
+        if record is not None:
+            return _stored_answer(seen.response, record, now)
+    detail = (
+        "The original submission may have reached the provider, but its answer was lost. "
+        "The gateway does not resubmit; check at the provider whether the job exists."
+    )
+    return problem("submission-outcome-unknown", detail)
+
+
+async def _submit_failed(
+    call: Call, entry: IdempotencyEntry | None, failure: Failure | None
+) -> web.StreamResponse:
+    store = call.runtime.store
+    provider_dedups = call.policy.routes.submit.idempotency.forward_header is not None
+    if entry is not None:
+        if idempotency.retry_is_safe(failure, provider_dedups):
+            await store.drop_idempotency(entry.key)
+        else:  # it may have reached the provider: never let a retry submit it again
+            await store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+    if failure is Failure.TOO_LARGE:
+        detail = "The provider's submit answer is larger than limits.max_response_body."
+        return problem("integration-failure", detail)
+    return upstream_problem(ProviderAnswer(None, failure=failure), None)
+
+
+async def _audit(call: Call, event: Event, status: int | None, detail: str) -> None:
+    """The audit line of a submission that opened no operation (SPEC 16: every provider
+    call has one)."""
+    await call.runtime.effects.call(
+        provider=call.policy.provider,
+        account=call.account.id,
+        event=event,
+        http_status=status,
+        detail=detail,
+    )
+
+
+def _failure(answer: ProviderAnswer) -> str:
+    return answer.failure.value if answer.failure is not None else "error"
+
+
+def _replace(entry: IdempotencyEntry, **changes: Any) -> IdempotencyEntry:
+    return dataclasses.replace(entry, **changes)
+
+
+async def read_body(call: Call) -> bytes:
+    """The agent's body within limits.max_request_body and limits.body_timeout (raises
+    BodyTooLarge or BodyTimeout, answered 413 and 408 by the errors middleware)."""
+    limits = call.runtime.settings.file.limits
+    return await read_limited(call.request, limits.max_request_body, limits.body_timeout)
+
+
+def new_operation_id(now: float) -> str:
+    """``op_`` and a ULID: 48 bits of milliseconds then 80 random bits, Crockford base32."""
+    value = (int(now * 1000) << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "op_" + "".join(reversed(chars))

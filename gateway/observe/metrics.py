@@ -1,0 +1,229 @@
+"""Prometheus metrics of SPEC section 9 on an injected CollectorRegistry.
+
+Labels are providers, routes, outcomes, reasons and classes only: never an operation id,
+job id, account token or anything else unbounded or secret.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    multiprocess,
+)
+
+from gateway import __version__
+from gateway.core.models import Outcome, Reason
+from gateway.core.problems import PROBLEMS
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+REQUEST_BUCKETS = (1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, 200)
+ROUTES = ("submit", "status", "result", "cancel", "passthrough")
+AGENT_OUTCOMES = ("forwarded", "cached", *PROBLEMS)
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error", "timeout")
+FINISHED = (*(o.value for o in Outcome if o.terminal), "abandoned")
+GUIDANCE = ("provider_retry_after", "provider_poll_hint", "hint_rejected")
+STORE_OPERATIONS = (
+    "acquire_lease",
+    "active_counts",
+    "claim_idempotency",
+    "create",
+    "drop_idempotency",
+    "find",
+    "get",
+    "list",
+    "mutate",
+    "open",
+    "open_escalations",
+    "overdue",
+    "pace",
+    "ping",
+    "purge",
+    "put_idempotency",
+    "release_lease",
+    "save",
+    "tighten",
+    "time",
+)
+
+
+# ``statusgate serve --workers N`` sets this before prometheus_client is imported: every
+# worker writes its values to files there, and a scrape of any worker sums them up.
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def exposition(own: CollectorRegistry) -> bytes:
+    """The text a scrape gets: this process's registry, or with several workers the values
+    of all of them (counters and histograms summed, gauges the most recent)."""
+    if not MULTIPROCESS:
+        return bytes(generate_latest(own))
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    return bytes(generate_latest(merged))
+
+
+def status_class(status: int | None, failure: str | None = None) -> str:
+    """``2xx``..``5xx`` for HTTP answers, else ``timeout`` or ``error``."""
+    if status is not None:
+        return f"{status // 100}xx"
+    return "timeout" if failure == "timeout" else "error"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.agent_requests = Counter(
+            "statusgate_agent_requests",
+            "Agent requests by provider, route and outcome (forwarded, cached or a problem slug)",
+            ["provider", "route", "outcome"],
+            registry=r,
+        )
+        self.upstream_requests = Counter(
+            "statusgate_upstream_requests",
+            "Requests sent to providers by status class",
+            ["provider", "route", "status_class"],
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "statusgate_upstream_request_duration_seconds",
+            "Time from sending a provider request to its complete answer",
+            ["provider", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "statusgate_request_duration_seconds",
+            "Time the gateway took to answer an agent or operator",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.operations_started = Counter(
+            "statusgate_operations_started",
+            "Operations recorded after a successful submit",
+            ["provider"],
+            registry=r,
+        )
+        self.operations_finished = Counter(
+            "statusgate_operations_finished",
+            "Operations that stopped waiting, by outcome",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.escalations = Counter(
+            "statusgate_escalations",
+            "Escalations by reason",
+            ["provider", "reason"],
+            registry=r,
+        )
+        self.operations_active = Gauge(
+            "statusgate_operations_active",
+            "Pending operations in the store (the whole store, not only this replica's)",
+            ["provider"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.provider_guidance = Counter(
+            "statusgate_provider_guidance",
+            "Provider timing guidance used (or rejected) for scheduling",
+            ["provider", "source"],
+            registry=r,
+        )
+        self.requests_per_operation = Histogram(
+            "statusgate_status_requests_per_operation",
+            "Status requests an operation used, observed when it stops waiting",
+            ["provider"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "statusgate_store_errors",
+            "Store calls that failed; the gateway answered store-unavailable",
+            ["operation"],
+            registry=r,
+        )
+
+        self.escalations_open = Gauge(
+            "statusgate_escalations_open",
+            "Escalated operations waiting on a person's decision (the whole store)",
+            ["provider", "reason"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.webhook_deliveries = Counter(
+            "statusgate_webhook_deliveries",
+            "Webhook deliveries by result (delivered, failed after every attempt, dropped)",
+            ["result"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "statusgate_config_reloads",
+            "Live reloads of the config and policies by result",
+            ["result"],
+            registry=r,
+        )
+        build = Gauge(
+            "statusgate_build_info",
+            "The running Statusgate version",
+            ["version"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        build.labels(__version__).set(1)
+        if not MULTIPROCESS:  # with --workers, each worker's own figures would mislead
+            ProcessCollector(registry=r)
+        for result in ("delivered", "failed", "dropped"):
+            self.webhook_deliveries.labels(result)
+        for result in ("ok", "error"):
+            self.config_reloads.labels(result)
+        self.last_reload_ok = Gauge(
+            "statusgate_config_last_reload_successful",
+            "1 if the last reload was applied (or none was tried), 0 if it was refused",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.last_reload_ok.set(1)
+        for operation in STORE_OPERATIONS:
+            self.store_errors.labels(operation)
+
+    def prime(self, providers: Iterable[str]) -> None:
+        """Every series of every configured provider exists from the start at 0, so that
+        ``increase()`` over a first failure reads 1, not nothing (SPEC 13)."""
+        for provider in providers:
+            for route in ROUTES:
+                for outcome in AGENT_OUTCOMES:
+                    self.agent_requests.labels(provider, route, outcome)
+                for label in STATUS_CLASSES:
+                    self.upstream_requests.labels(provider, route, label)
+                self.upstream_duration.labels(provider, route)
+            self.operations_started.labels(provider)
+            for outcome in FINISHED:
+                self.operations_finished.labels(provider, outcome)
+            for reason in Reason:
+                self.escalations.labels(provider, reason.value)
+                self.escalations_open.labels(provider, reason.value)
+            for source in GUIDANCE:
+                self.provider_guidance.labels(provider, source)
+            self.operations_active.labels(provider)
+            self.requests_per_operation.labels(provider)
+        for route in (*ROUTES, "admin", "mcp", "other"):
+            self.request_duration.labels(route)
+
+    def set_active(self, counts: dict[str, int], providers: list[str]) -> None:
+        for provider in providers:
+            self.operations_active.labels(provider).set(counts.get(provider, 0))
+
+    def set_open(self, counts: dict[tuple[str, str], int], providers: list[str]) -> None:
+        """Escalations waiting per provider and reason, as the store counts them."""
+        for provider in providers:
+            for reason in Reason:
+                value = counts.get((provider, reason.value), 0)
+                self.escalations_open.labels(provider, reason.value).set(value)

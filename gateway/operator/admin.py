@@ -1,0 +1,375 @@
+"""The operator API under ``/admin`` (SPEC section 6): list, show, extend, cancel, abandon,
+resume. Operator tokens only; an agent token is ``forbidden``.
+
+- ``GET /admin/operations?outcome=&provider=&account=&limit=&cursor=``: newest first,
+  ``{"operations": [...], "next_cursor": "..." | null}``. The cursor is opaque (the last
+  listed operation's start time and id), so operations created meanwhile never make a
+  later page repeat or skip one; ``limit`` is 1 to 500 (default 100).
+- ``GET /admin/escalations?limit=``: the queue of escalated operations waiting on a person,
+  oldest escalation first, each with its reason, age (by the gateway's clock), permitted
+  actions and message; ``total`` counts them all.
+- ``GET /admin/operations/{id}``: the record, the escalation, the message, the audit story,
+  and ``extension_left`` (what ``escalation.max_extension`` still allows, or null).
+- ``POST /admin/operations/{id}/{extend|cancel|abandon|resume}``, ``POST /admin/reload``.
+
+Each action is a pure function of actions.py applied to the freshest record inside one
+compare-and-set, and audited with the operator's id before the answer goes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.core import actions
+from gateway.core.cursors import cursor_after, position
+from gateway.core.decide import Decision, Reply, extension_left
+from gateway.core.escalation import message, problem_members
+from gateway.core.models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
+from gateway.core.routing import body_with_job_id, fill
+from gateway.core.story import story
+from gateway.flow import reloading
+from gateway.flow.polls import lease_ttl
+from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
+from gateway.http import auth
+from gateway.http.bodies import read_limited
+from gateway.http.problems import problem
+from gateway.observe.audit import iso, records
+from gateway.provider.headers import to_provider
+from gateway.provider.send import send_upstream
+from gateway.settings.config import Operator
+from gateway.settings.policy import ProviderPolicy
+from gateway.settings.units import format_duration, parse_duration, rfc3339
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_LIST = 500
+QUEUE_SCAN = 10_000  # escalated operations read to order the queue oldest first
+
+
+def routes(app: web.Application) -> None:
+    app.router.add_get("/admin/operations", list_operations)
+    app.router.add_get("/admin/escalations", list_escalations)
+    app.router.add_get("/admin/operations/{operation_id}", show_operation)
+    app.router.add_post("/admin/operations/{operation_id}/{action}", act)
+    app.router.add_post("/admin/reload", reload_config)
+
+
+def _operator(request: web.Request) -> Operator | web.Response:
+    runtime = request.app[RUNTIME]
+    request[ROUTE] = "admin"
+    header = request.headers.get("Authorization")
+    operator = auth.operator(runtime.settings, header)
+    if operator is not None:
+        return operator
+    if auth.agent(runtime.settings, request.headers) is not None:
+        return problem("forbidden", "Agent tokens cannot use the operator API.")
+    return problem("unauthenticated", "Send 'Authorization: Bearer <operator token>'.")
+
+
+def view(record: OperationRecord) -> dict[str, Any]:
+    """A record as operators read it: instants in RFC 3339, the final body as text."""
+    data = record.to_dict()
+    for name in (
+        "started_at",
+        "deadline_at",
+        "next_poll_at",
+        "last_polled_at",
+        "ended_at",
+        "cancel_requested_at",
+        "inflight_at",
+    ):
+        data[name] = iso(data[name])
+    if record.final_response is not None:
+        data["final_response"]["body"] = record.final_response.body.decode("utf-8", "replace")
+    if record.escalation is not None:
+        data["escalation"]["at"] = iso(record.escalation.at)
+    return data
+
+
+async def list_operations(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    query = request.query
+    try:
+        outcome = Outcome(query["outcome"]) if query.get("outcome") else None
+        limit = _limit(query.get("limit"))
+        before = position(query["cursor"]) if query.get("cursor") else None
+    except ValueError as exc:
+        return problem("invalid-request", f"Bad query: {exc}.")
+    where = OperationFilter(
+        outcome=outcome,
+        provider=query.get("provider") or None,
+        account=query.get("account") or None,
+        limit=limit + 1,  # one more than shown: whether there is a next page
+        before=before,
+    )
+    found = await request.app[RUNTIME].store.list(where)
+    shown = found[:limit]
+    more = len(found) > limit
+    next_cursor = cursor_after(shown[-1]) if more and shown else None
+    return web.json_response({"operations": [view(r) for r in shown], "next_cursor": next_cursor})
+
+
+def _limit(text: str | None, default: int = 100) -> int:
+    if not text:
+        return default
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ValueError(f"limit must be a whole number from 1 to {MAX_LIST}") from None
+    if not 1 <= limit <= MAX_LIST:
+        raise ValueError(f"limit must be a whole number from 1 to {MAX_LIST}")
+    return limit
+
+
+async def list_escalations(request: web.Request) -> web.StreamResponse:
+    """The queue: escalated operations, oldest escalation first (the console's front page)."""
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    try:
+        limit = _limit(request.query.get("limit"))
+    except ValueError as exc:
+        return problem("invalid-request", f"Bad query: {exc}.")
+    runtime = request.app[RUNTIME]
+    waiting = await _escalated(runtime)
+    waiting.sort(key=lambda r: (r.escalation.at if r.escalation else r.started_at, r.operation_id))
+    now = runtime.clock()
+    queue = [_queued(runtime, record, now) for record in waiting[:limit]]
+    return web.json_response({"escalations": queue, "total": len(waiting), "now": rfc3339(now)})
+
+
+async def _escalated(runtime: Runtime) -> list[OperationRecord]:
+    """Every escalated operation (up to QUEUE_SCAN), read page by page."""
+    found: list[OperationRecord] = []
+    where = OperationFilter(outcome=Outcome.ESCALATED, limit=MAX_LIST)
+    while len(found) < QUEUE_SCAN:
+        page = await runtime.store.list(where)
+        found += page
+        if len(page) < MAX_LIST:
+            break
+        where = OperationFilter(
+            outcome=Outcome.ESCALATED,
+            limit=MAX_LIST,
+            before=(page[-1].started_at, page[-1].operation_id),
+        )
+    return found
+
+
+def _queued(runtime: Runtime, record: OperationRecord, now: float) -> dict[str, Any]:
+    escalation = record.escalation
+    at = escalation.at if escalation is not None else record.started_at
+    policy = runtime.settings.policies.get(record.provider)
+    text = (
+        message(record, policy)
+        if policy is not None
+        else f"No policy is loaded for {record.provider!r}: load it again to decide."
+    )
+    return {
+        "operation_id": record.operation_id,
+        "provider": record.provider,
+        "account": record.account,
+        "provider_job_id": record.provider_job_id,
+        "reason": escalation.reason.value if escalation is not None else None,
+        "escalated_at": rfc3339(at),
+        "age_seconds": max(0.0, now - at),
+        "permitted_actions": list(escalation.permitted_actions) if escalation else [],
+        "status_requests_used": record.status_requests_used,
+        "max_status_requests": record.max_status_requests,
+        "message": text,
+    }
+
+
+async def show_operation(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    runtime = request.app[RUNTIME]
+    record = await _record(runtime, request.match_info["operation_id"])
+    if isinstance(record, web.Response):
+        return record
+    policy = runtime.settings.policies.get(record.provider)
+    body: dict[str, Any] = {"record": view(record), "escalation": None, "message": None}
+    if record.escalation is not None and policy is not None:
+        body["escalation"] = problem_members(record, policy)
+        body["message"] = message(record, policy)
+    body["extension_left"] = _extension_left(policy, record)
+    audit = runtime.effects.audit
+    if audit is not None and audit.path.exists():  # a large file: read it off the event loop
+        path, wanted = audit.path, record.operation_id
+        body["story"] = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: story(records(path), wanted)
+        )
+    else:
+        body["story"] = []
+    return web.json_response(body)
+
+
+def _extension_left(policy: ProviderPolicy | None, record: OperationRecord) -> Any:
+    """What ``escalation.max_extension`` still allows this operation, or None when spent."""
+    left = extension_left(policy, record) if policy is not None else None
+    if policy is None or left is None:
+        return None
+    bound = policy.escalation.max_extension
+    return {
+        "time": format_duration(left[0]),
+        "seconds": left[0],
+        "requests": left[1],
+        "max_time": format_duration(bound.time),
+        "max_requests": bound.requests,
+    }
+
+
+async def reload_config(request: web.Request) -> web.StreamResponse:
+    """Re-read the config and every policy; 422 config-rejected with the check messages."""
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    runtime = request.app[RUNTIME]
+    problems = await reloading.reload(runtime)
+    if not problems:
+        reloading.reload_all()  # with --workers, the other workers reload too
+    if problems:
+        detail = f"{len(problems)} problem(s); the running config and policies stay in force."
+        return problem("config-rejected", detail, extra={"problems": problems})
+    policies = sorted(runtime.settings.policies)
+    return web.json_response({"result": "ok", "policies": policies, "actor": operator.id})
+
+
+async def _record(runtime: Runtime, operation_id: str) -> OperationRecord | web.Response:
+    record = await runtime.store.get(operation_id)
+    if record is None:
+        return problem("unknown-operation", f"No operation {operation_id!r}.")
+    return record
+
+
+async def act(request: web.Request) -> web.StreamResponse:
+    operator = _operator(request)
+    if isinstance(operator, web.Response):
+        return operator
+    action = request.match_info["action"]
+    if action not in ("extend", "cancel", "abandon", "resume"):
+        return problem("route-not-allowed", "Actions are extend, cancel, abandon and resume.")
+    runtime = request.app[RUNTIME]
+    record = await _record(runtime, request.match_info["operation_id"])
+    if isinstance(record, web.Response):
+        return record
+    policy = runtime.settings.policies.get(record.provider)
+    if policy is None:
+        return problem("action-not-permitted", f"No policy is loaded for {record.provider!r}.")
+    try:
+        body = await _json_body(request)
+        reason = body.get("reason", "")
+        if not isinstance(reason, str):
+            raise ValueError("reason must be a string")
+        reason = reason[:500]
+        seconds = parse_duration(body["time"]) if "time" in body else 0.0
+        requests = body.get("requests", 0)
+        if not isinstance(requests, int) or isinstance(requests, bool):
+            raise ValueError("requests must be a whole number")
+    except ValueError as exc:
+        return problem("invalid-request", f"Bad request body: {exc}.")
+    now = runtime.clock()
+    lease = None
+    if action == "cancel":  # one provider call at a time per operation, as polls take it
+        lease = (f"poll:{record.operation_id}", secrets.token_hex(16))
+        if not await runtime.store.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
+            busy = "a status request or another cancel is in flight; try again in a moment"
+            return _not_permitted(record, busy)
+    try:
+        answer = None
+        if action == "cancel":
+            record = await runtime.store.get(record.operation_id) or record  # under the lease
+            refusal = actions.may_cancel(policy, record)
+            if refusal is not None:
+                return _not_permitted(record, refusal)
+            answer = await _cancel_at_provider(runtime, policy, record)
+
+        def change(
+            current: OperationRecord,
+        ) -> tuple[OperationRecord | None, actions.ActionResult]:
+            if action == "extend":
+                done = actions.extend(
+                    policy, current, now, seconds=seconds, requests=requests, reason=reason
+                )
+            elif action == "resume":
+                done = actions.resume(policy, current, now)
+            elif action == "abandon":
+                done = actions.abandon(policy, current, now, reason)
+            else:
+                assert answer is not None
+                done = actions.cancelled(policy, current, answer, reason, now)
+            return done.record, done
+
+        result = await runtime.store.mutate(record.operation_id, change)
+    finally:
+        if lease is not None:
+            await runtime.store.release_lease(*lease)
+    status = answer.status if answer is not None else None
+    if result.record is None:
+        if answer is not None:  # the cancel reached the provider: its line all the same
+            detail = f"refused by {operator.id}'s request: {result.refusal}"
+            await runtime.effects.call(
+                provider=record.provider,
+                account=record.account,
+                event=Event.CANCELLED,
+                http_status=status,
+                detail=detail,
+                operation=record,
+            )
+        return _not_permitted(record, result.refusal or "not permitted")
+    decision = Decision(result.record, Reply.PROVIDER, changed=True, event=result.event)
+    await runtime.effects.decided(
+        policy, decision, detail=result.detail, actor=operator.id, http_status=status
+    )
+    return web.json_response({"action": action, "record": view(result.record)})
+
+
+async def _cancel_at_provider(
+    runtime: Runtime, policy: ProviderPolicy, record: OperationRecord
+) -> ProviderAnswer:
+    """One request to the policy's cancel route, made by the gateway itself: the route's
+    match headers are sent, and a job id read from the body is sent in a JSON body."""
+    route = policy.routes.cancel
+    assert route is not None
+    url = policy.upstream + fill(route.path, {"job_id": record.provider_job_id})
+    headers = to_provider(route.match.headers.items() if route.match else [], policy)
+    sent = None
+    if route.job_id is not None and route.job_id.path is not None:
+        sent = body_with_job_id(route.job_id.path, record.provider_job_id)
+        headers.setdefault("Content-Type", "application/json")
+    answer, _ = await send_upstream(
+        runtime.channel(policy),
+        policy,
+        "cancel",
+        route.method,
+        url,
+        headers,
+        sent,
+        operation_id=record.operation_id,
+    )
+    return answer
+
+
+def _not_permitted(record: OperationRecord, why: str) -> web.Response:
+    return problem("action-not-permitted", f"Refused: {why}.", operation_id=record.operation_id)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    limits = request.app[RUNTIME].settings.file.limits
+    raw = await read_limited(request, limits.max_request_body, limits.body_timeout)
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # deeply nested JSON is refused, not a crash
+        raise ValueError("not JSON (or nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data

@@ -1,0 +1,501 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 document of the gateway's own surface (SPEC 15).
+
+The operator API, health, readiness, metrics, the problem types and the headers agents see on
+``/p/{provider}/...``, with the security schemes. Written from the models the handlers use:
+the outcome, reason and delay-source enums, the operation record's fields, the problem
+table. Pure apart from ``serve``; the document never names a host, a path on disk or a
+secret, so it is served open.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import types
+import typing
+from typing import Any
+
+from aiohttp import web
+
+from gateway import __version__
+from gateway.core.models import (
+    DelaySource,
+    Escalation,
+    FinalResponse,
+    OperationRecord,
+    Outcome,
+    Reason,
+)
+from gateway.core.problems import PROBLEMS
+
+ACTIONS = ["extend", "cancel", "abandon", "resume"]
+PERMITTED_ACTIONS = ["extend", "cancel_at_provider", "resume", "abandon"]
+INSTANT = {"type": "string", "format": "date-time"}
+JSON_TYPES: dict[type, dict[str, Any]] = {
+    str: {"type": "string"},
+    bytes: {"type": "string"},  # bodies, shown as text
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+}
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+# -- schemas from the models -----------------------------------------------------------------
+
+
+def _field_schema(name: str, kind: Any) -> dict[str, Any]:
+    """One dataclass field as the operator API shows it (admin.view): instants as RFC 3339
+    strings, enums by value, nested records by reference."""
+    args = typing.get_args(kind)
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return nullable(_field_schema(name, inner[0]))
+    if name == "at" or name.endswith("_at"):
+        return INSTANT
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return ref(kind.__name__)
+    if kind in (FinalResponse, Escalation):
+        return ref(f"Record{kind.__name__}")
+    if typing.get_origin(kind) is tuple:
+        return {"type": "array", "items": JSON_TYPES[args[0]]}
+    return JSON_TYPES[kind]
+
+
+def _record_schema(model: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(model)
+    names = [f.name for f in dataclasses.fields(model)]
+    properties = {name: _field_schema(name, hints[name]) for name in names}
+    return {"type": "object", "properties": properties, "required": names}
+
+
+def _enum(kind: type[enum.Enum], description: str) -> dict[str, Any]:
+    return {"type": "string", "enum": [m.value for m in kind], "description": description}
+
+
+def problem_schema() -> dict[str, Any]:
+    slugs = sorted(PROBLEMS)
+    return {
+        "type": "object",
+        "description": "RFC 9457 problem details; every error of the gateway is one.",
+        "properties": {
+            "type": {"type": "string", "enum": [f"/problems/{s}" for s in slugs]},
+            "title": {"type": "string"},
+            "status": {"type": "integer", "enum": sorted({p.status for p in PROBLEMS.values()})},
+            "detail": {"type": "string"},
+            "operation_id": {"type": "string"},
+            "reason": {"type": "string"},
+            "escalated_at": INSTANT,
+            "permitted_actions": {"type": "array", "items": {"type": "string"}},
+            "message": {"type": "string"},
+            "problems": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["type", "title", "status", "detail"],
+    }
+
+
+def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required or []}
+
+
+STRING = {"type": "string"}
+STRINGS = {"type": "array", "items": STRING}
+COUNT = {"type": "integer", "minimum": 0}
+
+
+def model_schemas() -> dict[str, Any]:
+    """The enums and the operation record, from models.py."""
+    return {
+        "Problem": problem_schema(),
+        "Outcome": _enum(Outcome, "Where an operation stands."),
+        "Reason": _enum(Reason, "Why waiting ended for a person (an escalation)."),
+        "DelaySource": _enum(DelaySource, "What set the next permitted poll."),
+        "RecordFinalResponse": {
+            **_record_schema(FinalResponse),
+            "description": "The provider answer that ended the operation; body as text.",
+        },
+        "RecordEscalation": _record_schema(Escalation),
+        "OperationRecord": _record_schema(OperationRecord),
+    }
+
+
+def answer_schemas() -> dict[str, Any]:
+    """The operator API's answers and request bodies."""
+    members = {
+        "reason": STRING,
+        "escalated_at": INSTANT,
+        "permitted_actions": {"type": "array", "items": {"enum": PERMITTED_ACTIONS}},
+        "message": STRING,
+    }
+    left = {"time": STRING, "seconds": {"type": "number"}, "requests": COUNT}
+    left |= {"max_time": STRING, "max_requests": COUNT}
+    cursor = {**nullable(STRING), "description": "cursor of the next page; null on the last."}
+    return {
+        "EscalationMembers": _obj(members, ["reason", "permitted_actions"]),
+        "OperationList": _obj(
+            {
+                "operations": {"type": "array", "items": ref("OperationRecord")},
+                "next_cursor": cursor,
+            },
+            ["operations"],
+        ),
+        "OperationDetail": _obj(
+            {
+                "record": ref("OperationRecord"),
+                "escalation": nullable(ref("EscalationMembers")),
+                "message": nullable(STRING),
+                "story": {**STRINGS, "description": "The audit story, one line per event."},
+                "extension_left": nullable(_obj(left, list(left))),
+            },
+            ["record", "escalation", "message", "story"],
+        ),
+        "ActionRequest": _obj(
+            {
+                "time": {**STRING, "description": 'extend: a duration like "15m"'},
+                "requests": {"type": "integer", "description": "extend: checks added"},
+                "reason": {**STRING, "description": "audited (its first 500 characters)"},
+            }
+        ),
+        "ActionResult": _obj(
+            {"action": {"enum": ACTIONS}, "record": ref("OperationRecord")}, ["action", "record"]
+        ),
+        "ReloadResult": _obj(
+            {"result": {"const": "ok"}, "policies": STRINGS, "actor": STRING},
+            ["result", "policies", "actor"],
+        ),
+        "EscalationQueue": _obj(
+            {"escalations": {"type": "array", "items": queued()}, "total": COUNT, "now": INSTANT},
+            ["escalations", "total"],
+        ),
+    }
+
+
+def queued() -> dict[str, Any]:
+    """One entry of the escalation queue."""
+    return _obj(
+        {
+            "operation_id": STRING,
+            "provider": STRING,
+            "account": STRING,
+            "provider_job_id": STRING,
+            "reason": nullable(STRING),
+            "escalated_at": INSTANT,
+            "age_seconds": {"type": "number", "minimum": 0},
+            "permitted_actions": STRINGS,
+            "message": STRING,
+        },
+        ["operation_id", "provider", "account", "reason", "permitted_actions", "message"],
+    )
+
+
+# -- headers ----------------------------------------------------------------------------------
+
+
+def _header(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"description": description, "schema": schema or {"type": "string"}}
+
+
+def headers() -> dict[str, Any]:
+    outcomes = {"type": "string", "enum": [o.value for o in Outcome]}
+    seconds = {"type": "string", "pattern": "^[0-9]+$"}
+    return {
+        "Statusgate-Operation": _header("The operation's id."),
+        "Statusgate-Outcome": _header("Where the operation stands.", outcomes),
+        "Statusgate-Provider-State": _header("The provider's last raw state, when known."),
+        "Statusgate-Requests-Remaining": _header("Status requests left.", seconds),
+        "Statusgate-Deadline": _header("The operation's deadline (RFC 3339 UTC).", INSTANT),
+        "Statusgate-Next-Poll-At": _header("While pending: the next permitted poll.", INSTANT),
+        "Retry-After": _header("Seconds until the next permitted request.", seconds),
+        "Retry-After-Ms": _header("The same in milliseconds, exact.", seconds),
+        "X-Should-Retry": _header(
+            "Whether retrying the same request can change the answer.",
+            {"type": "string", "enum": ["true", "false"]},
+        ),
+        "X-Request-Id": _header("The request's id (kept from the caller when well-formed)."),
+        "WWW-Authenticate": _header("The scheme to authenticate with."),
+        "Preference-Applied": _header("The Prefer: wait honoured (capped at max_hold)."),
+    }
+
+
+def _refs(*names: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Response headers: the components' header objects, marked required where the gateway
+    always sends them (a Reference Object cannot carry ``required`` in OpenAPI 3.1)."""
+    described = headers()
+    return {
+        name: {**described[name], "required": True} if name in required else described[name]
+        for name in names
+    }
+
+
+# -- responses and paths ----------------------------------------------------------------------
+
+
+def _problem_response(description: str, *extra: str) -> dict[str, Any]:
+    names = ("X-Request-Id", "X-Should-Retry", *extra)
+    return {
+        "description": description,
+        "headers": _refs(*names, required=("X-Request-Id", "X-Should-Retry", *extra)),
+        "content": {"application/problem+json": {"schema": ref("Problem")}},
+    }
+
+
+def responses() -> dict[str, Any]:
+    return {
+        "Invalid": _problem_response("invalid-request: malformed input."),
+        "Unauthenticated": _problem_response(
+            "unauthenticated: no token, or one the gateway does not know.", "WWW-Authenticate"
+        ),
+        "Forbidden": _problem_response("forbidden: an agent token on the operator API."),
+        "NotFound": _problem_response("unknown-operation, or route-not-allowed."),
+        "Conflict": _problem_response("action-not-permitted: refused by the escalation's rules."),
+        "ConfigRejected": _problem_response("config-rejected: nothing changed; see problems."),
+        "StoreUnavailable": _problem_response(
+            "store-unavailable: the gateway fails closed.", "Retry-After", "Retry-After-Ms"
+        ),
+        "TooLarge": _problem_response("request-too-large: body over limits.max_request_body."),
+    }
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "headers": _refs("X-Request-Id", required=("X-Request-Id",)),
+        "content": {"application/json": {"schema": schema}},
+    }
+
+
+def _answers(ok: dict[str, Any], *errors: tuple[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"200": ok}
+    for status, name in (("401", "Unauthenticated"), ("403", "Forbidden"), *errors):
+        out[status] = {"$ref": f"#/components/responses/{name}"}
+    out["503"] = {"$ref": "#/components/responses/StoreUnavailable"}
+    return out
+
+
+OPERATOR: list[dict[str, list[str]]] = [{"operatorBearer": []}]
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": schema,
+        "description": description,
+    }
+
+
+def _operator(summary: str, answers: dict[str, Any], *params: dict[str, Any]) -> dict[str, Any]:
+    operation = {"tags": ["operator"], "summary": summary, "security": OPERATOR}
+    return {**operation, "parameters": list(params), "responses": answers}
+
+
+LIMIT = {"type": "integer", "minimum": 1, "maximum": 500, "default": 100}
+OPERATION_ID = {"name": "operation_id", "in": "path", "required": True, "schema": STRING}
+
+
+def operator_paths() -> dict[str, Any]:
+    return {
+        "/admin/operations": {"get": _list()},
+        "/admin/escalations": {"get": _escalations()},
+        "/admin/operations/{operation_id}": {"get": _show()},
+        "/admin/operations/{operation_id}/{action}": {"post": _act()},
+        "/admin/reload": {"post": _reload()},
+    }
+
+
+def _list() -> dict[str, Any]:
+    page = _json(ref("OperationList"), "A page of operations.")
+    return _operator(
+        "List operations, newest first, a page at a time",
+        _answers(page, ("400", "Invalid")),
+        _query("outcome", ref("Outcome"), "Only operations with this outcome."),
+        _query("provider", STRING, "Only this provider's."),
+        _query("account", STRING, "Only this account's."),
+        _query("limit", LIMIT, "Page size."),
+        _query("cursor", STRING, "next_cursor of the previous page (opaque)."),
+    )
+
+
+def _escalations() -> dict[str, Any]:
+    queue = _json(ref("EscalationQueue"), "Escalated operations waiting on a person.")
+    return _operator(
+        "The escalation queue, oldest first",
+        _answers(queue, ("400", "Invalid")),
+        _query("limit", LIMIT, "At most this many."),
+    )
+
+
+def _show() -> dict[str, Any]:
+    shown = _json(ref("OperationDetail"), "The operation.")
+    return _operator(
+        "One operation: record, escalation, message and audit story",
+        _answers(shown, ("404", "NotFound")),
+        OPERATION_ID,
+    )
+
+
+def _act() -> dict[str, Any]:
+    done = _json(ref("ActionResult"), "Done: the record as it now is.")
+    action = {"name": "action", "in": "path", "required": True, "schema": {"enum": ACTIONS}}
+    body = {"required": False, "content": {"application/json": {"schema": ref("ActionRequest")}}}
+    errors = (("400", "Invalid"), ("404", "NotFound"), ("409", "Conflict"), ("413", "TooLarge"))
+    return {
+        **_operator(
+            "Decide an escalation: extend, cancel at the provider, abandon, resume",
+            _answers(done, *errors),
+            OPERATION_ID,
+            action,
+        ),
+        "requestBody": body,
+    }
+
+
+def _reload() -> dict[str, Any]:
+    done = _json(ref("ReloadResult"), "The new set is in force.")
+    return _operator(
+        "Re-read the config and every policy (as SIGHUP does)",
+        _answers(done, ("422", "ConfigRejected")),
+    )
+
+
+def _plain(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "headers": _refs("X-Request-Id", required=("X-Request-Id",)),
+        "content": {"text/plain": {"schema": STRING}},
+    }
+
+
+def _open(summary: str, answers: dict[str, Any]) -> dict[str, Any]:
+    return {"tags": ["open"], "summary": summary, "security": [], "responses": answers}
+
+
+def open_paths() -> dict[str, Any]:
+    alive = _obj({"status": STRING}, ["status"])
+    ready = _obj(
+        {"status": {"enum": ["ready", "not ready"]}, "policies": STRINGS, "store": STRING},
+        ["status"],
+    )
+    readiness = {"200": _json(ready, "Ready."), "503": _json(ready, "Not ready.")}
+    return {
+        "/healthz": {"get": _open("The process is alive", {"200": _json(alive, "Alive.")})},
+        "/readyz": {"get": _open("The store is reachable, policies are loaded", readiness)},
+        "/metrics": {"get": _open("Prometheus metrics (text format)", {"200": _plain("Metrics.")})},
+        "/problems/{slug}": {"get": _explain()},
+        "/openapi.json": {
+            "get": _open("This document", {"200": _json({"type": "object"}, "OpenAPI 3.1.")})
+        },
+    }
+
+
+def _explain() -> dict[str, Any]:
+    slug = {
+        "name": "slug",
+        "in": "path",
+        "required": True,
+        "schema": STRING,
+        "description": "One of: " + ", ".join(sorted(PROBLEMS)),
+    }
+    answers = {"200": _plain("The explanation."), "400": {"$ref": "#/components/responses/Invalid"}}
+    return {**_open("A short explanation of a problem type", answers), "parameters": [slug]}
+
+
+AGENT_SECURITY: list[dict[str, list[str]]] = [{"agentBearer": []}, {"agentToken": []}]
+OPERATION_HEADERS = (
+    "Statusgate-Operation",
+    "Statusgate-Outcome",
+    "Statusgate-Provider-State",
+    "Statusgate-Requests-Remaining",
+    "Statusgate-Deadline",
+    "Statusgate-Next-Poll-At",
+    "Retry-After",
+    "Retry-After-Ms",
+    "X-Should-Retry",
+    "X-Request-Id",
+    "Preference-Applied",
+)
+
+
+def agent_paths() -> dict[str, Any]:
+    return {"/p/{provider}/{path}": {"get": _provider_route()}, "/mcp": {"post": _mcp()}}
+
+
+def _provider_route() -> dict[str, Any]:
+    described = _refs(*OPERATION_HEADERS)
+    problem = {"application/problem+json": {"schema": ref("Problem")}}
+    parameters = [
+        {"name": "provider", "in": "path", "required": True, "schema": STRING},
+        {"name": "path", "in": "path", "required": True, "schema": STRING},
+        {"name": "Prefer", "in": "header", "schema": {**STRING, "examples": ["wait=30"]}},
+    ]
+    return {
+        "tags": ["agent"],
+        "summary": "A declared provider route through the gateway; the rest of the path is "
+        "the provider's own (a status call is shown; every operation answer has these headers)",
+        "security": AGENT_SECURITY,
+        "parameters": parameters,
+        "responses": {
+            "200": {"description": "The provider's answer.", "headers": described},
+            "default": {"description": "A problem.", "headers": described, "content": problem},
+        },
+    }
+
+
+def _mcp() -> dict[str, Any]:
+    message = {"type": ["object", "array"], "description": "JSON-RPC 2.0 (see docs/mcp.md)"}
+    return {
+        "tags": ["agent"],
+        "summary": "Model Context Protocol over Streamable HTTP",
+        "security": AGENT_SECURITY,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": message}}},
+        "responses": {
+            "200": {"description": "The JSON-RPC answer (application/json or SSE)."},
+            "202": {"description": "Notifications or responses accepted."},
+        },
+    }
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Statusgate",
+            "version": __version__,
+            "summary": "A policy gateway between AI agents and asynchronous provider jobs.",
+        },
+        "tags": [
+            {"name": "operator", "description": "The operator API (operator token)."},
+            {"name": "open", "description": "Health, readiness, metrics, problem types."},
+            {"name": "agent", "description": "What agents call (agent token)."},
+        ],
+        "paths": {**operator_paths(), **open_paths(), **agent_paths()},
+        "components": {
+            "schemas": {**model_schemas(), **answer_schemas()},
+            "headers": headers(),
+            "responses": responses(),
+            "securitySchemes": {
+                "operatorBearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Operator token.",
+                },
+                "agentBearer": {"type": "http", "scheme": "bearer", "description": "Agent token."},
+                "agentToken": {"type": "apiKey", "in": "header", "name": "Statusgate-Token"},
+            },
+        },
+    }
+
+
+async def serve(request: web.Request) -> web.Response:
+    """GET /openapi.json, open."""
+    return web.json_response(document())

@@ -1,0 +1,266 @@
+"""config/gateway.yaml -> frozen Settings with every policy loaded (SPEC section 2).
+
+Owns the gateway config format, ${ENV} interpolation at load and relative-path resolution.
+Agent and operator tokens exist here only as sha256 hex digests.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal, TypeVar
+
+import pydantic
+from pydantic import BeforeValidator, Field, WithJsonSchema
+
+from gateway.errors import ConfigError
+from gateway.settings.loading import (
+    Duration,
+    Size,
+    Strict,
+    http_url,
+    interpolate,
+    load_env,
+    read_yaml,
+    validate,
+)
+from gateway.settings.policy import ProviderPolicy, load_policies
+
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024  # limits.cache_bytes unless configured
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a Standard Webhooks secret (``whsec_<base64>``); ValueError if the
+    secret is not base64."""
+    try:
+        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except binascii.Error:
+        raise ValueError("must be a Standard Webhooks secret: whsec_ and base64") from None
+
+
+def _hashes(value: object) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise ValueError("must be a sha256 hex digest or a list of them")
+    for item in items:
+        if not isinstance(item, str) or not SHA256_HEX.fullmatch(item):
+            raise ValueError("must be a lowercase sha256 hex digest (statusgate token hash)")
+    return items
+
+
+_HASH_SCHEMA = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+TokenHashes = Annotated[
+    list[str],
+    BeforeValidator(_hashes),
+    WithJsonSchema({"oneOf": [_HASH_SCHEMA, {"type": "array", "items": _HASH_SCHEMA}]}),
+]
+
+
+class Listen(Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+
+
+class AuditSettings(Strict):
+    path: str | None = None
+    hmac_key_env: str | None = None
+    fsync: Literal["always", "batch", "never"] = "batch"
+
+
+class Account(Strict):
+    id: str
+    token_sha256: TokenHashes
+    providers: list[str] = ["*"]
+
+    def allows(self, provider: str) -> bool:
+        return "*" in self.providers or provider in self.providers
+
+
+class Operator(Strict):
+    id: str
+    token_sha256: TokenHashes
+
+
+class Limits(Strict):
+    max_request_body: Size = 1024 * 1024
+    max_response_body: Size = 8 * 1024 * 1024
+    upstream_timeout: Duration = 30.0
+    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0  # a whole request body, from its start
+    cache_bytes: Size = DEFAULT_CACHE_BYTES  # records cached in memory, final bodies included
+
+
+class EscalationSettings(Strict):
+    webhook_url: str | None = None
+    webhook_secret_env: str | None = None  # sign deliveries (Standard Webhooks), key from env
+    webhook_timeout: Duration = 5.0
+    webhook_attempts: Annotated[int, Field(ge=1, le=10)] = 4
+    webhook_backoff: Duration = 1.0
+
+    @pydantic.field_validator("webhook_url")
+    @classmethod
+    def _webhook(cls, value: str | None) -> str | None:
+        return None if value is None else http_url(value, query=True)
+
+
+class LoggingSettings(Strict):
+    format: Literal["json", "text"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class GatewayFile(Strict):
+    listen: Listen = Listen()
+    admin_listen: Listen | None = None  # operator API, console and metrics on their own port
+    logging: LoggingSettings = LoggingSettings()
+    public_base_url: str = "http://127.0.0.1:8080"
+    store: str = "sqlite:///var/statusgate.db"
+    policies_dir: str = "policies"
+    audit: AuditSettings = AuditSettings()
+    accounts: list[Account] = []
+    operators: list[Operator] = []
+    limits: Limits = Limits()
+    escalation: EscalationSettings = EscalationSettings()
+
+    @pydantic.field_validator("public_base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        return http_url(value)
+
+
+H = TypeVar("H", Account, Operator)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the gateway needs at start, resolved and validated."""
+
+    file: GatewayFile
+    base_dir: Path
+    policies: Mapping[str, ProviderPolicy]
+    audit_key: bytes | None = field(default=None, repr=False)
+    webhook_secret: str | None = field(default=None, repr=False)
+    path: Path | None = None  # the config file, for reloads
+
+    @property
+    def audit_path(self) -> Path | None:
+        return audit_path(self.file, self.base_dir)
+
+    @property
+    def store_url(self) -> str:
+        """The store URL with a relative sqlite path resolved against the config folder."""
+        url = self.file.store
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            return "sqlite:///" + str(self.base_dir / url.removeprefix("sqlite:///"))
+        return url
+
+    def account_for(self, token_hash: str) -> Account | None:
+        return _match(self.file.accounts, token_hash)
+
+    def operator_for(self, token_hash: str) -> Operator | None:
+        return _match(self.file.operators, token_hash)
+
+
+def _match(holders: list[H], token_hash: str) -> H | None:
+    """Constant-time over every stored hash: timing tells nothing about which one matched."""
+    found: H | None = None
+    for holder in holders:
+        for stored in holder.token_sha256:
+            if hmac.compare_digest(stored, token_hash) and found is None:
+                found = holder
+    return found
+
+
+def audit_path(gateway: GatewayFile, base_dir: Path) -> Path | None:
+    """The audit file, resolved against the config file's folder; None if not configured."""
+    path = gateway.audit.path
+    return None if path is None else (base_dir / path).resolve()
+
+
+def load_gateway_file(path: Path, env: Mapping[str, str] | None = None) -> GatewayFile:
+    """The gateway config alone, without its policies (enough for the audit tools)."""
+    env = load_env() if env is None else env
+    shown = str(path)
+    data, problems = interpolate(read_yaml(path, shown), shown, env)
+    try:
+        gateway = validate(GatewayFile, data, shown)
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return gateway
+
+
+def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
+    """Read the gateway config and every policy; ConfigError lists all problems found."""
+    env = load_env() if env is None else env
+    shown = str(path)
+    problems: list[str] = []
+    gateway: GatewayFile | None = None
+    try:
+        gateway = load_gateway_file(path, env)
+        folder = gateway.policies_dir
+    except ConfigError as exc:  # keep going: the policies are checked all the same
+        problems += exc.problems
+        folder = _raw_policies_dir(path)
+    base_dir = path.parent.resolve()
+    policies_dir = (base_dir / folder).resolve()
+    shown_dir = os.path.normpath(Path(path.parent, folder))
+    policies: Mapping[str, ProviderPolicy] = {}
+    try:
+        policies = load_policies(policies_dir, shown_dir, env)
+    except ConfigError as exc:
+        problems += exc.problems
+    if gateway is None or problems:
+        raise ConfigError(problems)
+    problems = _account_problems(gateway, policies, shown)
+    key_env = gateway.audit.hmac_key_env
+    if key_env is not None and not env.get(key_env):
+        problems.append(f"{shown}: audit.hmac_key_env: environment variable {key_env} is not set")
+    secret_env = gateway.escalation.webhook_secret_env
+    if secret_env is not None and not env.get(secret_env):
+        problems.append(
+            f"{shown}: escalation.webhook_secret_env: environment variable {secret_env} is not set"
+        )
+    elif secret_env is not None:
+        try:
+            secret_key(env[secret_env])
+        except ValueError as exc:
+            problems.append(f"{shown}: escalation.webhook_secret_env: {secret_env} {exc}")
+    if problems:
+        raise ConfigError(problems)
+    return Settings(
+        file=gateway,
+        base_dir=base_dir,
+        policies=policies,
+        audit_key=env[key_env].encode() if key_env is not None else None,
+        webhook_secret=env[secret_env] if secret_env is not None else None,
+        path=path,
+    )
+
+
+def _raw_policies_dir(path: Path) -> str:
+    """``policies_dir`` as written, for checking policies when the config file is invalid."""
+    try:
+        raw = read_yaml(path, str(path))
+    except ConfigError:
+        return "policies"
+    value = raw.get("policies_dir")
+    return value if isinstance(value, str) and "${" not in value else "policies"
+
+
+def _account_problems(
+    gateway: GatewayFile, policies: Mapping[str, ProviderPolicy], shown: str
+) -> list[str]:
+    problems = []
+    for i, account in enumerate(gateway.accounts):
+        for j, name in enumerate(account.providers):
+            if name != "*" and name not in policies:
+                problems.append(f"{shown}: accounts[{i}].providers[{j}]: no policy for {name!r}")
+    return problems

@@ -1,0 +1,513 @@
+"""policies/NAME.yaml -> a frozen ProviderPolicy, strictly validated (SPEC section 3).
+
+Owns the policy format and its cross-field rules. Never contacts a provider.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
+
+from gateway.errors import ConfigError
+from gateway.settings.loading import Duration, Strict, http_url, interpolate, read_yaml, validate
+
+PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+PLACEHOLDER_NAME = re.compile(r"job_id\*|[a-z_][a-z0-9_]*|final(\.[A-Za-z0-9_-]+)+")
+
+
+def _header_name(value: str) -> str:
+    if not HEADER_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a valid HTTP header name")
+    return value
+
+
+def _route_path(value: str) -> str:
+    path, _, query = value.partition("?")
+    if not path.startswith("/") or "#" in value or "{" in query or "?" in query:
+        raise ValueError(
+            "must be a path starting with /, optionally with a fixed query, without fragment"
+        )
+    for name in PLACEHOLDER.findall(path):
+        if not PLACEHOLDER_NAME.fullmatch(name):
+            raise ValueError(
+                f"placeholder {{{name}}} must be a name like {{job_id}} or {{file_id}}"
+            )
+    return value
+
+
+HeaderName = Annotated[str, AfterValidator(_header_name)]
+RoutePath = Annotated[str, AfterValidator(_route_path)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class AwsSigV4(Strict):
+    service: str
+    region: str
+    access_key_id: str = Field(repr=False)
+    secret_access_key: str = Field(repr=False)
+    session_token: str | None = Field(default=None, repr=False)
+
+
+class OAuth2ClientCredentials(Strict):
+    token_url: str
+    client_id: str = Field(repr=False)
+    client_secret: str = Field(repr=False)
+    scope: str | None = None
+
+    @pydantic.field_validator("token_url")
+    @classmethod
+    def _token_url(cls, value: str) -> str:
+        return http_url(value)
+
+
+CredentialKind = Literal["header", "query", "aws_sigv4", "oauth2_client_credentials"]
+
+
+class Credential(Strict):
+    """One of: {header, value}; {query, value}; {aws_sigv4}; {oauth2_client_credentials,
+    header}. Which one is checked by cross_check, so the message names the fields."""
+
+    header: HeaderName | None = None
+    query: str | None = None
+    value: str | None = Field(default=None, repr=False)
+    aws_sigv4: AwsSigV4 | None = None
+    oauth2_client_credentials: OAuth2ClientCredentials | None = None
+
+    @property
+    def kind(self) -> CredentialKind:
+        if self.aws_sigv4 is not None:
+            return "aws_sigv4"
+        if self.oauth2_client_credentials is not None:
+            return "oauth2_client_credentials"
+        return "query" if self.query is not None else "header"
+
+    def problems(self) -> list[tuple[str, str]]:
+        kinds = [
+            name
+            for name, present in (
+                ("query", self.query is not None),
+                ("aws_sigv4", self.aws_sigv4 is not None),
+                ("oauth2_client_credentials", self.oauth2_client_credentials is not None),
+            )
+            if present
+        ]
+        if len(kinds) > 1:
+            return [("credential", f"choose one kind of credential, not {' and '.join(kinds)}")]
+        kind = self.kind
+        if kind in ("header", "query") and self.value is None:
+            return [("credential.value", "is required")]
+        if kind == "header" and self.header is None:
+            return [("credential.header", "is required")]
+        if kind == "query" and self.header is not None:
+            return [("credential.header", "a query credential takes no header")]
+        if kind in ("aws_sigv4", "oauth2_client_credentials") and self.value is not None:
+            return [("credential.value", f"{kind} takes no value")]
+        if kind == "aws_sigv4" and self.header is not None:
+            return [("credential.header", "aws_sigv4 signs the Authorization header itself")]
+        return []
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The static secret strings of this credential (never shown to anyone)."""
+        found: list[str] = []
+        if self.value is not None:
+            scheme, _, token = self.value.partition(" ")
+            found.append(self.value)
+            if token and scheme.isalpha():
+                found.append(token)
+        if self.aws_sigv4 is not None:
+            aws = self.aws_sigv4
+            found += [aws.access_key_id, aws.secret_access_key, aws.session_token or ""]
+        if self.oauth2_client_credentials is not None:
+            found.append(self.oauth2_client_credentials.client_secret)
+        return tuple(p for p in found if len(p) >= 6)
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the credential changes, without revealing it."""
+        if self.kind == "header":  # the first edition's formula: stored records keep theirs
+            return _digest(f"{self.header}\n{self.value}")
+        return _digest(json.dumps(self.model_dump(mode="json"), sort_keys=True))
+
+
+class JobIdSource(Strict):
+    source: Literal["body", "location", "header", "request"] = Field(alias="from")
+    path: str | None = None  # body and request: a dotted path in the JSON body
+    name: HeaderName | None = None  # header: the answer header that carries the id
+
+
+class Idempotency(Strict):
+    required: bool = False
+    forward_header: HeaderName | None = None
+    retention: Duration = 86400.0
+    from_body: str | None = None  # the request body field holding the key, if no header
+
+
+class RouteMatch(Strict):
+    """What else than method and path a request must carry to be this route."""
+
+    headers: dict[str, str] = {}
+
+    def accepts(self, headers: Mapping[str, str]) -> bool:
+        """Every listed header present with exactly this value (names case-insensitive)."""
+        return all(headers.get(name) == value for name, value in self.headers.items())
+
+
+class SubmitRoute(Strict):
+    method: Method = "POST"
+    path: RoutePath
+    job_id: JobIdSource
+    status_url_fields: list[str] = []
+    status_url_headers: list[HeaderName] = []
+    idempotency: Idempotency = Idempotency()
+    match: RouteMatch | None = None
+
+
+class Route(Strict):
+    method: Method = "GET"
+    path: RoutePath
+    query_params: list[str] = []  # agent query parameters forwarded; all others are dropped
+    match: RouteMatch | None = None
+    job_id: JobIdSource | None = None  # {from: request, path: P}: the id in the JSON body
+
+
+class Passthrough(Strict):
+    """A provider endpoint around a job (upload, listing, download): forwarded, not tracked."""
+
+    method: Method = "GET"
+    path: RoutePath
+    match: RouteMatch | None = None
+
+
+class Routes(Strict):
+    submit: SubmitRoute
+    status: Route
+    result: Route | None = None
+    cancel: Route | None = None
+    passthrough: list[Passthrough] = []
+
+
+class RequiredField(Strict):
+    path: str
+    allow_null: bool = False
+
+
+StateValue = str | bool | int | float | None  # JSON scalars; None: the field is absent
+
+
+class States(Strict):
+    field: str
+    pending: list[StateValue]
+    success: list[StateValue]
+    failure: list[StateValue] = []
+    cancelled: list[StateValue] = []
+    expired: list[StateValue] = []
+    success_requires: list[str | RequiredField] = []
+    failure_if_present: list[str] = []  # a success answer carrying any of these failed
+    error_field: str | None = None
+    expires_at_field: str | None = None
+
+    def required(self) -> list[RequiredField]:
+        """``success_requires`` with plain strings read as ``{path: P}`` (null not allowed)."""
+        return [
+            RequiredField(path=item) if isinstance(item, str) else item
+            for item in self.success_requires
+        ]
+
+
+class Hints(Strict):
+    poll_after_seconds: str | None = None
+    next_check_at: str | None = None
+
+
+class Jitter(Strict):
+    min: Annotated[float, Field(ge=0, le=1)] = 0.5
+    max: Annotated[float, Field(ge=0, le=1)] = 1.0
+
+
+def _rate(value: object) -> float | None:
+    if value is None:
+        return None
+    match = RATE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError('must be a rate like "20/s" or "600/m"')
+    per = {"s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+    rate = float(match.group(1)) / per
+    if rate <= 0:
+        raise ValueError("must be more than 0")
+    return rate
+
+
+RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m|h)")
+Rate = Annotated[
+    float | None,
+    BeforeValidator(_rate),
+    WithJsonSchema({"type": ["string", "null"], "pattern": r"^\d+(\.\d+)?/(s|m|h)$"}),
+]
+
+
+class Polling(Strict):
+    base_delay: Duration = 5.0
+    max_delay: Duration = 120.0
+    jitter: Jitter = Jitter()
+    deadline: Duration = 2400.0
+    max_status_requests: PositiveInt = 12
+    max_transport_failures: Annotated[int, Field(ge=0)] = 3
+    max_rate_limited: Annotated[int, Field(ge=0)] = 3
+    rate_limited_multiplier: Annotated[float, Field(ge=1)] = 4.0
+    not_found_grace: Duration = 30.0
+    final_poll_margin: Duration = 1.0
+    max_hold: Duration = 60.0
+    provider_rate: Rate = None  # status calls per second to this provider, all replicas
+    early_calls: Literal["refuse", "hold"] = "refuse"  # too-early calls: 429, or held
+    max_result_fetches: Annotated[int, Field(ge=0)] = 10
+
+
+class Extension(Strict):
+    time: Duration = 1800.0
+    requests: Annotated[int, Field(ge=0)] = 8
+
+
+class EscalationPolicy(Strict):
+    max_extension: Extension = Extension()
+    cancel_checks: PositiveInt = 5  # status requests granted after the provider accepts a cancel
+
+
+class ProviderPolicy(Strict):
+    provider: str
+    upstream: str
+    credential: Credential
+    routes: Routes
+    states: States
+    hints: Hints = Hints()
+    polling: Polling = Polling()
+    escalation: EscalationPolicy = EscalationPolicy()
+    retention: Duration = 86400.0
+
+    @pydantic.field_validator("provider")
+    @classmethod
+    def _provider_name(cls, value: str) -> str:
+        if not PROVIDER_NAME.fullmatch(value):
+            raise ValueError("must match [a-z0-9-]+")
+        return value
+
+    @pydantic.field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str) -> str:
+        return http_url(value)
+
+    def state_class(self, state: Any) -> str | None:
+        """Which class of the state table ``state`` (a JSON value, None when absent)
+        belongs to, or None when unknown. Values compare as JSON: false is not "false"."""
+        key = json_key(state)
+        for name, states in self._classes():
+            if any(json_key(known) == key for known in states):
+                return name
+        return None
+
+    def _classes(self) -> list[tuple[str, list[StateValue]]]:
+        s = self.states
+        return [
+            ("pending", s.pending),
+            ("success", s.success),
+            ("failure", s.failure),
+            ("cancelled", s.cancelled),
+            ("expired", s.expired),
+        ]
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the policy's rules change; the credential is left out."""
+        data = self.model_dump(mode="json", by_alias=True, exclude={"credential"})
+        return _digest(json.dumps(data, sort_keys=True))
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Strings that must never reach an agent: the credential and its token part."""
+        return self.credential.secrets
+
+    @property
+    def credential_fingerprint(self) -> str:
+        """Changes whenever the credential changes, without revealing it."""
+        return self.credential.fingerprint
+
+    @property
+    def multi_segment(self) -> bool:
+        """Job ids are resource names of several segments (``{job_id*}``)."""
+        return "{job_id*}" in self.routes.status.path
+
+
+def json_key(value: Any) -> tuple[str, Any]:
+    """A value as JSON compares it: booleans apart from numbers, 1 equal to 1.0."""
+    if value is None or isinstance(value, bool | str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("number", float(value))
+    return ("other", json.dumps(value, sort_keys=True))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
+    """Rules that span fields, as (field path, message) pairs."""
+    problems: list[tuple[str, str]] = []
+    seen: dict[tuple[str, Any], str] = {}
+    for name, states in policy._classes():
+        for i, state in enumerate(states):
+            key = json_key(state)
+            if key in seen:
+                shown = json.dumps(state)
+                problems.append(
+                    (f"states.{name}[{i}]", f"{shown} is also listed in states.{seen[key]}")
+                )
+            seen.setdefault(key, name)
+    problems += policy.credential.problems()
+    p = policy.polling
+    if p.base_delay > p.max_delay:
+        problems.append(("polling.base_delay", "must not be greater than polling.max_delay"))
+    if p.jitter.min > p.jitter.max:
+        problems.append(("polling.jitter.min", "must not be greater than polling.jitter.max"))
+    if p.base_delay <= 0:
+        problems.append(("polling.base_delay", "must be greater than 0"))
+    if not math.isfinite(p.rate_limited_multiplier):
+        problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
+    problems.extend(_route_problems(policy.routes))
+    return problems
+
+
+def placeholders(path: str) -> list[str]:
+    """The names of a route path's ``{...}`` placeholders, in order."""
+    return PLACEHOLDER.findall(path.partition("?")[0])
+
+
+JOB_PLACEHOLDERS = ("job_id", "job_id*")
+
+
+def _route_problems(routes: Routes) -> list[tuple[str, str]]:
+    """Which placeholders each kind of route may use, where each finds its job id, and that
+    no two routes could match the same request."""
+    problems: list[tuple[str, str]] = []
+    job_forms: set[str] = set()
+    for name in ("status", "result", "cancel"):
+        route = getattr(routes, name)
+        if route is not None:
+            problems += _tracked_route_problems(name, route, job_forms)
+    if len(job_forms) > 1:
+        problems.append(("routes", "use {job_id} or {job_id*} in every route, not both"))
+    submit = routes.submit
+    job_id = submit.job_id
+    if job_id.source in ("body", "request") and not job_id.path:
+        problems.append(("routes.submit.job_id.path", f"is required when from is {job_id.source}"))
+    if job_id.source == "header" and not job_id.name:
+        problems.append(("routes.submit.job_id.name", "is required when from is header"))
+    for where, path in [
+        ("routes.submit.path", submit.path),
+        *((f"routes.passthrough[{i}].path", r.path) for i, r in enumerate(routes.passthrough)),
+    ]:
+        names = placeholders(path)
+        if any(n.startswith("final.") or n == "job_id*" for n in names):
+            problems.append((where, "{final.*} and {job_id*} are only for tracked routes"))
+        if len(set(names)) != len(names):
+            problems.append((where, "names a placeholder twice"))
+    return problems + _overlap_problems(routes)
+
+
+def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> list[tuple[str, str]]:
+    where = f"routes.{name}"
+    names = placeholders(route.path)
+    jobs = [n for n in names if n in JOB_PLACEHOLDERS]
+    job_forms.update(jobs)
+    finals = [n for n in names if n.startswith("final.")]
+    source = route.job_id
+    if source is not None:
+        if source.source != "request" or not source.path:
+            return [(f"{where}.job_id", "must be {from: request, path: P} on this route")]
+        if names:
+            return [(f"{where}.path", "takes no placeholder when the job id is in the body")]
+        if route.method == "GET":
+            return [(f"{where}.method", "a job id in the request body needs POST, PUT or PATCH")]
+        return []
+    if name == "result" and finals and not jobs:
+        if len(names) != 1:
+            return [(f"{where}.path", "may hold one {final.<field>} and no other placeholder")]
+        return []
+    if len(jobs) != 1 or len(names) != 1:
+        return [
+            (
+                f"{where}.path",
+                "must contain {job_id} or {job_id*} exactly once, or the route must read "
+                "the job id from the request body (job_id: {from: request, path: P})",
+            )
+        ]
+    return []
+
+
+def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
+    """Two routes of one policy may share a method and path only when their match differs."""
+    seen: dict[tuple[str, str, str], str] = {}
+    problems: list[tuple[str, str]] = []
+    named: list[tuple[str, Route | SubmitRoute | Passthrough | None]] = [
+        (f"routes.{kind}", getattr(routes, kind))
+        for kind in ("submit", "status", "result", "cancel")
+    ]
+    named += [(f"routes.passthrough[{i}]", r) for i, r in enumerate(routes.passthrough)]
+    for where, route in named:
+        if route is None:
+            continue
+        shape = PLACEHOLDER.sub("{}", route.path.partition("?")[0])
+        headers = route.match.headers if route.match is not None else {}
+        key = (route.method, shape, json.dumps(sorted((k.lower(), v) for k, v in headers.items())))
+        if key in seen:
+            problems.append((where, f"matches the same requests as {seen[key]}; add a match"))
+        seen.setdefault(key, where)
+    return problems
+
+
+def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolicy:
+    """Read, interpolate and validate one policy file."""
+    raw = read_yaml(path, shown)
+    data, problems = interpolate(raw, shown, env)
+    try:
+        policy = validate(ProviderPolicy, data, shown)
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems) from None
+    problems += [f"{shown}: {where}: {message}" for where, message in cross_check(policy)]
+    if problems:
+        raise ConfigError(problems)
+    return policy
+
+
+def load_policies(
+    folder: Path, shown_folder: str, env: Mapping[str, str]
+) -> dict[str, ProviderPolicy]:
+    """Every ``*.yaml`` in ``folder`` by provider name; all problems of all files at once."""
+    policies: dict[str, ProviderPolicy] = {}
+    problems: list[str] = []
+    if not folder.is_dir():
+        raise ConfigError([f"{shown_folder}: policies_dir: is not a folder"])
+    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+        shown = f"{shown_folder}/{path.name}"
+        try:
+            policy = load_policy(path, shown, env)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if policy.provider in policies:
+            problems.append(f"{shown}: provider: {policy.provider!r} is defined twice")
+        policies[policy.provider] = policy
+    if problems:
+        raise ConfigError(problems)
+    return policies

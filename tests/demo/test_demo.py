@@ -1,0 +1,26 @@
+"""`statusgate demo` runs by itself on loopback and shows refusals and escalations."""
+
+from __future__ import annotations
+
+from gateway.demo.walkthrough import fleet, show
+
+
+async def test_demo_show_refuses_loops_and_escalates() -> None:
+    lines = await show()
+    text = "\n".join(lines)
+    summary = next(line for line in lines if line.startswith("Agents made"))
+    calls, reached = (int(word) for word in summary.split() if word.isdigit())
+    assert reached * 5 < calls
+    assert "Stopped because: request_budget_exhausted" in text
+    assert "Stopped because: unknown_state" in text
+    assert "demo-show-key" not in text
+
+
+async def test_fleet_scene_shows_the_gateway_shielding_the_provider() -> None:
+    lines = await fleet(agents=8, rate="5/s", finish_after=1.0)
+    direct = next(line for line in lines if line.startswith("straight to provider")).split()
+    gated = next(line for line in lines if line.startswith("through Statusgate")).split()
+    direct_calls, gated_calls = int(direct[4]), int(gated[3])
+    assert gated_calls * 3 < direct_calls
+    assert int(gated[-2]) <= 5  # peak calls in any second, under the 5/s ceiling
+    assert int(direct[-1]) == int(gated[-1]) == 8  # every agent saw its job finish

@@ -1,0 +1,154 @@
+"""Agents wait without loops: Prefer: wait holds the call; held calls are cheap, end at
+shutdown with an answer, and leave nothing behind when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.flow.runtime import RUNTIME
+from gateway.http.prefer import prefer_wait
+
+from conftest import AGENT_TOKEN, Harness, real_time_harness
+
+
+def held(wait: int | str) -> dict[str, str]:
+    return {"Prefer": f"wait={wait}"}
+
+
+async def job_of(response: Any) -> str:
+    return str((await response.json())["id"])
+
+
+def test_prefer_parsing() -> None:
+    assert prefer_wait(["wait=10"]) == 10
+    assert prefer_wait(["respond-async, wait=5"]) == 5
+    assert prefer_wait(["handling=lenient", 'WAIT = "7"']) == 7
+    assert prefer_wait(["wait=soon", "wait=-1", "wait"]) is None
+    assert prefer_wait([]) is None
+
+
+async def test_one_held_call_gets_the_terminal_answer(harness: Harness) -> None:
+    """Prefer: wait=30 on a job that succeeds after 10 s: one call, the terminal answer, and
+    the provider sees only the scheduled polls."""
+    script = [{"state": "running", "until": 10}, {"state": "succeeded"}]
+    job = await job_of(await harness.submit(script))
+    started = harness.clock.now
+    response = await harness.poll(job, headers=held(30))
+    assert response.status == 200
+    assert response.headers["Preference-Applied"] == "wait=30"
+    assert response.headers["Statusgate-Outcome"] == "succeeded"
+    assert (await response.json())["result"] == {"pages": 3}
+    assert 10 <= harness.clock.now - started <= 30
+    calls = [entry["at"] for entry in harness.provider_calls(job)]
+    scheduled = [line for line in harness.audit_lines() if line["event"] in ("submitted", "polled")]
+    assert len(calls) == len(scheduled) == (await harness.record(job)).status_requests_used
+    for call, line in zip(calls, scheduled, strict=True):
+        due = line["next_poll_at"]
+        assert call >= _epoch(due) - 0.001, (call, due)
+    assert len(calls) <= 5  # 1 s base delay doubling: about 1, 3, 7, 15 s
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+async def test_hold_ends_after_n_seconds_with_the_last_answer(harness: Harness) -> None:
+    job = await job_of(await harness.submit([{"state": "running"}]))
+    started = harness.clock.now
+    response = await harness.poll(job, headers=held(5))
+    assert response.status == 200
+    assert response.headers["Statusgate-Outcome"] == "pending"
+    assert response.headers["Preference-Applied"] == "wait=5"
+    assert harness.clock.now - started <= 5
+
+
+async def test_hold_too_short_for_the_next_poll_is_too_early(harness: Harness) -> None:
+    job = await job_of(
+        await harness.submit([{"state": "running"}], submit={"poll_after_seconds": 20})
+    )
+    response = await harness.poll(job, headers=held(3))
+    assert response.status == 429
+    assert response.headers["Preference-Applied"] == "wait=3"
+    assert harness.provider_calls(job) == []
+
+
+async def test_hold_is_capped_by_max_hold_and_ends_on_escalation(make_harness: Any) -> None:
+    harness: Harness = await make_harness(
+        policy_changes={"demo-jobs": {"polling": {"max_hold": "4s"}}}
+    )
+    job = await job_of(await harness.submit([{"state": "running"}]))
+    response = await harness.poll(job, headers=held(600))
+    assert response.headers["Preference-Applied"] == "wait=4"
+    other = await job_of(await harness.submit([{"state": "running"}, {"state": "bogus"}], key="b"))
+    escalated = await harness.poll(other, headers=held(4))
+    assert escalated.status == 409
+    assert (await escalated.json())["reason"] == "unknown_state"
+
+
+async def test_fifty_concurrent_calls_make_one_provider_call(harness: Harness) -> None:
+    """Step 7 in one process: fifty agents calling at once share one provider call."""
+    job = await job_of(await harness.submit([{"state": "running", "delay": 0.3}]))
+    harness.clock.now = (await harness.record(job)).next_poll_at
+    responses = await asyncio.gather(*(harness.poll(job) for _ in range(50)))
+    assert {r.status for r in responses} == {200}
+    assert len(harness.provider_calls(job)) == 1
+
+
+async def test_client_going_away_leaves_no_task_and_no_lease(tmp_path: Path) -> None:
+    """A held call whose client disconnects, mid-poll or mid-wait, leaves no task running
+    and no lease held; the poll it had started still completes and is recorded."""
+    polling = {"base_delay": "100ms"}
+    async with real_time_harness(
+        tmp_path, policy_changes={"demo-jobs": {"polling": polling}}
+    ) as harness:
+        job = await job_of(await harness.submit([{"state": "running", "delay": 0.4}]))
+        await asyncio.sleep(0.15)
+        url = harness.client.make_url(f"/p/demo-jobs/v1/jobs/{job}")
+        headers = {"Authorization": f"Bearer {AGENT_TOKEN}", **held(30)}
+        async with aiohttp.ClientSession() as agent:
+            call = asyncio.create_task(agent.get(url, headers=headers))
+            while not harness.provider_calls(job):
+                await asyncio.sleep(0.01)
+            call.cancel()  # the agent gives up mid-poll and closes its connection
+        await asyncio.sleep(0.6)
+        runtime = harness.client.app[RUNTIME]
+        assert runtime.inflight == {}
+        record = await harness.record(job)
+        assert record.status_requests_used == 1 and record.last_known_state == "running"
+        assert await runtime.store.acquire_lease(
+            f"poll:{record.operation_id}", "probe", time.time(), 1
+        )
+        await runtime.store.release_lease(f"poll:{record.operation_id}", "probe")
+        assert runtime.holding == 0
+        # the same while the held call only waits for its next poll
+        async with aiohttp.ClientSession() as agent:
+            call = asyncio.create_task(agent.get(url, headers=headers))
+            await asyncio.sleep(0.2)
+            call.cancel()
+            assert runtime.holding == 1
+        await asyncio.sleep(0.1)
+        assert runtime.holding == 0
+
+
+async def test_held_calls_are_answered_at_shutdown(tmp_path: Path) -> None:
+    async with real_time_harness(tmp_path) as harness:
+        job = await job_of(
+            await harness.submit([{"state": "running"}], submit={"poll_after_seconds": 60})
+        )
+        held_calls = [asyncio.create_task(harness.poll(job, headers=held(50))) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        started = time.perf_counter()
+        await harness.client.app.shutdown()
+        answers = await asyncio.wait_for(asyncio.gather(*held_calls), 2)
+        assert time.perf_counter() - started < 1.0
+        for answer in answers:
+            assert answer.status == 429
+            assert answer.headers["Preference-Applied"] == "wait=50"
+            assert "Retry-After" in answer.headers

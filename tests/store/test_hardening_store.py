@@ -1,0 +1,169 @@
+"""Store hardening (SPEC 16) on every backend: overdue operations and ended records are found
+by indexes whatever else the store holds, the SQLite record cache is bounded in bytes, and a
+SQLite file belongs to one store at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.app import create_app
+from gateway.core.models import FinalResponse, OperationRecord, Outcome
+from gateway.errors import StoreError
+from gateway.flow.runtime import RUNTIME
+from gateway.settings.config import load_settings
+from gateway.store import SQLiteStore, Store, store_from_url
+from gateway.store.sqlite import _Cache, footprint
+
+from conftest import PROVIDER_KEY, pending_record, write_config
+
+MiB = 1024 * 1024
+
+
+def op(number: int, **changes: object) -> OperationRecord:
+    return pending_record(operation_id=f"op_{number}", provider_job_id=f"job_{number}", **changes)
+
+
+def ended(number: int, at: float, **changes: object) -> OperationRecord:
+    return op(number, outcome=Outcome.SUCCEEDED, ended_at=at, **changes)
+
+
+async def create_all(store: Store, records: list[OperationRecord]) -> None:
+    """Concurrently, but no more at once than a Redis store has connections (50): the
+    store fails closed after 0.3 s without a free connection, by design."""
+    for start in range(0, len(records), 50):
+        await asyncio.gather(*(store.create(r) for r in records[start : start + 50]))
+
+
+async def test_overdue_lists_pending_operations_past_their_deadline(store: Store) -> None:
+    """Only pending operations of the provider whose deadline came, earliest first, bounded."""
+    now = time.time()
+    await store.create(op(1, deadline_at=now - 5))
+    await store.create(op(2, deadline_at=now - 50))
+    await store.create(op(3, deadline_at=now + 60))
+    await store.create(ended(4, now - 1, deadline_at=now - 100))
+    await store.create(op(5, deadline_at=now - 500, provider="other"))
+    assert await store.overdue("demo-jobs", now, 10) == ["op_2", "op_1"]
+    assert await store.overdue("demo-jobs", now, 1) == ["op_2"]
+    assert await store.overdue("other", now, 10) == ["op_5"]
+
+
+async def test_overdue_follows_every_write(store: Store) -> None:
+    """A deadline moved by a write, or an operation that stops waiting, moves the answer."""
+    now = time.time()
+    late = await store.create(op(1, deadline_at=now - 5))
+    early = await store.create(op(2, deadline_at=now + 60))
+    assert await store.save(early.evolve(deadline_at=now - 1))
+    assert await store.save(late.evolve(outcome=Outcome.ESCALATED, ended_at=now))
+    assert await store.overdue("demo-jobs", now, 10) == ["op_2"]
+    stored = await store.get("op_1")
+    assert stored is not None
+    assert await store.save(stored.evolve(outcome=Outcome.PENDING, ended_at=None))  # extended
+    assert await store.overdue("demo-jobs", now, 10) == ["op_1", "op_2"]
+
+
+async def test_purge_reaches_ended_records_behind_ten_thousand_pending(store: Store) -> None:
+    """10,000 pending operations started first stand in the way of nothing: every ended
+    record past retention goes, the rest stay."""
+    now = time.time()
+    pending = [op(i, started_at=now - 20_000 + i) for i in range(10_000)]
+    await create_all(store, pending)
+    old = [ended(20_000 + i, now - 100, started_at=now - 10 + i / 10) for i in range(30)]
+    await create_all(store, [*old, ended(30_000, now - 1)])
+    assert await store.purge("demo-jobs", now - 10, now) == 30
+    assert await store.get("op_20000") is None
+    assert await store.get("op_30000") is not None
+    assert await store.get("op_9999") is not None
+    assert (await store.active_counts())["demo-jobs"] == 10_000
+    assert await store.purge("demo-jobs", now - 10, now) == 0
+
+
+async def test_sqlite_cache_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """Final bodies worth 8 MiB pass through a 1 MiB cache: it never holds more than 1 MiB,
+    and every record still reads back whole (from disk)."""
+    store = SQLiteStore(str(tmp_path / "cache.db"), cache_bytes=MiB)
+    try:
+        now = time.time()
+        written = []
+        for i in range(40):
+            body = bytes([i]) * (200 * 1024)
+            final = FinalResponse(200, "application/octet-stream", body)
+            written.append(await store.create(ended(i, now, final_response=final)))
+            assert store.cached_bytes <= MiB
+        for record in written:
+            assert await store.get(record.operation_id) == record
+            assert store.cached_bytes <= MiB
+        assert store.cache_limit == MiB and store.cached_bytes > 0
+    finally:
+        await store.close()
+
+
+def test_cache_evicts_least_recently_used_and_skips_what_is_too_big() -> None:
+    small = [op(i) for i in range(3)]
+    cache = _Cache(limit=footprint(small[0]) * 2)
+    cache.wrote(small[0])
+    cache.wrote(small[1])
+    assert cache.get("op_0") == small[0]  # now the most recently used
+    cache.wrote(small[2])
+    assert cache.get("op_1") is None and cache.get("op_0") == small[0]
+    huge = op(9, final_response=FinalResponse(200, "text/plain", b"x" * cache.limit))
+    cache.wrote(huge)
+    assert cache.get("op_9") is None and cache.size <= cache.limit
+
+
+def test_cache_keeps_no_read_that_raced_a_write() -> None:
+    """A read begun before a write and done after it is not cached, even when the write's
+    own record is no longer cached to compare versions with."""
+    cache = _Cache(limit=footprint(op(1)) * 2)
+    stale = op(1)
+    since = cache.writes
+    cache.wrote(stale.evolve(version=2, early_refusals=1))
+    cache.drop("op_1")  # evicted meanwhile
+    cache.read(stale, since)
+    assert cache.get("op_1") is None
+    cache.read(stale, cache.writes)  # a read begun after the write is trusted
+    assert cache.get("op_1") == stale
+
+
+async def test_cache_bytes_reaches_the_store_from_the_url_helper(tmp_path: Path) -> None:
+    default = store_from_url(f"sqlite:///{tmp_path}/a.db")
+    tuned = store_from_url(f"sqlite:///{tmp_path}/b.db", cache_bytes=3 * MiB)
+    assert isinstance(default, SQLiteStore) and isinstance(tuned, SQLiteStore)
+    assert (default.cache_limit, tuned.cache_limit) == (64 * MiB, 3 * MiB)
+    store_from_url("memory://", cache_bytes=1)  # stores without a cache take it too
+
+
+async def test_one_sqlite_store_per_file(tmp_path: Path) -> None:
+    """A second store on a file in use is refused with the file's name, until the first
+    closes; a separate file is fine."""
+    path = tmp_path / "owned.db"
+    first = SQLiteStore(str(path))
+    second = SQLiteStore(str(path))
+    elsewhere = SQLiteStore(str(tmp_path / "other.db"))
+    try:
+        await first.open()
+        await first.create(op(1))
+        with pytest.raises(StoreError, match=f"{path}: already in use"):
+            await second.open()
+        with pytest.raises(StoreError, match="already in use"):
+            await second.get("op_1")
+        await elsewhere.ping()
+        await first.close()
+        assert await second.get("op_1") is not None
+    finally:
+        for store in (first, second, elsewhere):
+            await store.close()
+
+
+def test_limits_cache_bytes_reaches_the_gateway_store(tmp_path: Path) -> None:
+    """``limits.cache_bytes`` in the gateway config bounds the store create_app builds."""
+    limits = {"limits": {"cache_bytes": "2MiB"}}
+    path = write_config(
+        tmp_path, "http://127.0.0.1:9", store="sqlite:///g.db", config_changes=limits
+    )
+    settings = load_settings(path, env={"DEMO_API_KEY": PROVIDER_KEY})
+    store = create_app(settings)[RUNTIME].store
+    assert isinstance(store, SQLiteStore) and store.cache_limit == 2 * MiB

@@ -1,0 +1,203 @@
+"""Two real gateway processes on one Redis (and on a Redis Cluster) behave like one gateway.
+
+The provider is the real demo provider on loopback; it logs every call with its start and
+end, and counts calls in flight per job, so the assertions read what the provider saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from gateway.demo.provider import DemoProvider
+
+from conftest import (
+    AGENT_TOKEN,
+    OPERATOR_TOKEN,
+    PROVIDER_KEY,
+    free_port,
+    start_statusgate,
+    wait_until_up,
+    write_config,
+)
+
+BASE_DELAY = 0.2
+BUDGET = 6
+AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+
+
+@dataclass
+class Replicas:
+    urls: list[str]
+    processes: list[subprocess.Popen[bytes]]
+    demo: DemoProvider
+    folder: Path
+
+    def audit(self, index: int) -> list[dict[str, Any]]:
+        path = self.folder / f"r{index}" / f"audit-{index}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
+    """Two gateway processes sharing one Redis, then a three-primary Redis Cluster."""
+    redis_url = request.getfixturevalue(
+        "redis_url" if request.param == "redis" else "redis_cluster_url"
+    )
+    demo = DemoProvider(api_key=PROVIDER_KEY)
+    provider = TestServer(demo.app(), host="127.0.0.1")
+    await provider.start_server()
+    upstream = str(provider.make_url("")).rstrip("/")
+    polling = {
+        "base_delay": f"{int(BASE_DELAY * 1000)}ms",
+        "max_delay": f"{int(BASE_DELAY * 1000)}ms",
+        "jitter": {"min": 1.0, "max": 1.0},
+        "max_status_requests": BUDGET,
+        "deadline": "60s",
+    }
+    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    urls, processes = [], []
+    for index in range(2):
+        port = free_port()
+        config = write_config(
+            tmp_path / f"r{index}",
+            upstream,
+            store=redis_url,
+            policy_changes={"demo-jobs": {"polling": polling}},
+            config_changes={
+                "listen": {"port": port},
+                "audit": {"path": f"audit-{index}.jsonl"},
+                "limits": {"upstream_timeout": "1s"},
+            },
+        )
+        processes.append(start_statusgate(["serve", "--config", str(config)], env))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for url, process in zip(urls, processes, strict=True):
+            await asyncio.to_thread(wait_until_up, int(url.rsplit(":", 1)[1]), process)
+        yield Replicas(urls, processes, demo, tmp_path)
+    finally:
+        for process in processes:
+            os.kill(process.pid, signal.SIGCONT)
+            process.terminate()
+        for process in processes:
+            process.wait(10)
+            stderr = process.stderr.read().decode() if process.stderr else ""
+            assert "Traceback" not in stderr, stderr
+        await provider.close()
+
+
+async def submit(http: aiohttp.ClientSession, url: str, key: str, script: list[Any]) -> str:
+    async with http.post(
+        f"{url}/p/demo-jobs/v1/jobs",
+        json={"demo_script": script},
+        headers={**AUTH, "Idempotency-Key": key},
+    ) as response:
+        assert response.status == 202
+        return str((await response.json())["id"])
+
+
+async def test_hundred_agents_twenty_jobs_two_replicas(replicas: Replicas) -> None:
+    """No overlapping provider calls for a job, none before the schedule, none over budget."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as http:
+        script = [{"state": "running", "delay": 0.05}]
+        jobs = [await submit(http, replicas.urls[i % 2], f"job-{i}", script) for i in range(20)]
+        stop = time.monotonic() + 8
+
+        async def agent(n: int) -> int:
+            job, calls = jobs[n % 20], 0
+            while time.monotonic() < stop:
+                url = random.choice(replicas.urls)
+                async with http.get(f"{url}/p/demo-jobs/v1/jobs/{job}", headers=AUTH) as r:
+                    calls += 1
+                    await r.read()
+                    if r.status == 409:
+                        return calls
+                await asyncio.sleep(0.005)
+            return calls
+
+        calls = await asyncio.gather(*(agent(n) for n in range(100)))
+    assert sum(calls) > 20 * BUDGET * 3  # the agents really did loop
+    for job in jobs:
+        seen = [e for e in replicas.demo.log if e["job_id"] == job and e["method"] == "GET"]
+        assert len(seen) == BUDGET, job
+        assert replicas.demo.most_in_flight[job] == 1, job
+        starts = sorted(e["at"] for e in seen)
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        assert min(gaps) >= BASE_DELAY - 0.02, (job, gaps)
+    polled_by = [
+        sum(1 for line in replicas.audit(i) if line["event"] in ("polled", "escalated"))
+        for i in range(2)
+    ]
+    assert all(count > 0 for count in polled_by), polled_by
+
+
+async def test_replica_paused_past_its_lease_cannot_write_a_stale_record(
+    replicas: Replicas,
+) -> None:
+    """Replica A is SIGSTOPped with a poll in flight; its lease expires; replica B polls and
+    records success; A wakes with its stale answer and must not overwrite B's record."""
+    a, b = replicas.urls
+    paused = replicas.processes[0]
+    async with aiohttp.ClientSession() as http:
+        script = [{"state": "running", "delay": 0.4}, {"state": "succeeded"}]
+        job = await submit(http, a, "sigstop", script)
+        await asyncio.sleep(BASE_DELAY + 0.05)
+        stale_call = asyncio.create_task(http.get(f"{a}/p/demo-jobs/v1/jobs/{job}", headers=AUTH))
+        while not [e for e in replicas.demo.log if e["job_id"] == job and e["method"] == "GET"]:
+            await asyncio.sleep(0.005)
+        os.kill(paused.pid, signal.SIGSTOP)
+        await asyncio.sleep(3.5)  # lease = 2 x upstream_timeout (1s) + 1s margin
+        async with http.get(f"{b}/p/demo-jobs/v1/jobs/{job}", headers=AUTH) as r:
+            assert r.status == 200
+            assert r.headers["Statusgate-Outcome"] == "succeeded"
+        os.kill(paused.pid, signal.SIGCONT)
+        stale = await asyncio.wait_for(stale_call, 10)
+        assert stale.headers["Statusgate-Outcome"] == "succeeded"
+        stale.release()
+        await asyncio.sleep(0.2)
+        ops = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        operation = stale.headers["Statusgate-Operation"]
+        async with http.get(f"{b}/admin/operations/{operation}", headers=ops) as r:
+            record = (await r.json())["record"]
+    assert record["outcome"] == "succeeded"
+    assert record["status_requests_used"] == 2
+    assert record["last_known_state"] == "succeeded"
+    assert not [line for line in replicas.audit(0) if line["event"] in ("polled", "finished")]
+
+
+async def test_fifty_calls_across_two_replicas_make_one_provider_call(
+    replicas: Replicas,
+) -> None:
+    """Step 7 across replicas: fifty agents, half on each replica, make one provider call;
+    the other replica's callers are told to come back in a second."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as http:
+        job = await submit(http, replicas.urls[0], "fifty", [{"state": "running", "delay": 0.3}])
+        await asyncio.sleep(BASE_DELAY + 0.02)
+
+        async def call(n: int) -> int:
+            url = replicas.urls[n % 2]
+            async with http.get(f"{url}/p/demo-jobs/v1/jobs/{job}", headers=AUTH) as r:
+                await r.read()
+                return r.status
+
+        statuses = await asyncio.gather(*(call(n) for n in range(50)))
+        assert (
+            len([e for e in replicas.demo.log if e["job_id"] == job and e["method"] == "GET"]) == 1
+        )
+        assert set(statuses) <= {200, 429}
+        assert statuses.count(200) >= 25  # everyone on the polling replica shares its answer

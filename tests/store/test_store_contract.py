@@ -1,0 +1,373 @@
+"""One contract for every store: memory, SQLite and Redis pass the same tests, races included.
+
+Times are real (now, and a fraction of a second later): a Redis store keeps time by Redis's
+clock, not by an argument, so expiry tests sleep briefly instead of moving a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.core.models import (
+    Escalation,
+    FinalResponse,
+    IdempotencyEntry,
+    IdemState,
+    OperationFilter,
+    OperationRecord,
+    Outcome,
+    Reason,
+    StoredResponse,
+)
+from gateway.errors import ConfigError, StoreError
+from gateway.store import Store, store_from_url
+
+from conftest import pending_record
+
+EXPIRY = 0.2  # seconds, for lease and idempotency expiry
+
+
+def record(op: str = "op_1", job: str = "job_1", account: str = "team-a") -> OperationRecord:
+    """A pending record whose next poll is due now."""
+    return pending_record(operation_id=op, provider_job_id=job, account=account)
+
+
+def idem(key: str = "k", fingerprint: str = "f", ttl: float = 60) -> IdempotencyEntry:
+    now = time.time()
+    return IdempotencyEntry(key, fingerprint, IdemState.IN_FLIGHT, now, now + ttl)
+
+
+async def test_create_get_find(store: Store) -> None:
+    """A created record is found by id and by (account, provider, job id), unchanged."""
+    created = await store.create(record())
+    assert await store.get("op_1") == created
+    assert await store.find("team-a", "demo-jobs", "job_1") == created
+    assert await store.find("team-b", "demo-jobs", "job_1") is None
+    assert await store.get("op_2") is None
+
+
+async def test_create_twice_for_one_job_returns_the_first(store: Store) -> None:
+    first = await store.create(record("op_1"))
+    again = await store.create(record("op_2"))
+    assert again == first
+    assert await store.get("op_2") is None
+
+
+async def test_create_stores_the_idempotency_entry_with_the_record(store: Store) -> None:
+    entry = idem()
+    await store.create(record(), entry)
+    assert await store.claim_idempotency(idem(fingerprint="other"), time.time()) == entry
+
+
+async def test_save_is_compare_and_set_on_version(store: Store) -> None:
+    """A writer holding an old version loses; the winner's version is one higher."""
+    base = await store.create(record())
+    assert await store.save(base.evolve(status_requests_used=1))
+    stored = await store.get("op_1")
+    assert stored is not None and stored.version == base.version + 1
+    assert not await store.save(base.evolve(early_refusals=99))
+    stored = await store.get("op_1")
+    assert stored is not None and stored.status_requests_used == 1
+    assert stored.early_refusals == 0
+
+
+async def test_records_round_trip_every_field(store: Store) -> None:
+    now = time.time()
+    full = record().evolve(
+        outcome=Outcome.ESCALATED,
+        final_response=FinalResponse(200, "application/json", b'{"a": "\\u00e9"}\xff'),
+        escalation=Escalation(Reason.UNKNOWN_STATE, now, "d", ("resume", "abandon")),
+        last_known_state="running",
+        last_http_status=200,
+        last_polled_at=now + 3.25,
+        extended_seconds=60.0,
+        extended_requests=2,
+    )
+    await store.create(full)
+    assert await store.get("op_1") == full
+
+
+async def test_mutate_applies_a_pure_change(store: Store) -> None:
+    await store.create(record())
+    bump = await store.mutate("op_1", lambda r: (r.evolve(early_refusals=2), "x"))
+    assert bump == "x"
+    assert (await store.get("op_1")).early_refusals == 2  # type: ignore[union-attr]
+    assert await store.mutate("op_1", lambda r: (None, r.version)) == 2
+
+
+async def test_concurrent_mutations_lose_no_update(store: Store) -> None:
+    """Fifty concurrent read-modify-writes all land: none overwrites another."""
+    await store.create(record())
+
+    async def bump() -> None:
+        await store.mutate("op_1", lambda r: (r.evolve(early_refusals=r.early_refusals + 1), None))
+
+    await asyncio.gather(*(bump() for _ in range(50)))
+    stored = await store.get("op_1")
+    assert stored is not None
+    assert stored.early_refusals == 50
+    assert stored.version == 51
+
+
+async def test_concurrent_cas_has_one_winner(store: Store) -> None:
+    base = await store.create(record())
+    results = await asyncio.gather(*(store.save(base.evolve(early_refusals=i)) for i in range(20)))
+    assert results.count(True) == 1
+
+
+async def test_mutate_unknown_operation_is_a_store_error(store: Store) -> None:
+    with pytest.raises(StoreError):
+        await store.mutate("op_missing", lambda r: (None, None))
+
+
+async def test_list_filters(store: Store) -> None:
+    await store.create(record("op_1", "j1"))
+    await store.create(record("op_2", "j2", account="team-b").evolve(outcome=Outcome.SUCCEEDED))
+    assert {r.operation_id for r in await store.list(OperationFilter())} == {"op_1", "op_2"}
+    assert [r.operation_id for r in await store.list(OperationFilter(account="team-b"))] == ["op_2"]
+    pending = await store.list(OperationFilter(outcome=Outcome.PENDING))
+    assert [r.operation_id for r in pending] == ["op_1"]
+    assert await store.list(OperationFilter(provider="other")) == []
+    assert len(await store.list(OperationFilter(limit=1))) == 1
+
+
+async def test_idempotency_first_writer_wins_until_expiry(store: Store) -> None:
+    assert await store.claim_idempotency(idem(fingerprint="a", ttl=EXPIRY), time.time()) is None
+    seen = await store.claim_idempotency(idem(fingerprint="b"), time.time())
+    assert seen is not None and seen.fingerprint == "a"
+    await asyncio.sleep(EXPIRY + 0.05)
+    assert await store.claim_idempotency(idem(fingerprint="c"), time.time()) is None
+
+
+async def test_idempotency_claim_race_has_one_winner(store: Store) -> None:
+    now = time.time()
+    results = await asyncio.gather(
+        *(store.claim_idempotency(idem(fingerprint=str(i)), now) for i in range(20))
+    )
+    assert results.count(None) == 1
+
+
+async def test_idempotency_put_and_drop(store: Store) -> None:
+    now = time.time()
+    await store.claim_idempotency(idem(), now)
+    response = StoredResponse(202, (("Location", "/x"),), b"{}")
+    done = IdempotencyEntry("k", "f", IdemState.COMPLETED, now, now + 60, "op_1", response)
+    await store.put_idempotency(done)
+    assert await store.claim_idempotency(idem(), now) == done
+    await store.drop_idempotency("k")
+    assert await store.claim_idempotency(idem(), now) is None
+
+
+async def test_leases_are_exclusive_until_expiry_and_released_by_owner_only(store: Store) -> None:
+    assert await store.acquire_lease("poll:op_1", "t1", time.time(), EXPIRY)
+    assert not await store.acquire_lease("poll:op_1", "t2", time.time(), EXPIRY)
+    await store.release_lease("poll:op_1", "t2")
+    assert not await store.acquire_lease("poll:op_1", "t2", time.time(), EXPIRY)
+    await asyncio.sleep(EXPIRY + 0.05)
+    assert await store.acquire_lease("poll:op_1", "t2", time.time(), 10)
+    await store.release_lease("poll:op_1", "t2")
+    assert await store.acquire_lease("poll:op_1", "t3", time.time(), 10)
+
+
+async def test_lease_race_has_one_winner(store: Store) -> None:
+    now = time.time()
+    won = await asyncio.gather(*(store.acquire_lease("l", f"t{i}", now, 5) for i in range(20)))
+    assert won.count(True) == 1
+
+
+async def test_ping_and_active_counts(store: Store) -> None:
+    await store.ping()
+    await store.create(record("op_1", "j1"))
+    done = await store.create(record("op_2", "j2"))
+    await store.create(record("op_3", "j3").evolve(provider="other"))
+    assert await store.active_counts() == {"demo-jobs": 2, "other": 1}
+    await store.save(done.evolve(outcome=Outcome.SUCCEEDED))
+    assert (await store.active_counts())["demo-jobs"] == 1
+
+
+async def test_clock_is_close_to_real_time(store: Store) -> None:
+    assert abs(store.clock() - time.time()) < 1.0
+
+
+async def test_sqlite_survives_reopen(tmp_path: Path) -> None:
+    """Records written by one SQLite store are read by the next one on the same file."""
+    url = f"sqlite:///{tmp_path}/reopen.db"
+    first = store_from_url(url)
+    created = await first.create(record())
+    await first.save(created.evolve(status_requests_used=4))
+    await first.close()
+    second = store_from_url(url)
+    stored = await second.get("op_1")
+    await second.close()
+    assert stored is not None and stored.status_requests_used == 4
+
+
+async def test_closed_sqlite_store_raises_store_error(tmp_path: Path) -> None:
+    closed = store_from_url(f"sqlite:///{tmp_path}/closed.db")
+    await closed.ping()
+    await closed.close()
+    with pytest.raises(StoreError):
+        await closed.get("op_1")
+
+
+def test_unknown_scheme_and_bad_options_are_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="scheme 'postgres' is not supported"):
+        store_from_url("postgres://x")
+    with pytest.raises(ConfigError, match="unknown option"):
+        store_from_url("redis://127.0.0.1:6379/0?prefx=a")
+    with pytest.raises(ConfigError, match="prefix"):
+        store_from_url("redis://127.0.0.1:6379/0?prefix={x}")
+
+
+async def test_purge_deletes_what_stopped_waiting_before_the_cutoff(store: Store) -> None:
+    now = time.time()
+    await store.create(record("op_old", "j1").evolve(outcome=Outcome.SUCCEEDED, ended_at=now - 100))
+    await store.create(record("op_new", "j2").evolve(outcome=Outcome.FAILED, ended_at=now - 1))
+    await store.create(record("op_wait", "j3"))
+    await store.create(
+        record("op_other", "j4").evolve(provider="other", outcome=Outcome.SUCCEEDED, ended_at=0)
+    )
+    await store.claim_idempotency(idem("gone", ttl=-1), now)
+    assert await store.purge("demo-jobs", now - 10, now) == 1
+    assert await store.get("op_old") is None
+    assert await store.find("team-a", "demo-jobs", "j1") is None
+    for kept in ("op_new", "op_wait", "op_other"):
+        assert await store.get(kept) is not None
+    assert await store.claim_idempotency(idem("gone"), now) is None  # the expired key went
+
+
+async def test_open_escalations_follow_every_write_and_purge(store: Store) -> None:
+    """The escalations waiting on a person, per provider and reason, as the store holds
+    them: counted when escalated, uncounted when resumed or purged."""
+    now = time.time()
+    for i, reason in enumerate([Reason.UNKNOWN_STATE, Reason.UNKNOWN_STATE, Reason.RATE_LIMITED]):
+        created = await store.create(record(f"op_{i}", f"job_{i}"))
+        escalation = Escalation(reason, now, "d", ("abandon",))
+        escalated = created.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=now)
+        assert await store.save(escalated)
+    assert await store.open_escalations() == {
+        ("demo-jobs", "unknown_state"): 2,
+        ("demo-jobs", "rate_limited"): 1,
+    }
+    stored = await store.get("op_0")
+    assert stored is not None
+    resumed = stored.evolve(outcome=Outcome.PENDING, escalation=None, ended_at=None)
+    assert await store.save(resumed)
+    assert await store.open_escalations() == {
+        ("demo-jobs", "unknown_state"): 1,
+        ("demo-jobs", "rate_limited"): 1,
+    }
+    assert await store.purge("demo-jobs", now + 1, now) == 2
+    assert await store.open_escalations() == {}
+
+
+async def test_list_pages_from_a_position_and_new_operations_never_disturb_paging(
+    store: Store,
+) -> None:
+    """``before`` pages newest first by (started_at, operation_id), ties by id, with filters;
+    operations created between pages neither repeat nor shift the pages that follow."""
+    t = time.time()
+    starts = {"op_a": t, "op_b": t, "op_c": t - 1, "op_d": t - 2, "op_e": t - 2, "op_f": t - 3}
+    for n, (op, started) in enumerate(starts.items()):
+        made = record(op, f"j{n}").evolve(started_at=started)
+        await store.create(made.evolve(outcome=Outcome.SUCCEEDED) if op == "op_c" else made)
+    expected = ["op_b", "op_a", "op_c", "op_e", "op_d", "op_f"]
+    assert [r.operation_id for r in await store.list(OperationFilter())] == expected
+    seen: list[str] = []
+    before = None
+    while True:
+        page = await store.list(OperationFilter(limit=2, before=before))
+        if not page:
+            break
+        seen += [r.operation_id for r in page]
+        before = (page[-1].started_at, page[-1].operation_id)
+        await store.create(record(f"op_new{len(seen)}", f"new{len(seen)}"))  # newer than all
+    assert seen == expected
+    pending = OperationFilter(outcome=Outcome.PENDING, before=(t - 1, "op_c"), limit=10)
+    assert [r.operation_id for r in await store.list(pending)] == ["op_e", "op_d", "op_f"]
+    assert await store.list(OperationFilter(before=(t - 3, "op_f"))) == []
+
+
+async def test_start_poll_takes_the_lease_and_a_place_in_the_pacing_window(store: Store) -> None:
+    """One step (one round trip on Redis): the lease is exclusive, the window counts the
+    call, a full window says how long to wait (the lease is still taken)."""
+    now = time.time()
+    assert await store.start_poll("poll:a", "t1", now, 5.0, "prov-a", 1.0) == 0
+    assert await store.start_poll("poll:a", "t2", now, 5.0, "prov-a", 1.0) is None
+    wait = await store.start_poll("poll:b", "t3", now, 5.0, "prov-a", 1.0)
+    assert wait is not None and 0 < wait <= 1.1
+    assert not await store.acquire_lease("poll:b", "t4", now, 5.0)  # taken although paced
+    await store.release_lease("poll:a", "t1")
+    assert await store.start_poll("poll:a", "t5", now, 5.0, "prov-b", None) == 0
+
+
+async def test_tightening_pauses_the_provider_in_start_poll_and_pace(store: Store) -> None:
+    """A provider's 429 pause (rate 0 until a moment) is seen by every later call."""
+    now = store.clock()
+    await store.tighten("prov-c", 0.0, now + 30)
+    wait = await store.start_poll("poll:c", "t1", now, 5.0, "prov-c", None)
+    assert wait is not None and 25 < wait <= 30.5
+    assert 25 < await store.pace("prov-c", 10.0, now) <= 30.5
+    assert await store.pace("prov-other", 10.0, now) == 0
+
+
+async def test_finish_poll_writes_and_releases_in_one_step(store: Store) -> None:
+    """From the record in hand when it is current, by the usual loop when it is not; the
+    lease is released either way."""
+    created = await store.create(record())
+    assert await store.acquire_lease("poll:op_1", "t1", time.time(), 5.0)
+
+    def bump(current: OperationRecord) -> tuple[OperationRecord, int]:
+        return current.evolve(early_refusals=current.early_refusals + 1), current.version
+
+    seen = await store.finish_poll("op_1", bump, known=created, lease="poll:op_1", token="t1")
+    assert seen == 1
+    assert await store.acquire_lease("poll:op_1", "t2", time.time(), 5.0)
+    stale = created  # version 1, the store has 2 now
+    seen = await store.finish_poll("op_1", bump, known=stale, lease="poll:op_1", token="t2")
+    assert seen == 2
+    stored = await store.get("op_1")
+    assert stored is not None and stored.early_refusals == 2 and stored.version == 3
+    assert await store.acquire_lease("poll:op_1", "t3", time.time(), 5.0)
+
+
+async def test_start_and_reserve_writes_the_reservation_with_the_lease(store: Store) -> None:
+    """One step (one round trip on Redis): the lease, a place in the pacing window and the
+    reservation computed from the record in hand; a moved record is not written (the lease
+    is still taken, and a store that hands back the stored record hands back the current
+    one), a full window writes nothing, a held lease takes nothing."""
+    created = await store.create(record())
+    now = time.time()
+    reserved = created.evolve(status_requests_used=1, last_polled_at=now)
+    wait, written, moved = await store.start_and_reserve(
+        "poll:op_1", "t1", now, 5.0, "prov-r", 1.0, reserved
+    )
+    assert (wait, written, moved) == (0, True, None)
+    stored = await store.get("op_1")
+    assert stored is not None and stored.status_requests_used == 1 and stored.version == 2
+    assert await store.start_and_reserve("poll:op_1", "t2", now, 5.0, "prov-r", None, reserved) == (
+        None,
+        False,
+        None,
+    )
+    await store.release_lease("poll:op_1", "t1")
+    stale = created.evolve(early_refusals=3)  # version 1, the store has 2
+    wait, written, moved = await store.start_and_reserve(
+        "poll:op_1", "t3", now, 5.0, "prov-s", None, stale
+    )
+    assert (wait, written) == (0, False)
+    assert moved is None or moved == stored  # the stored record, version 2
+    assert not await store.acquire_lease("poll:op_1", "t4", now, 5.0)  # t3 holds it
+    await store.release_lease("poll:op_1", "t3")
+    fresh = await store.get("op_1")
+    assert fresh is not None
+    wait, written, _ = await store.start_and_reserve(
+        "poll:op_1", "t5", now, 5.0, "prov-r", 1.0, fresh.evolve(early_refusals=1)
+    )
+    assert wait is not None and wait > 0 and not written  # prov-r's window is full
+    after = await store.get("op_1")
+    assert after is not None and after.early_refusals == 0
