@@ -329,8 +329,9 @@ class RedisCluster3:
     """A private Redis Cluster of three primaries on free loopback ports (no replicas), the
     16384 slots split evenly; what ``redis+cluster://`` is tested against."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, node_timeout_ms: int | None = None) -> None:
         self.folder = folder
+        self.node_timeout_ms = node_timeout_ms
         self.servers: list[tuple[int, subprocess.Popen[bytes]]] = []
 
     @property
@@ -346,6 +347,8 @@ class RedisCluster3:
             command += ["--cluster-enabled", "yes", "--save", "", "--appendonly", "no"]
             command += ["--cluster-config-file", str(self.folder / f"nodes-{port}.conf")]
             command += ["--dir", str(self.folder)]
+            if self.node_timeout_ms is not None:
+                command += ["--cluster-node-timeout", str(self.node_timeout_ms)]
             process = subprocess.Popen(
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )

@@ -59,7 +59,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
-from gateway.errors import NotAdmissible, StoreError
+from gateway.errors import NotAdmissible, StatusgateError, StoreError
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Store, T, matches, purgeable
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
@@ -194,15 +194,23 @@ class RedisStore(Store):
 
     # -- plumbing -----------------------------------------------------------------------
     async def _call(self, operation: str, work: Any) -> Any:
+        """Await one driver call; every failure of the driver becomes StoreError here.
+
+        Not only redis-py's own errors: while a cluster fails over, the client tears down
+        connections other tasks are reading (``aclose`` on CLUSTERDOWN) and they fail with
+        RuntimeError, AttributeError, IndexError or KeyError from asyncio and the client's
+        bookkeeping. Whatever the type, the store did not answer: fail closed (503)."""
         try:
             return await work
+        except StatusgateError:
+            raise
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             raise StoreError(
                 f"redis {operation}: {type(exc).__name__}", operation=operation
             ) from exc
-        except AttributeError as exc:  # redis-py's connection torn down under it: see above
+        except Exception as exc:  # the driver broken under us: see the docstring
             raise StoreError(
-                f"redis {operation}: {type(exc).__name__}", operation=operation
+                f"redis {operation}: {type(exc).__name__} in the client", operation=operation
             ) from exc
 
     def clock(self) -> float:
