@@ -277,10 +277,12 @@ async def test_agent_query_strings_are_not_forwarded_on_status_calls(
 # -- 14: a provider-wide pause cannot outlast deadlines --------------------------------------
 
 
-async def test_a_provider_pause_past_the_deadline_escalates(harness: Harness) -> None:
-    """Item 14: one 429 with Retry-After of 29 days pauses the provider, but an operation
-    whose deadline comes first is escalated deadline_exceeded at its next call instead of
-    being told to come back in 29 days."""
+async def test_a_provider_pause_past_the_deadline_escalates(make_harness: Any) -> None:
+    """Item 14: one 429 with Retry-After of 29 days pauses the provider (for at most
+    max_provider_pause, here max_delay's 2m), and an operation whose deadline comes first
+    is escalated deadline_exceeded at its next call instead of being told to come back."""
+    polling = {"deadline": "60s", "max_delay": "2m"}
+    harness = await make_harness(policy_changes={"demo-jobs": {"polling": polling}})
     first = (
         await (await harness.submit([{"http": 429, "retry_after": "2505600"}], key="a")).json()
     )["id"]

@@ -8,6 +8,11 @@ The window is pure bookkeeping with ``now`` passed in. A sliding window allows `
 still arrive at the provider under the ceiling. A provider's own signals (RateLimit headers,
 429 with Retry-After) tighten its ceiling until their reset; a tightened rate of 0 pauses the
 provider. The Redis store runs the same rules in one Lua script on Redis time.
+
+A provider's ask is bounded by the policy (``polling.max_provider_pause``, default
+``max_delay``): one answer with ``Retry-After: 2505600`` must not stop every operation of
+the provider for a month, so a longer tightening is clamped (``bounded``), never trusted,
+and said once per pause (``PauseNotes``).
 """
 
 from __future__ import annotations
@@ -54,6 +59,42 @@ class Pacer:
         current = self.tightened.get(provider)
         if current is None or current[1] <= until or rate < current[0]:
             self.tightened[provider] = (rate, until)
+
+
+@dataclass(frozen=True)
+class Tightening:
+    """What a provider asked for (rate per second until ``asked``), as the gateway keeps it:
+    until ``until``, at most the policy's cap from now."""
+
+    rate: float
+    until: float
+    asked: float
+
+    @property
+    def clamped(self) -> bool:
+        return self.until < self.asked
+
+
+def bounded(rate: float, until: float, now: float, cap: float) -> Tightening:
+    """The provider's ``rate`` until ``until``, lasting no longer than ``cap`` from ``now``."""
+    return Tightening(rate, min(until, now + cap), until)
+
+
+@dataclass
+class PauseNotes:
+    """When to say that a provider's ask was clamped: once per pause, not once per answer
+    (a provider sending the same month-long Retry-After on every call logs one line)."""
+
+    said_until: dict[str, float] = field(default_factory=dict)
+
+    def first(self, provider: str, tightening: Tightening, now: float) -> bool:
+        """True if ``tightening`` is clamped and no clamped pause said before still runs."""
+        if not tightening.clamped:
+            return False
+        if self.said_until.get(provider, float("-inf")) > now:
+            return False
+        self.said_until[provider] = tightening.until
+        return True
 
 
 @dataclass

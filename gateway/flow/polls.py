@@ -24,6 +24,7 @@ from gateway.core.pacing import GUARD
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.schedule import provider_limit
 from gateway.errors import NotAdmissible, StoreError
+from gateway.flow.pausing import tighten
 from gateway.flow.runtime import OUTCOME, PollTask, Runtime
 from gateway.observe.effects import Window
 from gateway.provider.client import UpstreamResponse
@@ -371,7 +372,7 @@ async def _send(asker: Asker, operation_id: str) -> tuple[ProviderAnswer, Upstre
     )
     limit = provider_limit(answer.status, response.headers if response else {}, runtime.clock())
     if limit is not None:
-        await runtime.store.tighten(policy.provider, *limit)
+        await tighten(runtime, policy, *limit)
     return answer, response
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from gateway.core.models import Clock
-from gateway.core.pacing import Spacer
+from gateway.core.pacing import PauseNotes, Spacer
 from gateway.core.routing import RouteTable
 from gateway.observe.effects import Effects
 from gateway.provider.client import Upstream, UpstreamResponse
@@ -48,6 +48,7 @@ class Runtime:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     holding: int = 0  # status calls held for Prefer: wait right now
     spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
+    pauses: PauseNotes = field(default_factory=PauseNotes)  # clamped pauses already logged
     admin_port: int | None = None  # the admin listener's bound port, once serving
 
     def __post_init__(self) -> None:

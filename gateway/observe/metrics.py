@@ -131,6 +131,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="mostrecent",
         )
+        self.provider_pauses_clamped = Counter(
+            "statusgate_provider_pauses_clamped",
+            "Provider-wide pauses asked for longer than polling.max_provider_pause, clamped",
+            ["provider"],
+            registry=r,
+        )
         self.provider_guidance = Counter(
             "statusgate_provider_guidance",
             "Provider timing guidance used (or rejected) for scheduling",
@@ -214,6 +220,7 @@ class Metrics:
                 self.provider_guidance.labels(provider, source)
             self.operations_active.labels(provider)
             self.requests_per_operation.labels(provider)
+            self.provider_pauses_clamped.labels(provider)
         for route in (*ROUTES, "admin", "mcp", "other"):
             self.request_duration.labels(route)
 

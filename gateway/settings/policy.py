@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from gateway.errors import ConfigError
 from gateway.settings.loading import Duration, Strict, http_url, interpolate, read_yaml, validate
+from gateway.settings.units import parse_duration
 
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -257,6 +258,13 @@ Rate = Annotated[
 ]
 
 
+OptionalDuration = Annotated[
+    float | None,
+    BeforeValidator(lambda value: None if value is None else parse_duration(value)),
+    WithJsonSchema({"type": ["string", "null"], "pattern": r"^\d+(\.\d+)?(ms|s|m|h|d)$"}),
+]
+
+
 class Polling(Strict):
     base_delay: Duration = 5.0
     max_delay: Duration = 120.0
@@ -272,6 +280,13 @@ class Polling(Strict):
     provider_rate: Rate = None  # status calls per second to this provider, all replicas
     early_calls: Literal["refuse", "hold"] = "refuse"  # too-early calls: 429, or held
     max_result_fetches: Annotated[int, Field(ge=0)] = 10
+    # The longest a provider may pause (or slow) every status call to it; None: max_delay.
+    max_provider_pause: OptionalDuration = None
+
+    @property
+    def provider_pause_cap(self) -> float:
+        """Seconds a provider-wide pause may last at most (SPEC 16)."""
+        return self.max_delay if self.max_provider_pause is None else self.max_provider_pause
 
 
 class Extension(Strict):
@@ -330,6 +345,8 @@ class ProviderPolicy(Strict):
     def fingerprint(self) -> str:
         """Changes whenever the policy's rules change; the credential is left out."""
         data = self.model_dump(mode="json", by_alias=True, exclude={"credential"})
+        if data["polling"]["max_provider_pause"] is None:  # unset: as before the field was
+            del data["polling"]["max_provider_pause"]
         return _digest(json.dumps(data, sort_keys=True))
 
     @property
@@ -382,6 +399,8 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
         problems.append(("polling.jitter.min", "must not be greater than polling.jitter.max"))
     if p.base_delay <= 0:
         problems.append(("polling.base_delay", "must be greater than 0"))
+    if p.max_provider_pause is not None and p.max_provider_pause <= 0:
+        problems.append(("polling.max_provider_pause", "must be greater than 0"))
     if not math.isfinite(p.rate_limited_multiplier):
         problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
     problems.extend(_route_problems(policy.routes))
