@@ -39,6 +39,11 @@ class Upstream:
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def timeout(self) -> float:
+        """Seconds a request to a provider may take in all (limits.upstream_timeout)."""
+        return float(self._timeout.total or 0.0)
+
     def configure(self, *, timeout: float, max_response_body: int) -> None:
         """New limits for the requests sent from now on (a live reload)."""
         self._timeout = aiohttp.ClientTimeout(total=timeout)

@@ -3,7 +3,8 @@
 One class per credential kind, chosen from a table by ``Credential.kind``: a header, a query
 parameter, an AWS Signature Version 4 (signed with botocore's signer over the exact request
 that is sent), or an OAuth2 client-credentials bearer token (fetched from the policy's token
-URL, cached until shortly before it expires, renewed once when the provider answers 401).
+URL, cached until shortly before it expires, renewed once when the provider answers 401;
+one fetch in flight at a time, callers waiting for it at most the upstream timeout).
 Agents never hold any of it; whatever an agent sent in the credential's place is removed.
 """
 
@@ -28,6 +29,9 @@ logging.getLogger("botocore").setLevel(logging.WARNING)
 
 AWS_HEADERS = ("authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256")
 TOKEN_MARGIN = 60.0  # renew an OAuth2 token this long before it expires (at most)
+# An expires_in under this is taken as this: a token endpoint answering 0.001 must not turn
+# every provider call into a token fetch (a token that really is gone gets a 401: renewed).
+MIN_TOKEN_LIFETIME = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +146,7 @@ class OAuth2Credential:
         self._upstream, self._clock = upstream, clock
         self._token: str | None = None
         self._expires_at = 0.0
-        self._lock = asyncio.Lock()
+        self._fetching: asyncio.Future[str] | None = None
         self._static = credential.secrets
 
     async def apply(self, request: Outgoing) -> Outgoing:
@@ -152,12 +156,32 @@ class OAuth2Credential:
         return Outgoing(request.method, request.url, headers, request.body)
 
     async def _current(self) -> str:
-        async with self._lock:
-            if self._token is None or self._clock() >= self._expires_at:
-                self._token, lifetime = await self._fetch()
-                margin = min(TOKEN_MARGIN, lifetime / 10)
-                self._expires_at = self._clock() + lifetime - margin
+        """The cached token, or the one being fetched: one fetch in flight whatever the
+        number of callers, each of them waiting for it at most the upstream timeout (a
+        token endpoint that hangs must not queue every submit behind it, one by one)."""
+        if self._token is not None and self._clock() < self._expires_at:
             return self._token
+        if self._fetching is None:
+            self._fetching = asyncio.ensure_future(self._renewed())
+            self._fetching.add_done_callback(self._fetched)
+        timeout = self._upstream.timeout
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._fetching), timeout)
+        except TimeoutError:
+            raise UpstreamUnavailable(
+                f"token endpoint: no token within {timeout:g}s", sent=False
+            ) from None
+
+    async def _renewed(self) -> str:
+        token, lifetime = await self._fetch()
+        margin = min(TOKEN_MARGIN, lifetime / 10)
+        self._token, self._expires_at = token, self._clock() + lifetime - margin
+        return token
+
+    def _fetched(self, fetch: asyncio.Future[str]) -> None:
+        self._fetching = None
+        if not fetch.cancelled():
+            fetch.exception()  # each waiter got it; a fetch nobody waits for any more is quiet
 
     async def _fetch(self) -> tuple[str, float]:
         """A new token, or UpstreamUnavailable (nothing was sent to the provider)."""
@@ -205,7 +229,7 @@ def _token_from(status: int, body: bytes) -> tuple[str, float]:
     lifetime = data.get("expires_in", 3600) if isinstance(data, dict) else 3600
     if isinstance(lifetime, bool) or not isinstance(lifetime, int | float) or lifetime <= 0:
         lifetime = 3600
-    return token, float(min(lifetime, 86400))
+    return token, float(min(max(lifetime, MIN_TOKEN_LIFETIME), 86400))
 
 
 KINDS: dict[str, Callable[..., Applier]] = {

@@ -162,3 +162,102 @@ def test_request_headers_lose_agent_credentials(policy: ProviderPolicy) -> None:
         "key-1",
     )
     assert sent == {"Accept": "application/json", "Idempotency-Key": "key-1"}
+
+
+# -- OAuth2 token fetches ------------------------------------------------------------------
+
+
+@pytest.fixture
+async def token_server() -> AsyncIterator[tuple[list[str], str, dict[str, object]]]:
+    """A loopback token endpoint: it hangs when told to, else issues a numbered token
+    with the ``expires_in`` it is given; every hit is logged."""
+    hits: list[str] = []
+    setup: dict[str, object] = {"hang": False, "expires_in": 600}
+
+    async def token(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        if setup["hang"]:
+            await asyncio.sleep(30)
+        return web.json_response(
+            {"access_token": f"token-{len(hits)}", "expires_in": setup["expires_in"]}
+        )
+
+    app = web.Application()
+    app.router.add_post("/oauth/token", token)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield hits, str(server.make_url("/oauth/token")), setup
+    await server.close()
+
+
+def _oauth2(token_url: str, upstream: Upstream, clock: object) -> object:
+    from gateway.provider.credentials import OAuth2Credential
+    from gateway.settings.policy import Credential
+
+    credential = Credential.model_validate(
+        {
+            "oauth2_client_credentials": {
+                "token_url": token_url,
+                "client_id": "client-1",
+                "client_secret": "secret-1",
+            }
+        }
+    )
+    return OAuth2Credential(credential, upstream=upstream, clock=clock)
+
+
+async def test_a_hanging_token_endpoint_is_fetched_once_for_all_waiting_calls(
+    token_server: tuple[list[str], str, dict[str, object]],
+) -> None:
+    """Eight provider calls needing a token while the token endpoint hangs make one fetch
+    and all fail within about one upstream timeout, not one timeout after another."""
+    from gateway.provider.credentials import Outgoing
+
+    hits, url, setup = token_server
+    setup["hang"] = True
+    upstream = Upstream(timeout=0.3, max_response_body=1 << 20)
+    await upstream.start()
+    applier = _oauth2(url, upstream, __import__("time").time)
+    request = Outgoing("GET", "http://provider.invalid/v1/jobs/1", {}, None)
+    try:
+        started = asyncio.get_running_loop().time()
+        answers = await asyncio.gather(
+            *(applier.apply(request) for _ in range(8)),  # type: ignore[attr-defined]
+            return_exceptions=True,
+        )
+        took = asyncio.get_running_loop().time() - started
+        assert all(isinstance(a, UpstreamUnavailable) for a in answers), answers
+        assert len(hits) == 1
+        assert took < 1.0, took
+        setup["hang"] = False
+        sent = await applier.apply(request)  # type: ignore[attr-defined]
+        assert sent.headers["Authorization"] == "Bearer token-2"  # the next call fetches anew
+    finally:
+        await upstream.close()
+
+
+async def test_a_token_lifetime_under_the_floor_is_not_fetched_per_call(
+    token_server: tuple[list[str], str, dict[str, object]],
+) -> None:
+    """A token endpoint answering ``expires_in: 0.001`` does not make every provider call
+    fetch a token: the token is kept for at least MIN_TOKEN_LIFETIME, 30 s (less a margin)."""
+    from conftest import FakeClock
+    from gateway.provider.credentials import Outgoing
+
+    hits, url, setup = token_server
+    setup["expires_in"] = 0.001
+    clock = FakeClock()
+    upstream = Upstream(timeout=2.0, max_response_body=1 << 20)
+    await upstream.start()
+    applier = _oauth2(url, upstream, clock)
+    request = Outgoing("GET", "http://provider.invalid/v1/jobs/1", {}, None)
+    try:
+        for _ in range(5):
+            await applier.apply(request)  # type: ignore[attr-defined]
+            clock.advance(2.0)
+        assert len(hits) == 1
+        clock.advance(30.0)
+        await applier.apply(request)  # type: ignore[attr-defined]
+        assert len(hits) == 2
+    finally:
+        await upstream.close()
