@@ -59,7 +59,7 @@ async def test_a_month_long_retry_after_pauses_the_provider_only_up_to_the_cap(
         if kind == "redis":
             store = harness.client.app[RUNTIME].store
             key = store._pace_keys("demo-jobs")[1]  # type: ignore[attr-defined]
-            base, _, query = url.partition("?")
+            base = url.partition("?")[0]
             client = sync_redis.Redis.from_url(base)
             until = float(client.hget(key, "until") or 0)
             ttl = client.pttl(key)
@@ -76,9 +76,9 @@ async def test_extend_after_a_clamped_pause_does_not_re_escalate_at_once(
     again at its next call."""
     polling = {"deadline": "60s", "max_delay": "2m"}
     harness: Harness = await make_harness(policy_changes={"demo-jobs": {"polling": polling}})
-    first = (
-        await (await harness.submit([{"http": 429, "retry_after": MONTH}], key="a")).json()
-    )["id"]
+    first = (await (await harness.submit([{"http": 429, "retry_after": MONTH}], key="a")).json())[
+        "id"
+    ]
     second = (await (await harness.submit([{"state": "running"}], key="b")).json())["id"]
     await harness.poll_when_due(first)
     answer = await harness.poll_when_due(second)

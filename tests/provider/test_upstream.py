@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import time
 import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,12 +13,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from gateway.core.models import Clock
 from gateway.errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.provider.client import Upstream
+from gateway.provider.credentials import OAuth2Credential, Outgoing
 from gateway.provider.headers import Rewriter, to_provider
-from gateway.settings.policy import ProviderPolicy, load_policy
+from gateway.settings.policy import Credential, ProviderPolicy, load_policy
 
-from conftest import Harness
+from conftest import FakeClock, Harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,10 +193,7 @@ async def token_server() -> AsyncIterator[tuple[list[str], str, dict[str, object
     await server.close()
 
 
-def _oauth2(token_url: str, upstream: Upstream, clock: object) -> object:
-    from gateway.provider.credentials import OAuth2Credential
-    from gateway.settings.policy import Credential
-
+def _oauth2(token_url: str, upstream: Upstream, clock: Clock) -> OAuth2Credential:
     credential = Credential.model_validate(
         {
             "oauth2_client_credentials": {
@@ -211,18 +211,16 @@ async def test_a_hanging_token_endpoint_is_fetched_once_for_all_waiting_calls(
 ) -> None:
     """Eight provider calls needing a token while the token endpoint hangs make one fetch
     and all fail within about one upstream timeout, not one timeout after another."""
-    from gateway.provider.credentials import Outgoing
-
     hits, url, setup = token_server
     setup["hang"] = True
     upstream = Upstream(timeout=0.3, max_response_body=1 << 20)
     await upstream.start()
-    applier = _oauth2(url, upstream, __import__("time").time)
+    applier = _oauth2(url, upstream, time.time)
     request = Outgoing("GET", "http://provider.invalid/v1/jobs/1", {}, None)
     try:
         started = asyncio.get_running_loop().time()
         answers = await asyncio.gather(
-            *(applier.apply(request) for _ in range(8)),  # type: ignore[attr-defined]
+            *(applier.apply(request) for _ in range(8)),
             return_exceptions=True,
         )
         took = asyncio.get_running_loop().time() - started
@@ -230,7 +228,7 @@ async def test_a_hanging_token_endpoint_is_fetched_once_for_all_waiting_calls(
         assert len(hits) == 1
         assert took < 1.0, took
         setup["hang"] = False
-        sent = await applier.apply(request)  # type: ignore[attr-defined]
+        sent = await applier.apply(request)
         assert sent.headers["Authorization"] == "Bearer token-2"  # the next call fetches anew
     finally:
         await upstream.close()
@@ -241,9 +239,6 @@ async def test_a_token_lifetime_under_the_floor_is_not_fetched_per_call(
 ) -> None:
     """A token endpoint answering ``expires_in: 0.001`` does not make every provider call
     fetch a token: the token is kept for at least MIN_TOKEN_LIFETIME, 30 s (less a margin)."""
-    from conftest import FakeClock
-    from gateway.provider.credentials import Outgoing
-
     hits, url, setup = token_server
     setup["expires_in"] = 0.001
     clock = FakeClock()
@@ -253,11 +248,11 @@ async def test_a_token_lifetime_under_the_floor_is_not_fetched_per_call(
     request = Outgoing("GET", "http://provider.invalid/v1/jobs/1", {}, None)
     try:
         for _ in range(5):
-            await applier.apply(request)  # type: ignore[attr-defined]
+            await applier.apply(request)
             clock.advance(2.0)
         assert len(hits) == 1
         clock.advance(30.0)
-        await applier.apply(request)  # type: ignore[attr-defined]
+        await applier.apply(request)
         assert len(hits) == 2
     finally:
         await upstream.close()
