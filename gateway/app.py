@@ -222,8 +222,7 @@ async def _drain(app: web.Application) -> None:
 async def _stop(app: web.Application) -> None:
     runtime = app[RUNTIME]
     effects = runtime.effects
-    if effects.notifier is not None:
-        await effects.notifier.close()
+    await effects.close_notifier(runtime.settings.file.escalation.webhook_timeout)
     if effects.audit is not None:
         await effects.audit.close()
     await runtime.upstream.close()

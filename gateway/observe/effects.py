@@ -7,6 +7,7 @@ anything: the event, the record and the plan come from decide.py or actions.py.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from gateway.observe.metrics import Metrics
 from gateway.observe.notify import Notifier, notifier_for
 from gateway.settings.config import Settings
 from gateway.settings.policy import ProviderPolicy
+
+log = logging.getLogger("statusgate")
 
 
 @dataclass
@@ -84,9 +87,9 @@ class Effects:
         self.refusals = RefusalWindows()
 
     async def restart_notifier(self, settings: Settings) -> None:
-        """Start (or, on a reload that changed it, replace) the webhook notifier."""
-        if self.notifier is not None:
-            await self.notifier.close()
+        """Start (or, on a reload that changed it, replace) the webhook notifier; notices
+        the old one had not delivered go to the new one, or are reported dropped."""
+        left = await self.notifier.close() if self.notifier is not None else []
         hook = settings.file.escalation
         self.notifier = notifier_for(
             hook.webhook_url,
@@ -97,6 +100,25 @@ class Effects:
             on_outcome=self.notified,
             on_drop=lambda: self.metrics.webhook_deliveries.labels("dropped").inc(),
         )
+        if self.notifier is None:
+            await self.dropped(left, "the webhook was removed by a reload")
+        else:
+            for notice in left:
+                self.notifier.submit(notice)
+
+    async def close_notifier(self, grace: float) -> None:
+        """Shutdown: deliver for up to ``grace`` seconds, then report the rest dropped."""
+        if self.notifier is not None:
+            left = await self.notifier.close(grace)
+            self.notifier = None
+            await self.dropped(left, "the gateway shut down")
+
+    async def dropped(self, notices: list[dict[str, Any]], why: str) -> None:
+        """Notices that will never be delivered: each counted and audited, one log line."""
+        for notice in notices:
+            await self.notified(notice, f"dropped, not delivered: {why}")
+        if notices:
+            log.warning("%d webhook notices dropped, not delivered: %s", len(notices), why)
 
     async def decided(
         self,
@@ -203,7 +225,9 @@ class Effects:
 
     async def notified(self, notice: dict[str, Any], outcome: str) -> None:
         """The webhook's delivery outcome, counted and as an audit line of its own."""
-        result = "delivered" if outcome.startswith("delivered") else "failed"
+        result = next(
+            (word for word in ("delivered", "dropped") if outcome.startswith(word)), "failed"
+        )
         self.metrics.webhook_deliveries.labels(result).inc()
         if self.audit is None:
             return

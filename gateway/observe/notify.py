@@ -5,6 +5,9 @@ secret is configured.
 A bounded queue feeds one worker; each delivery gets a few attempts with backoff and a
 timeout. A dead or slow receiver never slows a status call: when the queue is full the
 newest notice is dropped and counted. Outcomes are reported through ``on_outcome``.
+Closing never loses a notice silently: ``close`` waits a grace period for the queue, then
+hands back every notice not delivered (queued, or cut mid-delivery) for the caller to pass to
+the next notifier (a reload) or to report as dropped (shutdown).
 
 Signing: ``webhook-id`` (the same on every attempt of one event), ``webhook-timestamp``
 (unix seconds of the attempt, wall time: the receiver checks it against its own clock) and
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -68,18 +72,31 @@ class Notifier:
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(queue_size)
         self._worker: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._current: dict[str, Any] | None = None  # being delivered
         self.dropped = 0
 
     def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=self._timeout)
         self._worker = asyncio.create_task(self._run())
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 0.0) -> list[dict[str, Any]]:
+        """Stop after at most ``grace`` seconds of delivering what is queued; the notices
+        not delivered (the one cut mid-delivery first, then the queue, in order)."""
         if self._worker is not None:
+            if grace > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._queue.join(), grace)
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+        left = [] if self._current is None else [self._current]
+        self._current = None
+        while not self._queue.empty():
+            left.append(self._queue.get_nowait())
+            self._queue.task_done()
         if self._session is not None:
             await self._session.close()
+        return left
 
     def submit(self, notice: dict[str, Any]) -> None:
         """Queue one notice; never blocks, never raises."""
@@ -99,7 +116,9 @@ class Notifier:
         while True:
             notice = await self._queue.get()
             try:
+                self._current = notice
                 outcome = await self._deliver(notice)
+                self._current = None
                 await self._on_outcome(notice, outcome)
             except Exception:
                 log.exception("escalation webhook worker failed on one notice")

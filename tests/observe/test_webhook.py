@@ -109,3 +109,54 @@ async def test_hanging_receiver_never_slows_status_calls(make_harness: Any) -> N
             assert time.perf_counter() - started < 1.0
     finally:
         await server.close()
+
+
+async def test_a_reload_hands_undelivered_notices_to_the_new_notifier(make_harness: Any) -> None:
+    """Notices queued (or cut mid-delivery) when a reload replaces the webhook notifier are
+    delivered by the new one, not dropped without a trace."""
+    stuck = Receiver(hang=30)
+    server = await serve(stuck)
+    try:
+        harness: Harness = await make_harness(
+            config_changes=hook(str(server.make_url("/hook")), webhook_timeout="20s")
+        )
+        jobs = [await escalate(harness, "odd", f"k{i}") for i in range(4)]
+        await asyncio.sleep(0.1)  # the first delivery is under way, hanging
+        stuck.hang = 0
+        runtime = harness.client.app[RUNTIME]
+        await runtime.effects.restart_notifier(runtime.settings)
+        await drain(harness)
+        assert sorted(n["provider_job_id"] for n in stuck.received) == sorted(jobs)
+    finally:
+        await server.close()
+
+
+async def test_notices_left_at_shutdown_are_counted_audited_and_logged(
+    make_harness: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At shutdown the webhook gets its timeout to deliver what is queued; every notice it
+    could not deliver has an audit line and a dropped count, and one log line says so."""
+    stuck = Receiver(hang=30)
+    server = await serve(stuck)
+    try:
+        harness: Harness = await make_harness(
+            config_changes=hook(str(server.make_url("/hook")), webhook_timeout="500ms")
+        )
+        for i in range(3):
+            await escalate(harness, "odd", f"k{i}")
+        metrics = harness.client.app[RUNTIME].effects.metrics
+        started = time.perf_counter()
+        await harness.client.close()
+        assert time.perf_counter() - started < 5
+        dropped = [
+            line
+            for line in harness.audit_lines()
+            if line["event"] == "notified" and line["detail"].startswith("dropped")
+        ]
+        assert len(dropped) == 3, harness.audit_lines()
+        assert {line["reason"] for line in dropped} == {"unknown_state"}
+        assert metrics.webhook_deliveries.labels("dropped")._value.get() == 3
+        said = [r for r in caplog.records if "webhook notices dropped" in r.getMessage()]
+        assert len(said) == 1
+    finally:
+        await server.close()
