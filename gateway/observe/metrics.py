@@ -36,6 +36,7 @@ STORE_OPERATIONS = (
     "claim_idempotency",
     "create",
     "drop_idempotency",
+    "escalation_queue",
     "find",
     "get",
     "list",

@@ -48,7 +48,6 @@ from gateway.settings.units import format_duration, parse_duration, rfc3339
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_LIST = 500
-QUEUE_SCAN = 10_000  # escalated operations read to order the queue oldest first
 
 
 def routes(app: web.Application) -> None:
@@ -138,28 +137,10 @@ async def list_escalations(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         return problem("invalid-request", f"Bad query: {exc}.")
     runtime = request.app[RUNTIME]
-    waiting = await _escalated(runtime)
-    waiting.sort(key=lambda r: (r.escalation.at if r.escalation else r.started_at, r.operation_id))
+    waiting, total = await runtime.store.escalation_queue(limit)  # an index: reads ``limit``
     now = runtime.clock()
-    queue = [_queued(runtime, record, now) for record in waiting[:limit]]
-    return web.json_response({"escalations": queue, "total": len(waiting), "now": rfc3339(now)})
-
-
-async def _escalated(runtime: Runtime) -> list[OperationRecord]:
-    """Every escalated operation (up to QUEUE_SCAN), read page by page."""
-    found: list[OperationRecord] = []
-    where = OperationFilter(outcome=Outcome.ESCALATED, limit=MAX_LIST)
-    while len(found) < QUEUE_SCAN:
-        page = await runtime.store.list(where)
-        found += page
-        if len(page) < MAX_LIST:
-            break
-        where = OperationFilter(
-            outcome=Outcome.ESCALATED,
-            limit=MAX_LIST,
-            before=(page[-1].started_at, page[-1].operation_id),
-        )
-    return found
+    queue = [_queued(runtime, record, now) for record in waiting]
+    return web.json_response({"escalations": queue, "total": total, "now": rfc3339(now)})
 
 
 def _queued(runtime: Runtime, record: OperationRecord, now: float) -> dict[str, Any]:

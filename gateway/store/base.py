@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
+import heapq
 import random
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from gateway.errors import StoreError
 
 T = TypeVar("T")
 Ids = list[str]  # operation ids
+Queue = tuple[list[OperationRecord], int]  # the oldest open escalations, and how many
 Mutation = Callable[[OperationRecord], tuple[OperationRecord | None, T]]
 CAS_ATTEMPTS = 100
 
@@ -81,6 +84,22 @@ class Records(abc.ABC):
     async def open_escalations(self) -> dict[tuple[str, str], int]:
         """Escalated operations waiting on a person, per (provider, reason), across
         everything the store holds (right across replicas and restarts)."""
+
+    async def escalation_queue(self, limit: int) -> Queue:
+        """The ``limit`` open escalations waiting longest (oldest escalation first, ties by
+        operation id) and how many are open in all: the console's queue.
+
+        This default pages through every escalated record (the memory store's tests hold
+        a few); SQLite and Redis read an index and only the records they return."""
+        found: list[OperationRecord] = []
+        where = OperationFilter(outcome=Outcome.ESCALATED, limit=1000)
+        while True:
+            page = await self.list(where)
+            found += page
+            if len(page) < where.limit:
+                break
+            where = dataclasses.replace(where, before=listed_at(page[-1]))
+        return heapq.nsmallest(limit, found, key=queued_at), len(found)
 
     @abc.abstractmethod
     async def active_counts(self) -> dict[str, int]:
@@ -277,3 +296,9 @@ def matches(record: OperationRecord, where: OperationFilter) -> bool:
 def listed_at(record: OperationRecord) -> tuple[float, str]:
     """A record's place in ``list`` order (newest first): what paging positions compare."""
     return record.started_at, record.operation_id
+
+
+def queued_at(record: OperationRecord) -> tuple[float, str]:
+    """A record's place in the escalation queue: when it was escalated, then its id."""
+    at = record.escalation.at if record.escalation is not None else record.started_at
+    return at, record.operation_id

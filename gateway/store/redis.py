@@ -18,6 +18,9 @@ writes a record touches keys of that one slot:
     PREFIX:deadlines:SHARDPROVIDER    sorted set: pending operation ids by deadline (overdue)
     PREFIX:ended:SHARDPROVIDER        sorted set: ended operation ids by ended_at (purge)
     PREFIX:open:SHARDPROVIDER         hash: open escalations, operation id -> reason
+    PREFIX:queue:SHARDPROVIDER        sorted set: open escalations by escalation time
+                                      (the console's queue, oldest first, read a page
+                                      at a time)
     PREFIX:providers                  set: providers seen
     PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
     PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
@@ -60,7 +63,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import NotAdmissible, StatusgateError, StoreError
-from gateway.store.base import PURGE_BATCH, Ids, Mutation, Store, T, matches, purgeable
+from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, T, matches, purgeable
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
@@ -152,6 +155,7 @@ class RedisStore(Store):
         self._reads = _Reads(self)
         self._copies: dict[str, OperationRecord] = {}  # as last written or read here, bounded
         self._resync: asyncio.Task[None] | None = None
+        self._queues_filled: set[str] = set()  # providers whose queue sets were backfilled
 
     # -- keys ---------------------------------------------------------------------------
     def _shard(self, operation_id: str) -> str:
@@ -179,9 +183,9 @@ class RedisStore(Store):
         return f"{self.prefix}:lease:{shard}{{{name}}}"
 
     def _indexes(self, provider: str, shard: str) -> list[str]:
-        """The provider's active set, deadlines and ended sorted sets and open-escalations
-        hash in one shard, in CAS's KEYS order."""
-        kinds = ("active", "deadlines", "ended", "open")
+        """The provider's active set, deadlines and ended sorted sets, open-escalations
+        hash and escalation queue in one shard, in CAS's KEYS order."""
+        kinds = ("active", "deadlines", "ended", "open", "queue")
         return [f"{self.prefix}:{kind}:{shard}{provider}" for kind in kinds]
 
     async def _each_shard(self, operation: str, command: Any) -> tuple[tuple[str, Any], ...]:
@@ -269,7 +273,7 @@ class RedisStore(Store):
         """What the CAS script does to the provider's sets, for a record created whole."""
         operation_id = record.operation_id
         shard = self._shard(operation_id)
-        active, deadlines, ended, escalated = self._indexes(record.provider, shard)
+        active, deadlines, ended, escalated, queue = self._indexes(record.provider, shard)
         if record.outcome is Outcome.PENDING:
             pipe.sadd(active, operation_id)
             pipe.zadd(deadlines, {operation_id: record.deadline_at})
@@ -277,6 +281,7 @@ class RedisStore(Store):
             pipe.zadd(ended, {operation_id: record.ended_at})
         if record.outcome is Outcome.ESCALATED and record.escalation is not None:
             pipe.hset(escalated, operation_id, record.escalation.reason.value)
+            pipe.zadd(queue, {operation_id: record.escalation.at})
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         return await self._reads.read(self._op(operation_id))
@@ -430,7 +435,7 @@ class RedisStore(Store):
         for (shard, raw), record in zip(batch, records, strict=True):
             if record is not None and not purgeable(record, provider, ended_before):
                 continue  # waiting again: the CAS script took it out of the ended set
-            active, deadlines, ended, escalated = self._indexes(provider, shard)
+            active, deadlines, ended, escalated, queue = self._indexes(provider, shard)
             delete.zrem(ended, raw)
             if record is None:
                 continue  # deleted already
@@ -441,6 +446,7 @@ class RedisStore(Store):
             delete.srem(active, raw)
             delete.zrem(deadlines, raw)
             delete.hdel(escalated, raw)
+            delete.zrem(queue, raw)
             gone += 1
         await self._call("purge", delete.execute())
         return gone
@@ -485,6 +491,50 @@ class RedisStore(Store):
                     pair = (provider, reason.decode())
                     counts[pair] = counts.get(pair, 0) + 1
         return counts
+
+    async def escalation_queue(self, limit: int) -> Queue:
+        """The ``limit`` oldest open escalations from each provider's queue sets (one page
+        read per shard, then only those records), and how many are open in all."""
+        heads: list[tuple[float, bytes]] = []
+        total = 0
+        for provider in await self._providers("escalation_queue"):
+            await self._fill_queue(provider)
+            read = self._redis.pipeline(transaction=False)
+            for shard in self._every_shard():
+                queue = self._indexes(provider, shard)[4]
+                read.zrange(queue, 0, limit - 1, withscores=True)
+                read.zcard(queue)
+            answers = await self._call("escalation_queue", read.execute())
+            for page, count in zip(answers[::2], answers[1::2], strict=True):
+                heads += [(score, raw) for raw, score in page]
+                total += int(count)
+        heads.sort()
+        records = await self._records("escalation_queue", [raw for _, raw in heads[:limit]])
+        waiting = [r for r in records if r is not None and r.outcome is Outcome.ESCALATED]
+        return waiting, total
+
+    async def _fill_queue(self, provider: str) -> None:
+        """Once per provider and process: escalations written before the queue sets existed
+        (an upgrade) are added to them from the open-escalations hash."""
+        if provider in self._queues_filled:
+            return
+        read = self._redis.pipeline(transaction=False)
+        for shard in self._every_shard():
+            read.hkeys(self._indexes(provider, shard)[3])
+            read.zcard(self._indexes(provider, shard)[4])
+        answers = await self._call("escalation_queue", read.execute())
+        for shard, ids, queued in zip(
+            self._every_shard(), answers[::2], answers[1::2], strict=True
+        ):
+            if len(ids) == int(queued):
+                continue
+            add = self._redis.pipeline(transaction=False)
+            for record in await self._records("escalation_queue", list(ids)):
+                if record is not None and record.escalation is not None:
+                    at = {record.operation_id: record.escalation.at}
+                    add.zadd(self._indexes(provider, shard)[4], at, nx=True)
+            await self._call("escalation_queue", add.execute())
+        self._queues_filled.add(provider)
 
     async def active_counts(self) -> dict[str, int]:
         counts = {}

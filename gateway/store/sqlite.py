@@ -37,7 +37,7 @@ import orjson
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord
 from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
-from gateway.store.base import PURGE_BATCH, Ids, Mutation, Store
+from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store
 
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
@@ -63,6 +63,9 @@ CREATE INDEX IF NOT EXISTS operations_deadline
     ON operations (provider, json_extract(data, '$.deadline_at')) WHERE outcome = 'pending';
 CREATE INDEX IF NOT EXISTS operations_ended
     ON operations (provider, json_extract(data, '$.ended_at')) WHERE outcome != 'pending';
+CREATE INDEX IF NOT EXISTS operations_queue
+    ON operations (json_extract(data, '$.escalation.at'), operation_id)
+    WHERE outcome = 'escalated';
 CREATE TABLE IF NOT EXISTS idempotency (
     key        TEXT PRIMARY KEY,
     expires_at REAL NOT NULL,
@@ -485,6 +488,21 @@ class SQLiteStore(Store):
         )
         rows = await self._read("open_escalations", lambda conn: conn.execute(sql).fetchall())
         return {(str(p), str(r)): int(n) for p, r, n in rows if r is not None}
+
+    async def escalation_queue(self, limit: int) -> Queue:
+        """The oldest open escalations from the queue index, and the count of them all."""
+        page = (
+            "SELECT data FROM operations WHERE outcome = 'escalated'"
+            " ORDER BY json_extract(data, '$.escalation.at'), operation_id LIMIT ?"
+        )
+        count = "SELECT count(*) FROM operations WHERE outcome = 'escalated'"
+
+        def work(conn: sqlite3.Connection) -> Queue:
+            rows = conn.execute(page, (limit,)).fetchall()
+            total = int(conn.execute(count).fetchone()[0])
+            return [OperationRecord.from_dict(json.loads(row[0])) for row in rows], total
+
+        return await self._read("escalation_queue", work)
 
     async def active_counts(self) -> dict[str, int]:
         sql = (

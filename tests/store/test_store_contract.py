@@ -265,6 +265,28 @@ async def test_open_escalations_follow_every_write_and_purge(store: Store) -> No
     assert await store.open_escalations() == {}
 
 
+async def test_the_escalation_queue_is_oldest_escalation_first_from_an_index(store: Store) -> None:
+    """``escalation_queue(limit)`` gives the open escalations waiting longest, by escalation
+    time (not start time), ties by id, and the number open; resumed and purged ones leave."""
+    now = time.time()
+    escalated_at = {"op_a": now - 5, "op_b": now - 50, "op_c": now - 20, "op_d": now - 50}
+    for n, (op, at) in enumerate(escalated_at.items()):
+        created = await store.create(record(op, f"job_{n}").evolve(started_at=now - n))
+        escalation = Escalation(Reason.UNKNOWN_STATE, at, "d", ("abandon",))
+        escalated = created.evolve(outcome=Outcome.ESCALATED, escalation=escalation, ended_at=at)
+        assert await store.save(escalated)
+    await store.create(record("op_e", "job_e"))  # pending: never in the queue
+    waiting, total = await store.escalation_queue(3)
+    assert [r.operation_id for r in waiting] == ["op_b", "op_d", "op_c"] and total == 4
+    stored = await store.get("op_b")
+    assert stored is not None
+    assert await store.save(stored.evolve(outcome=Outcome.PENDING, escalation=None, ended_at=None))
+    waiting, total = await store.escalation_queue(10)
+    assert [r.operation_id for r in waiting] == ["op_d", "op_c", "op_a"] and total == 3
+    assert await store.purge("demo-jobs", now + 1, now) == 3
+    assert await store.escalation_queue(10) == ([], 0)
+
+
 async def test_list_pages_from_a_position_and_new_operations_never_disturb_paging(
     store: Store,
 ) -> None:

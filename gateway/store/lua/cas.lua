@@ -1,8 +1,8 @@
 -- The record write: a compare-and-set on the version that, when the write spends a status
 -- request, also re-checks outcome, deadline, budget and next_poll_at against Redis TIME,
 -- and keeps the provider's index keys in step.
--- KEYS: the record, the provider's active set, deadlines and ended sorted sets, and its
--- open-escalations hash. ARGV: expected version, record JSON, clock tolerance, operation
+-- KEYS: the record, the provider's active set, deadlines and ended sorted sets, its
+-- open-escalations hash and its escalation queue (by escalation time). ARGV: expected version, record JSON, clock tolerance, operation
 -- id, deadline_at, ended_at ('' when none).
 -- cas(k, a) takes those KEYS and ARGV as tables k and a; it returns 1 written, 0 stale version, -1 no record, -2 refused by Redis time.
 local function cas(k, a)
@@ -37,8 +37,10 @@ local function cas(k, a)
   end
   if new.outcome == 'escalated' and type(new.escalation) == 'table' then
     redis.call('HSET', k[5], a[4], new.escalation.reason)
+    redis.call('ZADD', k[6], new.escalation.at, a[4])
   else
     redis.call('HDEL', k[5], a[4])
+    redis.call('ZREM', k[6], a[4])
   end
   return 1
 end
