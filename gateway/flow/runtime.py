@@ -17,6 +17,8 @@ from aiohttp import web
 from gateway.core.models import Clock
 from gateway.core.pacing import Spacer
 from gateway.core.routing import RouteTable
+from gateway.flow.leases import Releases
+from gateway.flow.refusals import RefusalWindows
 from gateway.observe.effects import Effects
 from gateway.provider.client import Upstream, UpstreamResponse
 from gateway.provider.credentials import Applier, applier_for
@@ -49,6 +51,8 @@ class Runtime:
     holding: int = 0  # status calls held for Prefer: wait right now
     spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
     admin_port: int | None = None  # the admin listener's bound port, once serving
+    refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
+    releases: Releases = field(default_factory=Releases)  # leases given back in the background
 
     def __post_init__(self) -> None:
         self.credentials = {}

@@ -15,7 +15,7 @@ import dataclasses
 
 from aiohttp import web
 
-from gateway.core import decide, results
+from gateway.core import decide, effects, results
 from gateway.core.decide import Decision, Reply
 from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
@@ -169,7 +169,7 @@ async def _hold(
 
 def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
     if decision.problem == "too-early":
-        call.runtime.effects.refusals.note(decision.record, now)
+        call.runtime.refusals.note(decision.record, now)
     elif decision.reply is Reply.FINAL:
         call.request[OUTCOME] = "cached"
     return render(call, decision, None, now)
@@ -227,7 +227,8 @@ async def _audit_call(
 ) -> None:
     """The audit line of a provider call outside the polling loop, naming a failure."""
     failure = f", {answer.failure.value}" if answer.failure is not None else ""
-    await call.runtime.effects.call(
+    line = effects.of_call(
+        call.runtime.clock(),
         provider=call.policy.provider,
         account=call.account.id,
         event=event,
@@ -235,6 +236,7 @@ async def _audit_call(
         detail=detail + failure,
         operation=operation,
     )
+    await call.runtime.effects.carry_out(line)
 
 
 def _headers(call: Call, record: OperationRecord) -> dict[str, str]:

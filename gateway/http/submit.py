@@ -13,7 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.core import decide, idempotency
+from gateway.core import decide, effects, idempotency
+from gateway.core.decide import Decision
+from gateway.core.effects import Effects
 from gateway.core.idempotency import Seen
 from gateway.core.models import (
     Event,
@@ -33,6 +35,7 @@ from gateway.http.problems import problem
 from gateway.provider.client import UpstreamResponse
 from gateway.provider.headers import to_provider
 from gateway.provider.send import send_upstream
+from gateway.settings.policy import ProviderPolicy
 
 log = logging.getLogger("statusgate")
 IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
@@ -176,11 +179,17 @@ async def _open(
         )
         return problem("submission-outcome-unknown", detail)
     if record.operation_id == decision.record.operation_id:  # new, not a known job
-        opened = dataclasses.replace(decision, event=Event.SUBMITTED)
-        await runtime.effects.decided(policy, opened, http_status=response.status)
-        if record.outcome is Outcome.ESCALATED:
-            await runtime.effects.decided(policy, decision)
+        await runtime.effects.carry_out(_opened(policy, decision, response.status, now))
     return _stored_answer(stored, record, runtime.clock())
+
+
+def _opened(policy: ProviderPolicy, decision: Decision, status: int, now: float) -> Effects:
+    """The effects of a new operation: its ``submitted`` line and count, and, when the
+    submit answer itself ended the waiting, the escalation too."""
+    found = effects.of_decision(policy, decision, now, event=Event.SUBMITTED, http_status=status)
+    if decision.record.outcome is Outcome.ESCALATED:
+        found += effects.of_decision(policy, decision, now)
+    return found
 
 
 def _job_id(call: Call, response: UpstreamResponse, sent: bytes) -> str | None:
@@ -269,13 +278,15 @@ async def _submit_failed(
 async def _audit(call: Call, event: Event, status: int | None, detail: str) -> None:
     """The audit line of a submission that opened no operation (SPEC 16: every provider
     call has one)."""
-    await call.runtime.effects.call(
+    line = effects.of_call(
+        call.runtime.clock(),
         provider=call.policy.provider,
         account=call.account.id,
         event=event,
         http_status=status,
         detail=detail,
     )
+    await call.runtime.effects.carry_out(line)
 
 
 def _failure(answer: ProviderAnswer) -> str:

@@ -26,11 +26,19 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.core import actions
+from gateway.core import actions, effects
 from gateway.core.cursors import cursor_after, position
-from gateway.core.decide import Decision, Reply, extension_left
+from gateway.core.decide import extension_left
+from gateway.core.effects import iso
 from gateway.core.escalation import message, problem_members
-from gateway.core.models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
+from gateway.core.models import (
+    Event,
+    OperationFilter,
+    OperationRecord,
+    Outcome,
+    ProviderAnswer,
+    poll_lease,
+)
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.story import story
 from gateway.flow import reloading
@@ -39,7 +47,7 @@ from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
 from gateway.http import auth
 from gateway.http.bodies import read_limited
 from gateway.http.problems import problem
-from gateway.observe.audit import iso, records
+from gateway.observe.audit import records
 from gateway.provider.headers import to_provider
 from gateway.provider.send import send_upstream
 from gateway.settings.config import Operator
@@ -278,7 +286,7 @@ async def act(request: web.Request) -> web.StreamResponse:
     now = runtime.clock()
     lease = None
     if action == "cancel":  # one provider call at a time per operation, as polls take it
-        lease = (f"poll:{record.operation_id}", secrets.token_hex(16))
+        lease = (poll_lease(record.operation_id), secrets.token_hex(16))
         if not await runtime.store.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
             busy = "a status request or another cancel is in flight; try again in a moment"
             return _not_permitted(record, busy)
@@ -315,7 +323,8 @@ async def act(request: web.Request) -> web.StreamResponse:
     if result.record is None:
         if answer is not None:  # the cancel reached the provider: its line all the same
             detail = f"refused by {operator.id}'s request: {result.refusal}"
-            await runtime.effects.call(
+            line = effects.of_call(
+                runtime.clock(),
                 provider=record.provider,
                 account=record.account,
                 event=Event.CANCELLED,
@@ -323,11 +332,18 @@ async def act(request: web.Request) -> web.StreamResponse:
                 detail=detail,
                 operation=record,
             )
+            await runtime.effects.carry_out(line)
         return _not_permitted(record, result.refusal or "not permitted")
-    decision = Decision(result.record, Reply.PROVIDER, changed=True, event=result.event)
-    await runtime.effects.decided(
-        policy, decision, detail=result.detail, actor=operator.id, http_status=status
+    done = effects.of_action(
+        policy,
+        result.record,
+        result.event,
+        runtime.clock(),
+        actor=operator.id,
+        detail=result.detail,
+        http_status=status,
     )
+    await runtime.effects.carry_out(done)
     return web.json_response({"action": action, "record": view(result.record)})
 
 
