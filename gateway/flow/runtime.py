@@ -26,7 +26,7 @@ from gateway.provider.headers import Rewriter
 from gateway.provider.send import Channel
 from gateway.settings.config import Settings
 from gateway.settings.policy import ProviderPolicy
-from gateway.store.base import Store
+from gateway.store.base import Coordination, Records, Store
 
 if TYPE_CHECKING:
     from gateway.core.decide import Decision
@@ -121,6 +121,16 @@ class Runtime:
     async def space_sends(self, provider: str, rate: float) -> None:
         """Wait until a status call to ``provider`` may leave this process (pacing.Spacer)."""
         await self.spacer.wait(provider, rate, self.clock, self.sleep)
+
+    @property
+    def records(self) -> Records:
+        """The store as handlers use it: operations and idempotency entries."""
+        return self.store
+
+    @property
+    def coordination(self) -> Coordination:
+        """The store as a lock service: leases, the pacing window, tightening."""
+        return self.store
 
     def channel(self, policy: ProviderPolicy) -> Channel:
         """What sending to ``policy``'s provider needs (provider/send.py)."""

@@ -63,7 +63,7 @@ async def escalate_overdue(runtime: Runtime) -> int:
     poll holds its lease, or the store failed on it) is tried again at the next check."""
     escalated = 0
     for policy in list(runtime.settings.policies.values()):
-        late = await runtime.store.overdue(policy.provider, runtime.clock(), OVERDUE_BATCH)
+        late = await runtime.records.overdue(policy.provider, runtime.clock(), OVERDUE_BATCH)
         for operation_id in late:
             with contextlib.suppress(StoreError):
                 escalated += await _escalate(runtime, policy, operation_id)
@@ -75,12 +75,12 @@ async def _escalate(runtime: Runtime, policy: ProviderPolicy, operation_id: str)
 
     With several replicas the store's compare-and-set lets one write win; only the
     replica whose write won gets a decision back, so effects happen once."""
-    store, lease, token = runtime.store, poll_lease(operation_id), secrets.token_hex(16)
-    if not await store.acquire_lease(lease, token, runtime.clock(), OVERDUE_LEASE):
+    lease, token = poll_lease(operation_id), secrets.token_hex(16)
+    if not await runtime.coordination.acquire_lease(lease, token, runtime.clock(), OVERDUE_LEASE):
         return False
     try:
         now = runtime.clock()
-        decision = await store.mutate(
+        decision = await runtime.records.mutate(
             operation_id, lambda current: decide.as_write(decide.overdue(policy, current, now))
         )
         if decision is None:
@@ -91,7 +91,7 @@ async def _escalate(runtime: Runtime, policy: ProviderPolicy, operation_id: str)
         await runtime.effects.carry_out(found + effects.of_decision(policy, decision, now))
         return True
     finally:
-        await store.release_lease(lease, token)
+        await runtime.coordination.release_lease(lease, token)
 
 
 async def purge_finished(runtime: Runtime) -> int:
@@ -101,7 +101,7 @@ async def purge_finished(runtime: Runtime) -> int:
     purged = 0
     for name, policy in list(runtime.settings.policies.items()):
         for _ in range(PURGE_ROUNDS):
-            batch = await runtime.store.purge(name, now - policy.retention, now)
+            batch = await runtime.records.purge(name, now - policy.retention, now)
             purged += batch
             if batch < PURGE_BATCH:
                 break

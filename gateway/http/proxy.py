@@ -117,7 +117,7 @@ def _asker(call: Call) -> Asker:
 async def status(call: Call) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
     held = call.request.headers.get("Prefer")
-    copy = None if held else runtime.store.known(call.account.id, policy.provider, call.job_id)
+    copy = None if held else runtime.records.known(call.account.id, policy.provider, call.job_id)
     record: OperationRecord | None = None
     if copy is not None and decide.admit(policy, copy, runtime.clock()).forward:
         # due by this process's copy: the reservation's compare-and-set proves it current,
@@ -128,7 +128,7 @@ async def status(call: Call) -> web.StreamResponse:
         except StaleCopy as stale:
             record = stale.record
     if record is None:
-        record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
+        record = await runtime.records.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
     wait = prefer_wait(call.request.headers.getall("Prefer", []))
@@ -182,7 +182,7 @@ async def result(call: Call) -> web.StreamResponse:
     """The result route: only after success, at most ``max_result_fetches`` times, each
     fetch counted on the record before it is sent and audited as ``result_fetched``."""
     runtime, policy = call.runtime, call.policy
-    record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
+    record = await runtime.records.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
     route = policy.routes.result
@@ -190,7 +190,7 @@ async def result(call: Call) -> web.StreamResponse:
     values = results.provider_values(route.path, record)
     if isinstance(values, results.Refusal):
         return _refused(call, record, values)
-    fetched = await runtime.store.mutate(
+    fetched = await runtime.records.mutate(
         record.operation_id,
         lambda current: results.fetch(policy, current),
         known=record,

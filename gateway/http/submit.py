@@ -71,7 +71,7 @@ async def submit(call: Call) -> web.StreamResponse:
             created_at=now,
             expires_at=now + rules.retention,
         )
-        seen = await runtime.store.claim_idempotency(entry, now)
+        seen = await runtime.records.claim_idempotency(entry, now)
         if seen is not None:
             return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
@@ -86,7 +86,7 @@ async def submit(call: Call) -> web.StreamResponse:
         return await _submit_failed(call, entry, answer.failure)
     if not 200 <= response.status < 300:
         if entry is not None:
-            await runtime.store.drop_idempotency(entry.key)
+            await runtime.records.drop_idempotency(entry.key)
         if response.status in (401, 403):
             return await _credential_rejected(call, response.status)
         detail = "the provider refused the submission; its answer was passed through"
@@ -131,7 +131,7 @@ async def _open(
     job_id = _job_id(call, response, sent)
     if job_id is None:
         if entry is not None:  # the job may exist: never let a retry submit it again
-            await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+            await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
         await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "no valid job id")
         detail = "The provider accepted the submission but gave no valid job id to track."
         return problem("integration-failure", detail)
@@ -166,12 +166,12 @@ async def _open(
             response=stored,
         )
     try:
-        record = await runtime.store.create(decision.record, completed)
+        record = await runtime.records.create(decision.record, completed)
     except StoreError:  # the job exists at the provider: say so, never "nothing forwarded"
         log.error("store failed after provider %s accepted a submission", policy.provider)
         if entry is not None:  # a retry with the key must not submit again either
             with contextlib.suppress(StoreError):
-                await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+                await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
         await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "the store failed")
         detail = (
             f"The provider accepted the submission (job {job_id}) but the gateway could not "
@@ -249,7 +249,7 @@ async def _replay(
         return problem("idempotency-key-in-use", detail, retry_after=1)
     if verdict is Seen.REPLAY:
         assert seen.response is not None and seen.operation_id is not None
-        record = await runtime.store.get(seen.operation_id)
+        record = await runtime.records.get(seen.operation_id)
         if record is not None:
             return _stored_answer(seen.response, record, now)
     detail = (
@@ -262,7 +262,7 @@ async def _replay(
 async def _submit_failed(
     call: Call, entry: IdempotencyEntry | None, failure: Failure | None
 ) -> web.StreamResponse:
-    store = call.runtime.store
+    store = call.runtime.records
     provider_dedups = call.policy.routes.submit.idempotency.forward_header is not None
     if entry is not None:
         if idempotency.retry_is_safe(failure, provider_dedups):

@@ -117,7 +117,7 @@ async def list_operations(request: web.Request) -> web.StreamResponse:
         limit=limit + 1,  # one more than shown: whether there is a next page
         before=before,
     )
-    found = await request.app[RUNTIME].store.list(where)
+    found = await request.app[RUNTIME].records.list(where)
     shown = found[:limit]
     more = len(found) > limit
     next_cursor = cursor_after(shown[-1]) if more and shown else None
@@ -158,7 +158,7 @@ async def _escalated(runtime: Runtime) -> list[OperationRecord]:
     found: list[OperationRecord] = []
     where = OperationFilter(outcome=Outcome.ESCALATED, limit=MAX_LIST)
     while len(found) < QUEUE_SCAN:
-        page = await runtime.store.list(where)
+        page = await runtime.records.list(where)
         found += page
         if len(page) < MAX_LIST:
             break
@@ -251,7 +251,7 @@ async def reload_config(request: web.Request) -> web.StreamResponse:
 
 
 async def _record(runtime: Runtime, operation_id: str) -> OperationRecord | web.Response:
-    record = await runtime.store.get(operation_id)
+    record = await runtime.records.get(operation_id)
     if record is None:
         return problem("unknown-operation", f"No operation {operation_id!r}.")
     return record
@@ -287,13 +287,13 @@ async def act(request: web.Request) -> web.StreamResponse:
     lease = None
     if action == "cancel":  # one provider call at a time per operation, as polls take it
         lease = (poll_lease(record.operation_id), secrets.token_hex(16))
-        if not await runtime.store.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
+        if not await runtime.coordination.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
             busy = "a status request or another cancel is in flight; try again in a moment"
             return _not_permitted(record, busy)
     try:
         answer = None
         if action == "cancel":
-            record = await runtime.store.get(record.operation_id) or record  # under the lease
+            record = await runtime.records.get(record.operation_id) or record  # under the lease
             refusal = actions.may_cancel(policy, record)
             if refusal is not None:
                 return _not_permitted(record, refusal)
@@ -315,10 +315,10 @@ async def act(request: web.Request) -> web.StreamResponse:
                 done = actions.cancelled(policy, current, answer, reason, now)
             return done.record, done
 
-        result = await runtime.store.mutate(record.operation_id, change)
+        result = await runtime.records.mutate(record.operation_id, change)
     finally:
         if lease is not None:
-            await runtime.store.release_lease(*lease)
+            await runtime.coordination.release_lease(*lease)
     status = answer.status if answer is not None else None
     if result.record is None:
         if answer is not None:  # the cancel reached the provider: its line all the same
