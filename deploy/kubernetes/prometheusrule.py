@@ -53,9 +53,7 @@ def prometheus_rule(alerts: Path = ALERTS) -> dict[str, Any]:
 
 
 def render(alerts: Path = ALERTS) -> str:
-    body = yaml.dump(
-        prometheus_rule(alerts), Dumper=_Dumper, sort_keys=False, width=96, indent=2
-    )
+    body = yaml.dump(prometheus_rule(alerts), Dumper=_Dumper, sort_keys=False, width=96, indent=2)
     return HEADER + body
 
 
