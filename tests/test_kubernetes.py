@@ -10,6 +10,7 @@ STATUSGATE_REQUIRE_KUBECTL=1 so that in CI they fail instead.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import inspect
@@ -17,15 +18,17 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 import tomllib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import aiohttp
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -34,7 +37,7 @@ from aiohttp import web
 from yamllint import config as yamllint_config
 from yamllint import linter
 
-from conftest import ROOT
+from conftest import AGENT_TOKEN, PROVIDER_KEY, ROOT, free_port, sha, wait_until_up
 
 KUBE = ROOT / "deploy" / "kubernetes"
 POLICIES = ROOT / "policies"
@@ -740,6 +743,15 @@ def test_audit_log_is_on_each_replicas_own_volume(rendered: Rendered) -> None:
     assert audit["hmac_key_env"]
 
 
+def lay_out(rendered: Rendered, container: dict[str, Any], root: Path) -> Path:
+    """The container's ConfigMap files under ``root`` at their mount paths; the config path."""
+    for path, text in rendered.mounted_files(container).items():
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return root / rendered.config_path(container).lstrip("/")
+
+
 def placeholder_env(rendered: Rendered, container: dict[str, Any]) -> dict[str, str]:
     """The container's environment with a placeholder for every Secret it references."""
     env = {}
@@ -761,14 +773,7 @@ def placeholder_env(rendered: Rendered, container: dict[str, Any]) -> dict[str, 
     return env
 
 
-@pytest.fixture
-def mounted_tree(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path / "root"
-
-
-def test_mounted_configuration_passes_statusgate_check(
-    overlay: Rendered, mounted_tree: Path
-) -> None:
+def test_mounted_configuration_passes_statusgate_check(overlay: Rendered, tmp_path: Path) -> None:
     """`statusgate check` accepts the gateway.yaml and policies each container mounts, laid
     out at their mount paths, with placeholder secrets in the container's environment."""
     if overlay.overlay == "postgres":
@@ -777,12 +782,7 @@ def test_mounted_configuration_passes_statusgate_check(
         if "postgresql" not in SCHEMES:
             pytest.skip("this gateway has no postgresql:// store yet (SPEC 18)")
     for container in config_loaders(overlay):
-        tree = mounted_tree / container["name"]
-        for path, text in overlay.mounted_files(container).items():
-            target = tree / path.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        config = tree / overlay.config_path(container).lstrip("/")
+        config = lay_out(overlay, container, tmp_path / container["name"])
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": str(ROOT),
@@ -800,3 +800,89 @@ def test_mounted_configuration_passes_statusgate_check(
         assert f": ok: {shipped} policies" in done.stdout
         for secret in PLACEHOLDER_SECRETS.values():
             assert secret not in done.stdout + done.stderr
+
+
+async def test_sigterm_answers_held_calls_within_the_grace_period(
+    renders: dict[Any, Rendered], upstream: tuple[Any, str], tmp_path: Path
+) -> None:
+    """`statusgate serve` on the SQLite overlay's mounted config (ports, paths and the demo
+    upstream moved onto this machine) answers a held call at SIGTERM, exits 0 well within
+    terminationGracePeriodSeconds, and leaves an audit chain that `audit verify` accepts."""
+    sqlite = renders["sqlite", False]
+    config_path = lay_out(sqlite, sqlite.gateway, tmp_path / "root")
+    config = yaml.safe_load(config_path.read_text())
+    port = free_port()
+    config["listen"] = {"host": "127.0.0.1", "port": port}
+    config["admin_listen"] = {"host": "127.0.0.1", "port": free_port()}
+    config["store"] = f"sqlite:///{tmp_path / 'statusgate.db'}"
+    config["audit"]["path"] = str(tmp_path / "audit-${POD_NAME}.jsonl")
+    config_path.write_text(yaml.safe_dump(config))
+    policy = config_path.parent / config["policies_dir"] / "demo-jobs.yaml"
+    data = yaml.safe_load(policy.read_text())
+    policy.write_text(yaml.safe_dump({**data, "upstream": upstream[1]}))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        **placeholder_env(sqlite, sqlite.gateway),
+        "STATUSGATE_AGENT_TOKEN_SHA256": sha(AGENT_TOKEN),
+        "DEMO_API_KEY": PROVIDER_KEY,
+    }
+    env.pop("STATUSGATE_STORE_URL")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        await asyncio.to_thread(wait_until_up, port, process)
+        base = f"http://127.0.0.1:{port}/p/demo-jobs/v1/jobs"
+        auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+        async with aiohttp.ClientSession() as http:
+            body = {"demo_submit": {"poll_after_seconds": 0}, "demo_script": [{"state": "running"}]}
+            async with http.post(base, json=body, headers={**auth, "Idempotency-Key": "k8s"}) as r:
+                assert r.status == 202, await r.text()
+                job = (await r.json())["id"]
+
+            async def held() -> tuple[int, str, float]:
+                headers = {**auth, "Prefer": "wait=60"}
+                async with http.get(f"{base}/{job}", headers=headers) as r:
+                    await r.read()
+                    state = r.headers.get("Statusgate-Provider-State", "")
+                    return r.status, state, time.monotonic()
+
+            call = asyncio.create_task(held())
+            await asyncio.sleep(2)  # held: the job stays running, the wait is 60 s
+            assert not call.done()
+            stopped = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            status, state, answered = await asyncio.wait_for(call, 10)
+        assert (status, state) == (200, "running")
+        assert answered - stopped < 5
+        grace = sqlite.pod["terminationGracePeriodSeconds"]
+        pause = sqlite.gateway["lifecycle"]["preStop"]["sleep"]["seconds"]
+        code = await asyncio.to_thread(process.wait, grace - pause)
+        assert code == 0 and time.monotonic() - stopped < grace - pause
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate(timeout=10)
+    assert b"Traceback" not in stderr
+    audit = tmp_path / f"audit-{env['POD_NAME']}.jsonl"
+    verify = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "audit",
+            "verify",
+            str(audit),
+            "--key-env",
+            "STATUSGATE_AUDIT_KEY",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert verify.returncode == 0 and "chain intact" in verify.stdout, verify.stdout
