@@ -46,7 +46,8 @@ CRDS = Path(__file__).parent / "data" / "kubernetes"
 KUBERNETES_VERSION = "1.32"
 OVERLAYS = ("sqlite", "redis", "postgres")
 REPLICATED = ("redis", "postgres")
-COMPONENTS = ("servicemonitor", "networkpolicy")
+COMPONENTS = ("servicemonitor", "networkpolicy")  # production components, tried together
+DEMO = ("demo-provider",)  # a first try only
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 CRD_GROUP = "monitoring.coreos.com"
 MIGRATE = "statusgate migrate --config /etc/statusgate/gateway.yaml"
@@ -84,16 +85,12 @@ RENDERED_LINT = yamllint_config.YamlLintConfig(
 
 @dataclass(frozen=True)
 class Rendered:
-    """One variant: an overlay, alone or with both components, as `kubectl kustomize` prints it."""
+    """One variant: an overlay, alone or with components, as `kubectl kustomize` prints it."""
 
     overlay: str
-    components: bool
+    components: tuple[str, ...]
     text: str
     objects: list[dict[str, Any]]
-
-    @property
-    def name(self) -> str:
-        return f"{self.overlay}+components" if self.components else self.overlay
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [item for item in self.objects if item["kind"] == kind]
@@ -160,8 +157,8 @@ def render(target: Path) -> str:
     return done.stdout
 
 
-def with_components(overlay: str, folder: Path) -> Path:
-    """A kustomization as a platform team writes one: an overlay plus both components."""
+def with_components(overlay: str, components: tuple[str, ...], folder: Path) -> Path:
+    """A kustomization as a platform team writes one: an overlay plus components."""
     folder.mkdir(parents=True, exist_ok=True)
     relative = Path(os.path.relpath(KUBE, folder))
     (folder / "kustomization.yaml").write_text(
@@ -170,30 +167,39 @@ def with_components(overlay: str, folder: Path) -> Path:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [str(relative / "overlays" / overlay)],
-                "components": [str(relative / "components" / name) for name in COMPONENTS],
+                "components": [str(relative / "components" / name) for name in components],
             }
         )
     )
     return folder
 
 
-VARIANTS = [(overlay, False) for overlay in OVERLAYS] + [(overlay, True) for overlay in OVERLAYS]
+VARIANTS: list[tuple[str, tuple[str, ...]]] = [
+    *[(overlay, ()) for overlay in OVERLAYS],
+    *[(overlay, COMPONENTS) for overlay in OVERLAYS],
+    ("sqlite", DEMO),
+]
+
+
+def variant_id(variant: tuple[str, tuple[str, ...]]) -> str:
+    return "+".join([variant[0], *variant[1]])
 
 
 @pytest.fixture(scope="module")
-def renders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Rendered]:
+def renders(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Rendered]:
     out = {}
     for overlay, components in VARIANTS:
         target = KUBE / "overlays" / overlay
         if components:
-            target = with_components(overlay, tmp_path_factory.mktemp(f"k8s-{overlay}"))
+            folder = tmp_path_factory.mktemp(f"k8s-{overlay}")
+            target = with_components(overlay, components, folder)
         text = render(target)
         objects = [item for item in yaml.safe_load_all(text) if item]
         out[overlay, components] = Rendered(overlay, components, text, objects)
     return out
 
 
-@pytest.fixture(params=VARIANTS, ids=[f"{o}+components" if c else o for o, c in VARIANTS])
+@pytest.fixture(params=VARIANTS, ids=[variant_id(v) for v in VARIANTS])
 def rendered(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Rendered:
     return renders[request.param]
 
@@ -201,18 +207,18 @@ def rendered(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Re
 @pytest.fixture(params=OVERLAYS)
 def overlay(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Rendered:
     """One overlay alone."""
-    return renders[request.param, False]
+    return renders[request.param, ()]
 
 
 @pytest.fixture(params=REPLICATED)
 def replicated(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Rendered:
-    return renders[request.param, False]
+    return renders[request.param, ()]
 
 
 @pytest.fixture(params=OVERLAYS)
 def monitored(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Rendered:
     """One overlay with the servicemonitor and networkpolicy components."""
-    return renders[request.param, True]
+    return renders[request.param, COMPONENTS]
 
 
 def package_version() -> str:
@@ -405,8 +411,8 @@ def test_components_add_only_their_objects(renders: dict[Any, Rendered]) -> None
     """The components add a ServiceMonitor, a PrometheusRule and a NetworkPolicy, nothing
     else, and no overlay has them on its own (the ServiceMonitor is opt-in)."""
     for name in OVERLAYS:
-        alone = {(o["kind"], o["metadata"]["name"]) for o in renders[name, False].objects}
-        more = {(o["kind"], o["metadata"]["name"]) for o in renders[name, True].objects}
+        alone = {(o["kind"], o["metadata"]["name"]) for o in renders[name, ()].objects}
+        more = {(o["kind"], o["metadata"]["name"]) for o in renders[name, COMPONENTS].objects}
         assert {kind for kind, _ in more - alone} == {
             "ServiceMonitor",
             "PrometheusRule",
@@ -470,13 +476,14 @@ def test_secrets_are_secret_references_only(rendered: Rendered) -> None:
     plain = {"STATUSGATE_STORE_URL"} if rendered.overlay == "sqlite" else set()
     for container in config_loaders(rendered):
         sources = env_sources(container)
-        assert "envFrom" not in container
         for name in names:
             assert name in sources, f"{container['name']} does not set {name}"
             if name in NOT_SECRET | plain:
                 continue
             assert "secretKeyRef" in sources[name].get("valueFrom", {}), name
-        for name, source in sources.items():
+    for container in rendered.containers():
+        assert "envFrom" not in container
+        for name, source in env_sources(container).items():
             if name not in NOT_SECRET | plain:
                 assert "value" not in source, f"{name} is written in the manifest"
 
@@ -606,6 +613,27 @@ def test_network_policy_lets_agents_prometheus_and_dns_through(monitored: Render
     assert {"port": 53, "protocol": "UDP"} in dns
 
 
+def test_demo_provider_is_a_loopback_sidecar_for_a_first_try(renders: dict[Any, Rendered]) -> None:
+    """components/demo-provider adds only a sidecar serving the demo provider on the
+    loopback address and port where the shipped policies point, keyed from the Secret."""
+    plain, demo = renders["sqlite", ()], renders["sqlite", DEMO]
+    assert [o["kind"] for o in plain.objects] == [o["kind"] for o in demo.objects]
+    (sidecar,) = [c for c in demo.pod["containers"] if c is not demo.gateway]
+    args = sidecar["args"]
+    address = f"{args[args.index('--host') + 1]}:{args[args.index('--port') + 1]}"
+    upstreams = {yaml.safe_load(p.read_text())["upstream"] for p in POLICIES.glob("*.yaml")}
+    assert upstreams == {f"http://{address}"}
+    assert "ports" not in sidecar  # loopback only: nothing to expose
+    ref = env_sources(sidecar)["DEMO_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == env_sources(demo.gateway)["DEMO_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert (
+        demo.workload["spec"]["template"]["metadata"]["annotations"][
+            "kubectl.kubernetes.io/default-container"
+        ]
+        == demo.gateway["name"]
+    )
+
+
 def aiohttp_shutdown_wait() -> float:
     """How long `statusgate serve` lets calls in flight finish at SIGTERM: aiohttp's
     runner default, which gateway/server.py does not change."""
@@ -633,7 +661,7 @@ def test_grace_period_lets_held_calls_be_answered(rendered: Rendered) -> None:
 def test_sqlite_runs_one_replica_on_a_claimed_volume(renders: dict[Any, Rendered]) -> None:
     """SQLite: one replica of a StatefulSet (or a Recreate Deployment), its database on a
     PersistentVolumeClaim, and no HPA or PodDisruptionBudget."""
-    sqlite = renders["sqlite", False]
+    sqlite = renders["sqlite", ()]
     workload = sqlite.workload
     assert workload["spec"]["replicas"] == 1
     if workload["kind"] == "Deployment":
@@ -703,14 +731,14 @@ def test_postgres_migrates_before_the_new_version_serves(renders: dict[Any, Rend
     """PostgreSQL: an init container runs `statusgate migrate --config
     /etc/statusgate/gateway.yaml` with the gateway's image, config and secrets, so no pod
     serves before the layout is upgraded; pods start one at a time."""
-    postgres = renders["postgres", False]
+    postgres = renders["postgres", ()]
     (migrate,) = postgres.pod["initContainers"]
     assert " ".join(["statusgate", *migrate["args"]]) == MIGRATE and "command" not in migrate
     assert migrate["image"] == postgres.gateway["image"]
     assert postgres.mounted_files(migrate) == postgres.mounted_files(postgres.gateway)
     assert postgres.workload["spec"]["podManagementPolicy"] == "OrderedReady"
     for other in ("sqlite", "redis"):
-        assert not renders[other, False].pod.get("initContainers")
+        assert not renders[other, ()].pod.get("initContainers")
 
 
 def test_migrate_command_exists_in_the_gateway() -> None:
@@ -808,7 +836,7 @@ async def test_sigterm_answers_held_calls_within_the_grace_period(
     """`statusgate serve` on the SQLite overlay's mounted config (ports, paths and the demo
     upstream moved onto this machine) answers a held call at SIGTERM, exits 0 well within
     terminationGracePeriodSeconds, and leaves an audit chain that `audit verify` accepts."""
-    sqlite = renders["sqlite", False]
+    sqlite = renders["sqlite", ()]
     config_path = lay_out(sqlite, sqlite.gateway, tmp_path / "root")
     config = yaml.safe_load(config_path.read_text())
     port = free_port()
