@@ -41,8 +41,8 @@ run: $(STAMP)
 	$(PY) -m gateway serve --config $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway tests $(wildcard bench)
-	$(VENV)/bin/ruff format --check gateway tests $(wildcard bench)
+	$(VENV)/bin/ruff check gateway tests $(wildcard bench) deploy
+	$(VENV)/bin/ruff format --check gateway tests $(wildcard bench) deploy
 	$(VENV)/bin/mypy --strict gateway
 
 test: lint lint-docker rules
