@@ -536,6 +536,12 @@ def test_every_container_is_hardened(rendered: Rendered) -> None:
     assert rendered.pod.get("automountServiceAccountToken") is False
 
 
+def test_no_service_link_variables_reach_the_gateway(rendered: Rendered) -> None:
+    """Service links are off, so Kubernetes injects no STATUSGATE_* variables of its own
+    (STATUSGATE_PORT, ...) next to the ones the gateway reads."""
+    assert rendered.pod["enableServiceLinks"] is False
+
+
 def test_pod_user_is_the_image_user(rendered: Rendered) -> None:
     """The pod runs as the Dockerfile's numeric USER, so its volumes' fsGroup fits."""
     (user,) = re.findall(r"^USER (\d+):(\d+)$", (ROOT / "Dockerfile").read_text(), re.M)
