@@ -834,7 +834,12 @@ def placeholder_env(rendered: Rendered, container: dict[str, Any]) -> dict[str, 
             continue
         key = (ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
         if key == ("statusgate-store", "url"):
-            env[name] = PLACEHOLDER_STORES[rendered.overlay]
+            real = (
+                os.environ.get("STATUSGATE_TEST_POSTGRES")
+                if rendered.overlay == "postgres"
+                else None
+            )
+            env[name] = real or PLACEHOLDER_STORES[rendered.overlay]
             continue
         assert key in PLACEHOLDER_SECRETS, f"no placeholder for Secret {key}: add one here"
         env[name] = PLACEHOLDER_SECRETS[key]
@@ -843,7 +848,10 @@ def placeholder_env(rendered: Rendered, container: dict[str, Any]) -> dict[str, 
 
 def test_mounted_configuration_passes_statusgate_check(overlay: Rendered, tmp_path: Path) -> None:
     """`statusgate check` accepts the gateway.yaml and policies each container mounts, laid
-    out at their mount paths, with placeholder secrets in the container's environment."""
+    out at their mount paths, with placeholder secrets in the container's environment. A
+    check that connects to PostgreSQL cannot reach the placeholder database: then its one
+    complaint must be the store's, once the config and every policy loaded (with
+    STATUSGATE_TEST_POSTGRES set, that real database is used instead)."""
     for container in config_loaders(overlay):
         config = lay_out(overlay, container, tmp_path / container["name"])
         env = {
@@ -860,11 +868,48 @@ def test_mounted_configuration_passes_statusgate_check(overlay: Rendered, tmp_pa
         )
         if "scheme 'postgresql' is not supported" in done.stderr:
             pytest.skip("this gateway has no postgresql:// store yet (SPEC 18)")
+        for secret in PLACEHOLDER_SECRETS.values():
+            assert secret not in done.stdout + done.stderr
+        unreachable = env["STATUSGATE_STORE_URL"] == PLACEHOLDER_STORES.get("postgres")
+        if unreachable and done.returncode == 1:
+            (line,) = done.stderr.strip().splitlines()
+            assert line.startswith(f"{config}: store: "), line
+            continue
         assert done.returncode == 0, f"{container['name']}: {done.stderr}"
         shipped = len(list(POLICIES.glob("*.yaml")))
         assert f": ok: {shipped} policies" in done.stdout
-        for secret in PLACEHOLDER_SECRETS.values():
-            assert secret not in done.stdout + done.stderr
+
+
+def test_init_container_migrates_a_real_database_twice(
+    renders: dict[Any, Rendered], tmp_path: Path
+) -> None:
+    """The init container's command, on its mounted config and environment, creates the
+    layout of an empty PostgreSQL and finds it up to date the next time (every pod start
+    runs it); then `statusgate check` passes on that database."""
+    url = os.environ.get("STATUSGATE_TEST_POSTGRES")
+    if not url:
+        pytest.skip("set STATUSGATE_TEST_POSTGRES to a PostgreSQL URL to run the migration")
+    postgres = renders["postgres", ()]
+    (migrate,) = postgres.pod["initContainers"]
+    config = lay_out(postgres, migrate, tmp_path)
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+    env |= placeholder_env(postgres, migrate)
+    assert env["STATUSGATE_STORE_URL"] == url
+    outputs = []
+    for args in (migrate["args"], migrate["args"], ["check", "--config", str(config)]):
+        args = [str(config) if arg == postgres.config_path(migrate) else arg for arg in args]
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        if "invalid choice: 'migrate'" in done.stderr:
+            pytest.skip("this gateway has no `statusgate migrate` yet (SPEC 18)")
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert "up to date" in outputs[1] and ": ok: " in outputs[2]
 
 
 async def test_sigterm_answers_held_calls_within_the_grace_period(
