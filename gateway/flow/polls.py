@@ -111,7 +111,11 @@ async def held(
     deadline comes, the asker goes away or the gateway stops. Costs only timers.
 
     ``early``: wait for the next permitted poll only (up to ``max_hold``) and answer that
-    poll, pending or not."""
+    poll, pending or not.
+
+    A wake-up before the poll is due (a timer or clock a few milliseconds early, a loop
+    busy under load) is not an answer: the hold waits again for what is left, never past
+    ``end``, so a hold granted for a poll ends in that poll's answer."""
     runtime = asker.runtime
     limit = asker.policy.polling.max_hold if early else wait
     end = min(runtime.clock() + limit, record.deadline_at)
@@ -122,14 +126,15 @@ async def held(
             if early and response is not None:
                 break  # the one poll an early call waited for
             now = runtime.clock()
-            wake = now + max(decision.retry_after, MIN_HOLD_STEP)
-            if wake > end or asker.gone() or not await runtime.pause(wake - now):
+            due = now + decision.retry_after
+            if due > end or asker.gone():
+                break
+            wake = min(max(due, now + MIN_HOLD_STEP), end)
+            if not await runtime.pause(wake - now):
                 break
             current = await runtime.store.get(record.operation_id)
             assert current is not None
             decision, response = await _step(asker, current)
-            if early:
-                break
     finally:
         runtime.holding -= 1
     return decision, response
