@@ -79,7 +79,13 @@ def create_app(
     # off, every request would pass through it for nothing
     spans = [middleware.traced] if tracing.enabled() else []
     app = web.Application(
-        middlewares=[middleware.observe, *spans, middleware.listeners, middleware.errors],
+        middlewares=[
+            middleware.observe,
+            *spans,
+            middleware.listeners,
+            middleware.errors,
+            middleware.audit_gate,
+        ],
         client_max_size=limits.max_request_body,
     )
     app[RUNTIME] = runtime
@@ -144,6 +150,9 @@ async def readyz(request: web.Request) -> web.Response:
     except StoreError as exc:
         runtime.effects.metrics.store_errors.labels(exc.operation).inc()
         return web.json_response({"status": "not ready", "store": "unreachable"}, status=503)
+    audit = runtime.effects.audit
+    if audit is not None and not audit.writable():  # a full disk: no new work is taken
+        return web.json_response({"status": "not ready", "audit": "unwritable"}, status=503)
     return web.json_response({"status": "ready", "policies": sorted(runtime.settings.policies)})
 
 

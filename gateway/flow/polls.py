@@ -174,6 +174,7 @@ async def shared_poll(
     runtime, operation_id = asker.runtime, record.operation_id
     task = runtime.inflight.get(operation_id)
     if task is None:
+        runtime.effects.check_audit()  # a hold or an MCP wait the disk filled under
         task = asyncio.create_task(_poll(asker, record, pace=pace, from_copy=from_copy))
         runtime.inflight[operation_id] = task
         task.add_done_callback(lambda done: _forget(runtime, operation_id, done))

@@ -5,6 +5,12 @@ HMAC-SHA256 with a key. ``prev`` of the first line is 64 zeros. ``verify`` needs
 the file (and the key), so it runs offline. The writer appends and never rewrites; a torn
 final line left by a crash is moved aside (to ``<file>.torn-<time>``) before appending.
 Secrets never enter a line: callers pass only ids, states, numbers and fixed texts.
+
+A line is written whole or not at all: a write the disk cut short is truncated back to the
+line's start. A line the disk refused (full, over a size limit) is kept, in order, and
+written before any other once space returns (``writable``, the gateway's gate: it takes no
+new work while a line waits), so the chain never breaks and no line is lost while the
+process lives.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +33,7 @@ from typing import Any
 
 import orjson
 
+log = logging.getLogger("statusgate")
 GENESIS = "0" * 64
 FIELDS = (
     "seq",
@@ -55,6 +64,7 @@ class Fsync(enum.StrEnum):
 
 BATCH_SECONDS = 0.2
 TAIL_BYTES = 1 << 20  # longer than any line the gateway writes
+MIN_FREE = 64 << 10  # below this much free space the gateway takes no new work
 
 
 def canonical_json(data: dict[str, Any]) -> bytes:
@@ -140,7 +150,8 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
 
 
 class AuditLog:
-    """Appends sealed lines to one file; ``append`` returns once the line is written."""
+    """Appends sealed lines to one file; ``append`` returns once the line is written (or,
+    refused by the disk, kept to be written first when ``writable`` finds space again)."""
 
     def __init__(
         self, path: Path, *, key: bytes | None, fsync: Fsync = Fsync.BATCH, shared: bool = False
@@ -157,6 +168,8 @@ class AuditLog:
         # an exclusive flock and first reads the chain's end another process may have moved.
         self._shared = shared
         self._size = 0
+        self._waiting: deque[dict[str, Any]] = deque()  # refused by the disk, in order
+        self._refusing = False  # logged once per spell of refusals
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,30 +207,103 @@ class AuditLog:
                 handle.seek(max(0, size - TAIL_BYTES))
                 self._follow(handle.read(size - handle.tell()))
 
-    async def append(self, fields: dict[str, Any]) -> dict[str, Any]:
+    @property
+    def waiting(self) -> int:
+        """Lines the disk refused, not yet written (0 when the log is healthy)."""
+        return len(self._waiting)
+
+    def writable(self) -> bool:
+        """The gate before new work: every line so far is on file (else one attempt to
+        write the lines the disk refused, in order) and the disk has ``MIN_FREE`` bytes
+        left, so new work is refused before its side effects rather than its line after
+        them. One ``fstatvfs`` when healthy."""
+        if self._waiting and self._write_waiting() is not None and self._fsync is not Fsync.NEVER:
+            os.fsync(self._file.fileno())  # lines written late are on disk before new work
+        if self._waiting:
+            return False
+        if self._file is not None:
+            stats = os.fstatvfs(self._file.fileno())
+            if stats.f_bavail * stats.f_frsize < MIN_FREE:
+                self._refused(f"less than {MIN_FREE} bytes free on its disk")
+                return False
+        self._recovered(0)
+        return True
+
+    def _refused(self, problem: str) -> None:
+        if not self._refusing:
+            self._refusing = True
+            log.error(
+                "audit log %s cannot be written (%s): the gateway takes no new work until it can",
+                self.path,
+                problem,
+            )
+
+    def _recovered(self, written: int) -> None:
+        if self._refusing:
+            self._refusing = False
+            log.warning(
+                "audit log %s is writable again; %d waiting lines written", self.path, written
+            )
+
+    async def append(self, fields: dict[str, Any]) -> dict[str, Any] | None:
         """Seal and write one line (no await between seq and write, so lines never
-        interleave); with fsync ``always`` also wait until it is on disk."""
+        interleave); with fsync ``always`` also wait until it is on disk. None when the
+        disk refused it (or a line before it): it waits, in order, for ``writable``."""
         if self._file is None:
             self.open()
-        if self._shared:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
-        try:
-            if self._shared:
-                self._catch_up()
-            line = seal(fields, self._seq + 1, self._prev, self._key)
-            data = canonical_json(line) + b"\n"
-            self._file.write(data)
-            self._size = os.fstat(self._file.fileno()).st_size if self._shared else 0
-        finally:
-            if self._shared:
-                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-        self._seq, self._prev = line["seq"], line["hash"]
+        self._waiting.append(dict(fields))
+        line = self._write_waiting()
+        if line is None:
+            return None
         if self._fsync is Fsync.ALWAYS:
             await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
         elif self._fsync is Fsync.BATCH:
             self._dirty = True
             if self._flusher is None or self._flusher.done():
                 self._flusher = asyncio.create_task(self._flush_soon())
+        return line
+
+    def _write_waiting(self) -> dict[str, Any] | None:
+        """Write waiting lines in order, each whole or not at all, until one is refused;
+        the last line written when all were, else None."""
+        written, line = 0, None
+        if self._shared:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        try:
+            if self._shared:
+                self._catch_up()
+            while self._waiting:
+                line = self._write_whole(self._waiting[0])
+                if line is None:
+                    break
+                self._waiting.popleft()
+                written += 1
+        finally:
+            if self._shared:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+        if written and not self._waiting:
+            self._recovered(written)
+        return None if self._waiting else line
+
+    def _write_whole(self, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """One line, whole or not at all: ``write`` may write less than asked on a nearly
+        full disk, and what it wrote is then cut off again. None when it was refused."""
+        line = seal(fields, self._seq + 1, self._prev, self._key)
+        data = canonical_json(line) + b"\n"
+        fd = self._file.fileno()
+        start = os.fstat(fd).st_size
+        try:
+            count = self._file.write(data)
+            problem = None if count == len(data) else f"only {count} of {len(data)} bytes written"
+        except OSError as exc:
+            count, problem = 0, exc.strerror or str(exc)
+        if problem is not None:
+            if count:
+                os.ftruncate(fd, start)  # the line's start: the file ends on a whole line
+            self._refused(problem)
+            return None
+        self._seq, self._prev = line["seq"], line["hash"]
+        self._size = start + len(data)
         return line
 
     async def _flush_soon(self) -> None:
@@ -230,6 +316,12 @@ class AuditLog:
         if self._flusher is not None:
             self._flusher.cancel()
         if self._file is not None:
+            if not self.writable():
+                log.error(
+                    "audit log %s: %d lines the disk refused are lost at shutdown",
+                    self.path,
+                    len(self._waiting),
+                )
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None

@@ -1,0 +1,147 @@
+"""A full disk under the audit log: lines whole or not at all, no new work while a line
+cannot be written, and service back by itself, chain intact, when space returns."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.demo.provider import DemoProvider
+from gateway.observe.audit import AuditLog, Fsync, read_lines, verify
+
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, Served
+
+
+class SmallDisk:
+    """A 1 MiB tmpfs the test can fill and free again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.filler = path / f"filler-{uuid.uuid4().hex}"
+
+    def fill(self) -> None:
+        """Take every free byte (a write on it then stops short or fails with ENOSPC)."""
+        with self.filler.open("ab", buffering=0) as handle, contextlib.suppress(OSError):
+            while handle.write(b"\0" * 4096):
+                pass
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A real full disk: a 1 MiB tmpfs (needs root and mount; skipped with the reason
+    otherwise), unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"full-disk tests need a tmpfs mount: {done.stderr.strip() or 'refused'}")
+    try:
+        yield SmallDisk(mount)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_a_line_cut_short_is_rolled_back_and_written_when_space_returns(
+    small_disk: SmallDisk,
+) -> None:
+    """A write the full disk cuts short is truncated back to the line's start; the line
+    (and every line after it) waits, and is written in order, chain intact, once space
+    returns."""
+    path = small_disk.path / "audit.jsonl"
+    audit = AuditLog(path, key=None, fsync=Fsync.NEVER)
+    await audit.append({"event": "submitted", "detail": "first"})
+    size = path.stat().st_size
+    assert size % 4096, "the file's last page must have room for part of a line"
+    small_disk.fill()
+    assert await audit.append({"event": "polled", "detail": "x" * 6000}) is None
+    assert path.stat().st_size == size and path.read_bytes().endswith(b"\n")
+    assert await audit.append({"event": "finished"}) is None  # waits behind the first
+    assert not audit.writable()
+    assert path.stat().st_size == size
+    small_disk.free()
+    assert audit.writable()
+    await audit.close()
+    verdict = verify(read_lines(path), None)
+    assert verdict.intact and verdict.records == 3
+    events = [line.split(b'"event":"')[1].split(b'"')[0] for line in read_lines(path)]
+    assert events == [b"submitted", b"polled", b"finished"]
+
+
+async def _submit(http: aiohttp.ClientSession, base: str, key: str) -> aiohttp.ClientResponse:
+    headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "Idempotency-Key": key}
+    body = {"input": "report.pdf", "demo_script": [{"state": "running"}]}
+    return await http.post(f"{base}/p/demo-jobs/v1/jobs", json=body, headers=headers)
+
+
+async def _operations(http: aiohttp.ClientSession, base: str) -> Any:
+    headers = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    async with http.get(f"{base}/admin/operations", headers=headers) as answer:
+        assert answer.status == 200
+        return (await answer.json())["operations"]
+
+
+async def test_served_gateway_fails_closed_on_a_full_audit_disk_and_resumes(
+    tmp_path: Path,
+    small_disk: SmallDisk,
+    upstream: tuple[DemoProvider, str],
+    gateways: list[Served],
+) -> None:
+    """`statusgate serve` with its audit log on a full disk answers 503 with Retry-After
+    before anything is forwarded or recorded, /readyz says 503, and once space returns it
+    serves again by itself with a chain `statusgate audit verify` accepts."""
+    demo, url = upstream
+    audit_path = small_disk.path / "audit.jsonl"
+    config = {"audit": {"path": str(audit_path)}}
+    served = await Served(tmp_path, url, tmp_path / "g.db", config=config).up()
+    gateways.append(served)
+    base = f"http://127.0.0.1:{served.port}"
+    async with aiohttp.ClientSession() as http:
+        first = await _submit(http, base, "a")
+        assert first.status == 202, await first.text()
+        job = (await first.json())["id"]
+        small_disk.fill()
+        sent = len(demo.log)
+        refused = await _submit(http, base, "b")
+        assert refused.status == 503, await refused.text()
+        assert float(refused.headers["Retry-After"]) > 0
+        assert "audit log" in (await refused.json())["detail"]
+        status = f"{base}/p/demo-jobs/v1/jobs/{job}"
+        polled = await http.get(status, headers={"Authorization": f"Bearer {AGENT_TOKEN}"})
+        assert polled.status == 503
+        assert len(demo.log) == sent  # nothing reached the provider
+        assert len(await _operations(http, base)) == 1  # no record created
+        async with http.get(f"{base}/readyz") as ready:
+            assert (ready.status, (await ready.json()).get("audit")) == (503, "unwritable")
+        small_disk.free()
+        async with http.get(f"{base}/readyz") as ready:
+            assert ready.status == 200
+        again = await _submit(http, base, "b")
+        assert again.status == 202, await again.text()
+    stderr = served.stop()
+    assert "Traceback" not in stderr
+    verified = subprocess.run(
+        [sys.executable, "-m", "gateway", "audit", "verify", str(audit_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        check=False,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "2 records, chain intact" in verified.stdout
