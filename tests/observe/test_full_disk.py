@@ -145,3 +145,33 @@ async def test_served_gateway_fails_closed_on_a_full_audit_disk_and_resumes(
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "2 records, chain intact" in verified.stdout
+
+
+async def test_served_gateway_on_a_full_sqlite_disk_is_not_ready_until_space_returns(
+    tmp_path: Path,
+    small_disk: SmallDisk,
+    upstream: tuple[DemoProvider, str],
+    gateways: list[Served],
+) -> None:
+    """With its SQLite file on a full disk, `statusgate serve` answers /readyz 503 while
+    writes fail "database or disk is full", and 200 again, submits working, once space
+    returns."""
+    _, url = upstream
+    served = await Served(tmp_path, url, small_disk.path / "g.db").up()
+    gateways.append(served)
+    base = f"http://127.0.0.1:{served.port}"
+    async with aiohttp.ClientSession() as http:
+        assert (await _submit(http, base, "a")).status == 202
+        async with http.get(f"{base}/readyz") as ready:
+            assert ready.status == 200
+        small_disk.fill()
+        failed = await _submit(http, base, "b")
+        assert failed.status == 503, await failed.text()
+        async with http.get(f"{base}/readyz") as ready:
+            assert ready.status == 503, await ready.text()
+        small_disk.free()
+        async with http.get(f"{base}/readyz") as ready:
+            assert ready.status == 200, await ready.text()
+        assert (await _submit(http, base, "b")).status == 202
+    stderr = served.stop()
+    assert "Traceback" not in stderr
