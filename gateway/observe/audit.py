@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -63,7 +63,7 @@ class Fsync(enum.StrEnum):
 
 
 BATCH_SECONDS = 0.2
-TAIL_BYTES = 1 << 20  # longer than any line the gateway writes
+TAIL_BYTES = 1 << 20  # read back in blocks of this size, whatever a line's length
 MIN_FREE = 64 << 10  # below this much free space the gateway takes no new work
 
 
@@ -149,6 +149,28 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
             yield line
 
 
+def last_line(handle: BinaryIO, end: int) -> tuple[int, bytes]:
+    """Where the last line of the file's first ``end`` bytes starts, and the line (with its
+    newline when it has one). Read backwards in TAIL_BYTES blocks, so a line of any length
+    (one an older version wrote, however long) is found whole."""
+    stop = end
+    if end:
+        handle.seek(end - 1)
+        if handle.read(1) == b"\n":
+            stop = end - 1  # the line's own newline is not the one before it
+    start = stop
+    while start > 0:
+        step = min(TAIL_BYTES, start)
+        handle.seek(start - step)
+        cut = handle.read(step).rfind(b"\n")
+        if cut >= 0:
+            start = start - step + cut + 1
+            break
+        start -= step
+    handle.seek(start)
+    return start, handle.read(end - start)
+
+
 class AuditLog:
     """Appends sealed lines to one file; ``append`` returns once the line is written (or,
     refused by the disk, kept to be written first when ``writable`` finds space again)."""
@@ -178,25 +200,21 @@ class AuditLog:
             if self._shared:  # another worker may be appending: look at the end alone
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             size = handle.seek(0, os.SEEK_END)
-            start = max(0, size - TAIL_BYTES)
-            handle.seek(start)
-            tail = handle.read()
-            if tail and not tail.endswith(b"\n"):  # a crash interrupted the last write
-                cut = tail.rfind(b"\n") + 1
+            start, last = last_line(handle, size)
+            if last and not last.endswith(b"\n"):  # a crash interrupted the last write
                 aside = self.path.with_name(f"{self.path.name}.torn-{int(time.time())}")
-                aside.write_bytes(tail[cut:])
-                handle.truncate(start + cut)
-                tail = tail[:cut]
-        self._follow(tail)
+                aside.write_bytes(last)
+                handle.truncate(start)
+                _, last = last_line(handle, start)
+        self._follow(last)
         self._file = self.path.open("ab", buffering=0)
         self._size = self.path.stat().st_size
 
-    def _follow(self, tail: bytes) -> None:
-        """Continue the chain from the last complete line of ``tail``."""
-        complete = tail.splitlines()
-        if complete:
-            last = json.loads(complete[-1])
-            self._seq, self._prev = int(last["seq"]), str(last["hash"])
+    def _follow(self, last: bytes) -> None:
+        """Continue the chain from its last complete line (none: from the start)."""
+        if last.strip():
+            line = json.loads(last)
+            self._seq, self._prev = int(line["seq"]), str(line["hash"])
 
     def _catch_up(self) -> None:
         """Under the flock: if another process appended since our last write, read the
@@ -204,8 +222,7 @@ class AuditLog:
         size = os.fstat(self._file.fileno()).st_size
         if size != self._size:
             with self.path.open("rb") as handle:
-                handle.seek(max(0, size - TAIL_BYTES))
-                self._follow(handle.read(size - handle.tell()))
+                self._follow(last_line(handle, size)[1])
 
     @property
     def waiting(self) -> int:
