@@ -145,6 +145,8 @@ async def test_sdk_client_lists_and_calls_every_tool(
             "list_operations",
             "get_operation",
             "wait_for_operation",
+            "start_job",
+            "get_result",
         }
         assert all(t.output_schema for t in listed.tools)
         found = await session.call_tool("list_operations", {"provider": "demo-jobs"})
@@ -184,6 +186,8 @@ async def test_task_polled_to_completion_makes_no_early_provider_call(harness: H
         "list_operations": "forbidden",
         "get_operation": "forbidden",
         "wait_for_operation": "optional",
+        "start_job": "optional",
+        "get_result": "forbidden",
     }
     not_a_task = {"name": "get_operation", "arguments": {"operation_id": operation_id}}
     refused = await rpc.call("tools/call", {**not_a_task, "task": {}})
@@ -280,7 +284,7 @@ async def _record(harness: Harness, operation_id: str) -> Any:
 async def test_extension_tasks_inline_the_result(harness: Harness) -> None:
     """With the io.modelcontextprotocol/tasks extension declared on the request, a wait is a
     task (resultType "task", pollIntervalMs); tasks/get carries the final result inline, and
-    tasks/cancel is only acknowledged: the operation goes on."""
+    tasks/cancel is refused as approval-required: the operation goes on."""
     operation_id = await submitted(harness)
     rpc = Rpc(harness.client)
     await rpc.open()
@@ -294,7 +298,8 @@ async def test_extension_tasks_inline_the_result(harness: Harness) -> None:
     assert task["status"] == "working" and task["pollIntervalMs"] >= 250
     assert "ttlMs" in task and "task" not in task
     cancelled = await rpc.call("tasks/cancel", {"taskId": operation_id, "_meta": meta})
-    assert cancelled["result"] == {"resultType": "complete"}
+    assert cancelled["error"]["code"] == -30403
+    assert cancelled["error"]["data"]["type"] == "/problems/approval-required"
     assert (await _record(harness, operation_id)).outcome.value == "pending"
     got: dict[str, Any] = {}
     for _ in range(30):
@@ -475,7 +480,7 @@ async def test_sse_for_clients_that_take_only_sse_and_origin_checked(harness: Ha
     text = await response.text()
     assert text.startswith("event: message\ndata: ")
     event = json.loads(text.split("data: ", 1)[1])
-    assert event["id"] == 9 and len(event["result"]["tools"]) == 3
+    assert event["id"] == 9 and len(event["result"]["tools"]) == 5
     foreign = await rpc.post(
         {"jsonrpc": "2.0", "id": 1, "method": "ping"}, Origin="http://evil.test"
     )
