@@ -86,7 +86,6 @@ async def start(
     """Submit for the caller's account: the operation and the view of the submit answer."""
     policy = _policy(caller, provider)
     path, query = _route(policy, route)
-    _key_required(policy, key, body)
     submit = policy.routes.submit
     fixed = dict(submit.match.headers) if submit.match is not None else {}
     match = caller.runtime.routes[provider].match(submit.method, path, fixed)
@@ -95,6 +94,7 @@ async def start(
         raise Refused("route-not-allowed", detail)
     if not match.valid:
         raise Refused("invalid-request", "Path segments must match [A-Za-z0-9._~-]{1,200}.")
+    _key_required(policy, key, body)
     headers = [("Content-Type", "application/json"), *fixed.items()]
     if key is not None:
         headers.append(("Idempotency-Key", key))
