@@ -168,14 +168,17 @@ def _name_disagrees(request: web.Request, message: Message) -> dict[str, Any] | 
     return error(message.id, HEADER_MISMATCH, detail)
 
 
-async def _stateless(request: web.Request, runtime: Runtime, account: Account) -> web.Response:
+async def _stateless(
+    request: web.Request, runtime: Runtime, account: Account
+) -> web.StreamResponse:
     """One POST of the stateless revision: headers, then the body, then the method."""
     early = stateless.before_body(request.headers.items(), request.headers, methods.SERVED_MODERN)
     if early is not None:
         return web.json_response(early, status=status_of(early))
     limits = runtime.settings.file.limits
     body = await read_limited(request, limits.max_request_body, limits.body_timeout)
-    if _wants_sse(request.headers.getall("Accept", [])) is None:
+    sse = _wants_sse(request.headers.getall("Accept", []))
+    if sse is None:
         detail = "Not Acceptable: accept application/json or text/event-stream."
         return _rpc(406, INVALID_REQUEST, detail)
     parsed = parse(body)
@@ -195,6 +198,8 @@ async def _stateless(request: web.Request, runtime: Runtime, account: Account) -
     meta = message.params["_meta"]
     declared = methods.declares_extension(meta.get(stateless.CLIENT_CAPABILITIES))
     caller = Caller(runtime, account, MODERN[0], declared, lambda: gone(request), request)
+    if sse:  # a client that takes only SSE: the stream opens at once, as in the other era
+        return await _reply(request, True, lambda: methods.answer(caller, message))
     answer = await methods.answer(caller, message)
     assert answer is not None  # a request always has one
     return web.json_response(answer, status=status_of(answer))

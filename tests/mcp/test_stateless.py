@@ -446,3 +446,31 @@ async def test_unknown_tool_and_bad_arguments(harness: Harness) -> None:
         "tools/call", {"name": "start_job", "arguments": {"provider": "demo-jobs"}}
     )
     assert bad["result"]["isError"] is True and "body" in bad["result"]["content"][0]["text"]
+
+
+async def test_start_job_as_a_2025_11_25_task(harness: Harness) -> None:
+    """In a 2025-11-25 session start_job with a task param answers the task at once (its id
+    the new operation's) and tasks/result gives the final provider answer."""
+    from test_mcp import Rpc
+
+    rpc = Rpc(harness.client)
+    await rpc.open()
+    arguments = {"provider": "demo-jobs", "body": job(), "idempotency_key": "legacy-task"}
+    created = await rpc.call(
+        "tools/call", {"name": "start_job", "arguments": arguments, "task": {}}
+    )
+    task = created["result"]["task"]
+    assert task["status"] == "working" and task["taskId"].startswith("op_")
+    done = (await rpc.call("tasks/result", {"taskId": task["taskId"]}))["result"]
+    assert done["structuredContent"]["final_response"]["json"]["result"] == {"pages": 3}
+    assert len(submits(harness)) == 1
+
+
+async def test_sse_only_client_of_the_stateless_revision(harness: Harness) -> None:
+    """A 2026-07-28 client that accepts only text/event-stream gets its answer as one SSE
+    message event, with resultType."""
+    wire = Wire(harness)
+    response = await wire.post(wire.message("tools/list"), Accept="text/event-stream")
+    assert response.status == 200 and response.content_type == "text/event-stream"
+    event = json.loads((await response.text()).split("data: ", 1)[1])
+    assert event["result"]["resultType"] == "complete"
