@@ -169,7 +169,7 @@ def _refused(caller: Caller, record: OperationRecord, now: float) -> None:
     the operation's refusal window (one audit line when it closes)."""
     metrics = caller.runtime.effects.metrics
     metrics.agent_requests.labels(record.provider, "status", "too-early").inc()
-    caller.runtime.effects.refusals.note(record, now)
+    caller.runtime.refusals.note(record, now)
 
 
 async def get(caller: Caller, params: dict[str, Any], *, legacy_shape: bool) -> dict[str, Any]:
