@@ -168,3 +168,28 @@ async def test_a_disagreeing_mcp_name_is_refused_in_the_handshake_era(harness: H
     assert wrong.status == 400 and (await wrong.json())["error"]["code"] == -32020
     right = await rpc.post(call, **{"Mcp-Name": "get_result"})
     assert right.status == 200
+
+
+async def test_start_job_body_that_is_not_json_names_the_argument(harness: Harness) -> None:
+    """A start_job body holding NaN or an infinity (read by Python's JSON reader, not JSON
+    a provider can take) is an isError result naming body; nothing is submitted; a 401-digit
+    integer is JSON and goes to the provider as sent."""
+    wire = Wire(harness)
+    for bad in ("NaN", "-Infinity"):
+        message = wire.message("tools/call", {"name": "start_job"})
+        message["params"]["arguments"] = {"provider": "demo-jobs", "body": "__x__"}
+        raw = json.dumps(message).replace('"__x__"', f'{{"input": {bad}}}').encode()
+        response = await wire.post(raw, **{"Mcp-Method": "tools/call", "Mcp-Name": "start_job"})
+        answer = await response.json()
+        assert answer["result"]["isError"] is True
+        assert "body" in answer["result"]["content"][0]["text"]
+    assert not [e for e in harness.provider.log if e["method"] == "POST"]
+    huge = {"input": "a.pdf", "pages": 10**400}
+    status, answer = await wire.call(
+        "tools/call",
+        {
+            "name": "start_job",
+            "arguments": {"provider": "demo-jobs", "body": huge, "idempotency_key": "h"},
+        },
+    )
+    assert status == 200 and answer["result"]["isError"] is False

@@ -211,6 +211,8 @@ async def test_sdk_start_job_as_a_task_ends_in_the_final_answer(harness: Harness
     assert len(polls(harness, record.provider_job_id)) == record.status_requests_used
     assert resolver.gets == record.status_requests_used + 1  # the early one made no call
     assert too_early(harness) == 1
+    refused = [x for x in harness.audit_lines() if x["event"] == "refused"]
+    assert [x["count"] for x in refused] == [1]  # its refusal window, closed by the next poll
 
 
 async def test_start_job_keeps_the_submit_rules(harness: Harness) -> None:
