@@ -12,8 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from test_mcp import Rpc, submitted
-from test_stateless import TASK_CAPS, Wire
+from mcp_wire import TASK_CAPS, Rpc, Wire, submitted
 
 from gateway.flow.runtime import RUNTIME
 

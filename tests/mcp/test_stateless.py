@@ -9,15 +9,11 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
+from mcp_wire import EXTENSION, MODERN, SCRIPT, TASK_CAPS, Rpc, Wire, submitted
+
 from gateway.flow.runtime import RUNTIME
 
 from conftest import AGENT_TOKEN, OTHER_TOKEN, Harness
-
-EXTENSION = "io.modelcontextprotocol/tasks"
-MODERN = "2026-07-28"
-SCRIPT = [{"state": "running", "until": 10}, {"state": "succeeded"}]
-CAPS = {"io.modelcontextprotocol/clientCapabilities": {}}
-TASK_CAPS = {"io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}}}
 
 
 @contextlib.asynccontextmanager
@@ -273,55 +269,6 @@ async def test_get_result_is_gated_counted_and_per_account(harness: Harness) -> 
 # -- the wire, raw -------------------------------------------------------------------------
 
 
-class Wire:
-    """Raw 2026-07-28 POSTs: headers mirrored from the body unless a test says otherwise."""
-
-    def __init__(self, harness: Harness, token: str = AGENT_TOKEN) -> None:
-        self.harness = harness
-        self.token = token
-        self.next_id = 0
-
-    def message(self, method: str, params: dict[str, Any] | None = None, **meta: Any) -> Any:
-        self.next_id += 1
-        envelope = {"io.modelcontextprotocol/protocolVersion": MODERN, **CAPS, **meta}
-        return {
-            "jsonrpc": "2.0",
-            "id": self.next_id,
-            "method": method,
-            "params": {**(params or {}), "_meta": envelope},
-        }
-
-    async def post(self, body: Any, **headers: str) -> Any:
-        sent = {
-            "Authorization": f"Bearer {self.token}",
-            "Accept": "application/json, text/event-stream",
-            "Content-Type": "application/json",
-            "MCP-Protocol-Version": MODERN,
-        }
-        if isinstance(body, dict) and "method" in body:
-            sent["Mcp-Method"] = body["method"]
-            params = body.get("params") or {}
-            name = params.get("name", params.get("taskId"))
-            if isinstance(name, str):
-                sent["Mcp-Name"] = name
-        sent.update(headers)
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return await self.harness.client.post("/mcp", data=data, headers=sent)
-
-    async def call(
-        self, method: str, params: dict[str, Any] | None = None, **meta: Any
-    ) -> tuple[int, dict[str, Any]]:
-        response = await self.post(self.message(method, params, **meta))
-        assert "Mcp-Session-Id" not in response.headers
-        return response.status, await response.json()
-
-
-async def submitted(harness: Harness, script: list[dict[str, Any]] = SCRIPT, key: str = "k") -> str:
-    response = await harness.submit(script, key=key)
-    assert response.status == 202
-    return str(response.headers["Statusgate-Operation"])
-
-
 async def test_routing_headers_are_checked_before_and_against_the_body(harness: Harness) -> None:
     """An Mcp-Name that disagrees with the body, a missing Mcp-Method or Mcp-Name, and a
     header version that disagrees with _meta are 400 HeaderMismatch (-32020); a method the
@@ -453,8 +400,6 @@ async def test_unknown_tool_and_bad_arguments(harness: Harness) -> None:
 async def test_start_job_as_a_2025_11_25_task(harness: Harness) -> None:
     """In a 2025-11-25 session start_job with a task param answers the task at once (its id
     the new operation's) and tasks/result gives the final provider answer."""
-    from test_mcp import Rpc
-
     rpc = Rpc(harness.client)
     await rpc.open()
     arguments = {"provider": "demo-jobs", "body": job(), "idempotency_key": "legacy-task"}
