@@ -3,6 +3,7 @@ cannot be written, and service back by itself, chain intact, when space returns.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -82,6 +83,33 @@ async def test_a_line_cut_short_is_rolled_back_and_written_when_space_returns(
     assert verdict.intact and verdict.records == 3
     events = [line.split(b'"event":"')[1].split(b'"')[0] for line in read_lines(path)]
     assert events == [b"submitted", b"polled", b"finished"]
+
+
+async def test_a_line_refused_after_its_side_effect_waits_and_the_agent_gets_its_job(
+    make_harness: Any, small_disk: SmallDisk
+) -> None:
+    """When the disk fills while a submission is at the provider, the agent still gets its
+    job (a retry would pay for it twice), the submitted line waits and is written once space
+    returns, and the gateway takes no new work meanwhile."""
+    audit_path = small_disk.path / "audit.jsonl"
+    harness = await make_harness(config_changes={"audit": {"path": str(audit_path)}})
+    slow = {"delay": 0.3}
+    submitting = asyncio.create_task(harness.submit([{"state": "running"}], submit=slow))
+    while not harness.provider.log:  # the submission reached the provider
+        await asyncio.sleep(0.01)
+    small_disk.fill()
+    answer = await submitting
+    assert answer.status == 202, await answer.text()
+    job = (await answer.json())["id"]
+    assert audit_path.read_bytes() == b""  # its line waits
+    assert (await harness.poll_when_due(job)).status == 503
+    assert len(harness.provider_calls(job)) == 0
+    small_disk.free()
+    polled = await harness.poll_when_due(job)
+    assert polled.status == 200, await polled.text()
+    verdict = verify(read_lines(audit_path), None)
+    assert verdict.intact and verdict.records == 2
+    assert [line["event"] for line in harness.audit_lines()] == ["submitted", "polled"]
 
 
 async def _submit(http: aiohttp.ClientSession, base: str, key: str) -> aiohttp.ClientResponse:
