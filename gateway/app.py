@@ -154,7 +154,8 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "not ready", "store": "unreachable"}, status=503)
     audit = runtime.effects.audit
     if audit is not None and not audit.writable():  # a full disk: no new work is taken
-        return web.json_response({"status": "not ready", "audit": "unwritable"}, status=503)
+        body = {"status": "not ready", "audit": "unwritable", "audit_lines_waiting": audit.waiting}
+        return web.json_response(body, status=503)
     return web.json_response({"status": "ready", "policies": sorted(runtime.settings.policies)})
 
 
