@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -41,8 +42,9 @@ class SmallDisk:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    """A real full disk: a 1 MiB tmpfs (needs root and mount; skipped with the reason
-    otherwise), unmounted afterwards."""
+    """A real full disk: a 1 MiB tmpfs, unmounted afterwards. Mounting needs root: without
+    it these tests are skipped with the reason, and the RLIMIT_FSIZE test below still
+    checks that a line is written whole or not at all."""
     mount = tmp_path / "disk"
     mount.mkdir()
     done = subprocess.run(
@@ -110,6 +112,58 @@ async def test_a_line_refused_after_its_side_effect_waits_and_the_agent_gets_its
     verdict = verify(read_lines(audit_path), None)
     assert verdict.intact and verdict.records == 2
     assert [line["event"] for line in harness.audit_lines()] == ["submitted", "polled"]
+
+
+LIMITED = """
+import asyncio, json, resource, sys
+from pathlib import Path
+from gateway.observe.audit import AuditLog, Fsync
+
+async def main(path: Path) -> None:
+    audit = AuditLog(path, key=None, fsync=Fsync.NEVER)
+    await audit.append({"event": "submitted"})
+    size = path.stat().st_size
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, hard))  # 100 bytes more at most
+    refused = await audit.append({"event": "polled", "detail": "x" * 1000})
+    after = path.stat().st_size
+    gate = audit.writable()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    reopened = audit.writable()
+    await audit.close()
+    print(json.dumps({"refused": refused is None, "size": size, "after": after,
+                      "gate": gate, "reopened": reopened}))
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def test_a_line_past_the_file_size_limit_is_rolled_back_and_written_later(
+    tmp_path: Path,
+) -> None:
+    """RLIMIT_FSIZE (no mount needed): a line that would pass the process's file size limit
+    is written short by the kernel and cut back to its start; it waits and is written once
+    the limit is raised, chain intact."""
+    path = tmp_path / "audit.jsonl"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", LIMITED, str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen == {
+        "refused": True,
+        "size": seen["size"],
+        "after": seen["size"],
+        "gate": False,
+        "reopened": True,
+    }
+    verdict = verify(read_lines(path), None)
+    assert verdict.intact and verdict.records == 2
 
 
 async def _submit(http: aiohttp.ClientSession, base: str, key: str) -> aiohttp.ClientResponse:
