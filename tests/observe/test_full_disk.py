@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -112,6 +113,28 @@ async def test_a_line_refused_after_its_side_effect_waits_and_the_agent_gets_its
     verdict = verify(read_lines(audit_path), None)
     assert verdict.intact and verdict.records == 2
     assert [line["event"] for line in harness.audit_lines()] == ["submitted", "polled"]
+
+
+async def test_a_failed_fsync_closes_the_gate_until_one_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``fsync: always``, an fsync the disk fails (ENOSPC or EIO, where a disk says so
+    only then) raises nothing into the request but keeps new work out until an fsync
+    succeeds."""
+    path = tmp_path / "audit.jsonl"
+    audit = AuditLog(path, key=None, fsync=Fsync.ALWAYS)
+    synced = os.fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    assert await audit.append({"event": "submitted"}) is not None
+    assert not audit.writable()
+    monkeypatch.setattr(os, "fsync", synced)
+    assert audit.writable()
+    await audit.close()
+    assert verify(read_lines(path), None).records == 1
 
 
 LIMITED = """
