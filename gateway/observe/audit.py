@@ -192,6 +192,7 @@ class AuditLog:
         self._size = 0
         self._waiting: deque[dict[str, Any]] = deque()  # refused by the disk, in order
         self._refusing = False  # logged once per spell of refusals
+        self._unsynced = False  # an fsync failed: not writable until one succeeds
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,8 +236,10 @@ class AuditLog:
         left, so new work is refused before its side effects rather than its line after
         them. One ``fstatvfs`` when healthy."""
         if self._waiting and self._write_waiting() is not None and self._fsync is not Fsync.NEVER:
-            os.fsync(self._file.fileno())  # lines written late are on disk before new work
-        if self._waiting:
+            self._unsynced = True  # lines written late are on disk before new work
+        if self._unsynced:
+            self._sync()
+        if self._waiting or self._unsynced:
             return False
         if self._file is not None:
             stats = os.fstatvfs(self._file.fileno())
@@ -245,6 +248,29 @@ class AuditLog:
                 return False
         self._recovered(0)
         return True
+
+    def _sync(self) -> None:
+        """fsync; a failure (ENOSPC or EIO where the disk only says so then) closes the
+        gate like a refused line until an fsync succeeds."""
+        try:
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            self._sync_failed(exc)
+        else:
+            self._unsynced = False
+
+    async def _sync_off_loop(self) -> None:
+        """``_sync`` with the fsync itself on a thread."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+        except OSError as exc:
+            self._sync_failed(exc)
+        else:
+            self._unsynced = False
+
+    def _sync_failed(self, exc: OSError) -> None:
+        self._unsynced = True
+        self._refused(f"fsync failed: {exc.strerror or exc}")
 
     def _refused(self, problem: str) -> None:
         if not self._refusing:
@@ -273,7 +299,7 @@ class AuditLog:
         if line is None:
             return None
         if self._fsync is Fsync.ALWAYS:
-            await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+            await self._sync_off_loop()
         elif self._fsync is Fsync.BATCH:
             self._dirty = True
             if self._flusher is None or self._flusher.done():
@@ -327,18 +353,18 @@ class AuditLog:
         await asyncio.sleep(BATCH_SECONDS)
         if self._dirty and self._file is not None:
             self._dirty = False
-            await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+            await self._sync_off_loop()
 
     async def close(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
         if self._file is not None:
-            if not self.writable():
+            if not self.writable() and self._waiting:
                 log.error(
                     "audit log %s: %d lines the disk refused are lost at shutdown",
                     self.path,
                     len(self._waiting),
                 )
-            os.fsync(self._file.fileno())
+            self._sync()
             self._file.close()
             self._file = None
