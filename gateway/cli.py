@@ -120,11 +120,22 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gateway.settings.config import load_settings
+    from gateway.settings.config import load_settings, written_store_url
     from gateway.store import store_from_url
 
-    settings = load_settings(args.config)
-    store_from_url(settings.store_url)  # the scheme and options are valid
+    problems: list[str] = []
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        problems, settings = exc.problems, None
+    store_url = settings.store_url if settings is not None else written_store_url(args.config)
+    try:
+        if store_url is not None:
+            store_from_url(store_url)  # the scheme and options are valid
+    except ConfigError as exc:
+        problems += [f"{args.config}: {line}" for line in exc.problems]
+    if problems or settings is None:
+        raise ConfigError(problems)
     names = ", ".join(sorted(settings.policies)) or "none"
     print(
         f"{args.config}: ok: {len(settings.policies)} policies ({names}), "

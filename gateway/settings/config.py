@@ -28,9 +28,9 @@ from gateway.settings.loading import (
     interpolate,
     load_env,
     read_yaml,
-    validate,
+    validate_all,
 )
-from gateway.settings.policy import ProviderPolicy, load_policies
+from gateway.settings.policy import ProviderPolicy, read_policies
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -155,10 +155,7 @@ class Settings:
     @property
     def store_url(self) -> str:
         """The store URL with a relative sqlite path resolved against the config folder."""
-        url = self.file.store
-        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-            return "sqlite:///" + str(self.base_dir / url.removeprefix("sqlite:///"))
-        return url
+        return resolved_store_url(self.file.store, self.base_dir)
 
     def account_for(self, token_hash: str) -> Account | None:
         return _match(self.file.accounts, token_hash)
@@ -177,6 +174,21 @@ def _match(holders: list[H], token_hash: str) -> H | None:
     return found
 
 
+def resolved_store_url(url: str, base_dir: Path) -> str:
+    """A relative sqlite path resolved against the config folder; other URLs as written."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        return "sqlite:///" + str(base_dir / url.removeprefix("sqlite:///"))
+    return url
+
+
+def written_store_url(path: Path, env: Mapping[str, str] | None = None) -> str | None:
+    """The store URL of a config file that may have other problems (for ``check``)."""
+    gateway, problems = _read_gateway_file(path, load_env() if env is None else env)
+    if gateway is None or any(": store: " in line for line in problems):
+        return None
+    return resolved_store_url(gateway.store, path.parent.resolve())
+
+
 def audit_path(gateway: GatewayFile, base_dir: Path) -> Path | None:
     """The audit file, resolved against the config file's folder; None if not configured."""
     path = gateway.audit.path
@@ -185,41 +197,41 @@ def audit_path(gateway: GatewayFile, base_dir: Path) -> Path | None:
 
 def load_gateway_file(path: Path, env: Mapping[str, str] | None = None) -> GatewayFile:
     """The gateway config alone, without its policies (enough for the audit tools)."""
-    env = load_env() if env is None else env
-    shown = str(path)
-    data, problems = interpolate(read_yaml(path, shown), shown, env)
-    try:
-        gateway = validate(GatewayFile, data, shown)
-    except ConfigError as exc:
-        raise ConfigError(problems + exc.problems) from None
-    if problems:
+    gateway, problems = _read_gateway_file(path, load_env() if env is None else env)
+    if gateway is None or problems:
         raise ConfigError(problems)
     return gateway
+
+
+def _read_gateway_file(path: Path, env: Mapping[str, str]) -> tuple[GatewayFile | None, list[str]]:
+    """The gateway config (with invalid fields at their defaults, so the later checks can
+    run) and every problem found in it."""
+    shown = str(path)
+    try:
+        raw = read_yaml(path, shown)
+    except ConfigError as exc:
+        return None, exc.problems
+    data, problems = interpolate(raw, shown, env, folder=path.parent)
+    gateway, invalid = validate_all(GatewayFile, data, shown)
+    return gateway, problems + invalid
 
 
 def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     """Read the gateway config and every policy; ConfigError lists all problems found."""
     env = load_env() if env is None else env
     shown = str(path)
-    problems: list[str] = []
-    gateway: GatewayFile | None = None
-    try:
-        gateway = load_gateway_file(path, env)
-        folder = gateway.policies_dir
-    except ConfigError as exc:  # keep going: the policies are checked all the same
-        problems += exc.problems
-        folder = _raw_policies_dir(path)
+    gateway, problems = _read_gateway_file(path, env)
+    # keep going whatever was found: the policies are checked all the same
+    folder = gateway.policies_dir if gateway is not None and not problems else None
+    folder = folder or _raw_policies_dir(path)
     base_dir = path.parent.resolve()
     policies_dir = (base_dir / folder).resolve()
     shown_dir = os.path.normpath(Path(path.parent, folder))
-    policies: Mapping[str, ProviderPolicy] = {}
-    try:
-        policies = load_policies(policies_dir, shown_dir, env)
-    except ConfigError as exc:
-        problems += exc.problems
-    if gateway is None or problems:
+    policies, claimed, invalid = read_policies(policies_dir, shown_dir, env)
+    problems += invalid
+    if gateway is None:
         raise ConfigError(problems)
-    problems = _account_problems(gateway, policies, shown)
+    problems += _account_problems(gateway, {*policies, *claimed}, shown)
     key_env = gateway.audit.hmac_key_env
     if key_env is not None and not env.get(key_env):
         problems.append(f"{shown}: audit.hmac_key_env: environment variable {key_env} is not set")
@@ -255,9 +267,7 @@ def _raw_policies_dir(path: Path) -> str:
     return value if isinstance(value, str) and "${" not in value else "policies"
 
 
-def _account_problems(
-    gateway: GatewayFile, policies: Mapping[str, ProviderPolicy], shown: str
-) -> list[str]:
+def _account_problems(gateway: GatewayFile, policies: set[str], shown: str) -> list[str]:
     problems = []
     for i, account in enumerate(gateway.accounts):
         for j, name in enumerate(account.providers):

@@ -17,7 +17,16 @@ import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from gateway.errors import ConfigError
-from gateway.settings.loading import Duration, Strict, http_url, interpolate, read_yaml, validate
+from gateway.settings.loading import (
+    Duration,
+    Strict,
+    field_of,
+    http_url,
+    interpolate,
+    read_yaml,
+    related,
+    validate_all,
+)
 
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -479,13 +488,17 @@ def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
 def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolicy:
     """Read, interpolate and validate one policy file."""
     raw = read_yaml(path, shown)
-    data, problems = interpolate(raw, shown, env)
-    try:
-        policy = validate(ProviderPolicy, data, shown)
-    except ConfigError as exc:
-        raise ConfigError(problems + exc.problems) from None
-    problems += [f"{shown}: {where}: {message}" for where, message in cross_check(policy)]
-    if problems:
+    data, problems = interpolate(raw, shown, env, folder=path.parent)
+    policy, invalid = validate_all(ProviderPolicy, data, shown)
+    problems += invalid
+    if policy is not None:  # the cross-field rules too, except about fields already reported
+        reported = [field_of(line, shown) for line in invalid]
+        problems += [
+            f"{shown}: {where}: {message}"
+            for where, message in cross_check(policy)
+            if not any(related(where, field) for field in reported)
+        ]
+    if problems or policy is None:
         raise ConfigError(problems)
     return policy
 
@@ -494,20 +507,40 @@ def load_policies(
     folder: Path, shown_folder: str, env: Mapping[str, str]
 ) -> dict[str, ProviderPolicy]:
     """Every ``*.yaml`` in ``folder`` by provider name; all problems of all files at once."""
+    policies, _, problems = read_policies(folder, shown_folder, env)
+    if problems:
+        raise ConfigError(problems)
+    return policies
+
+
+def read_policies(
+    folder: Path, shown_folder: str, env: Mapping[str, str]
+) -> tuple[dict[str, ProviderPolicy], set[str], list[str]]:
+    """The valid policies, the provider names the invalid ones claim, and every problem."""
     policies: dict[str, ProviderPolicy] = {}
+    claimed: set[str] = set()
     problems: list[str] = []
     if not folder.is_dir():
-        raise ConfigError([f"{shown_folder}: policies_dir: is not a folder"])
+        return {}, set(), [f"{shown_folder}: policies_dir: is not a folder"]
     for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
         shown = f"{shown_folder}/{path.name}"
         try:
             policy = load_policy(path, shown, env)
         except ConfigError as exc:
             problems.extend(exc.problems)
+            claimed.add(_claimed_name(path))
             continue
         if policy.provider in policies:
             problems.append(f"{shown}: provider: {policy.provider!r} is defined twice")
         policies[policy.provider] = policy
-    if problems:
-        raise ConfigError(problems)
-    return policies
+    return policies, claimed, problems
+
+
+def _claimed_name(path: Path) -> str:
+    """The ``provider`` an invalid file names, so accounts naming it are not reported too."""
+    try:
+        raw = read_yaml(path, str(path))
+    except ConfigError:
+        return path.stem
+    name = raw.get("provider")
+    return name if isinstance(name, str) else path.stem
