@@ -71,7 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers(required=True, metavar="ACTION")
-    tryout = policy_commands.add_parser("test", help="classify a sample status answer")
+    tryout = policy_commands.add_parser(
+        "test",
+        help="classify a sample status answer",
+        description="Classify a sample status answer as a fresh operation's first poll would "
+        "be. Exit status: 0 pending or an outcome, 3 an escalation, 1 an error.",
+    )
     tryout.add_argument("--config", type=Path, required=True)
     tryout.add_argument("--status", type=int, default=200, help="HTTP status (default 200)")
     tryout.add_argument("provider")
@@ -89,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _policy_test(args: argparse.Namespace) -> int:
-    from gateway.operator.policytool import verdict
+    from gateway.operator.policytool import exit_status, verdict
     from gateway.settings.config import load_settings
 
     settings = load_settings(args.config)
@@ -103,8 +108,9 @@ def _policy_test(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{args.file}: cannot read ({exc.strerror})", file=sys.stderr)
         return 1
-    print(verdict(policy, body, args.status))
-    return 0
+    line = verdict(policy, body, args.status)
+    print(line)
+    return exit_status(line)
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -66,19 +66,27 @@ TokenHashes = Annotated[
 
 class Listen(Strict):
     host: str = "127.0.0.1"
+    """The address to listen on."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    """The TCP port (0: any free port)."""
 
 
 class AuditSettings(Strict):
     path: str | None = None
+    """The audit log file (JSON lines, hash-chained), relative to this file."""
     hmac_key_env: str | None = None
+    """An environment variable holding an HMAC key for the chain."""
     fsync: Literal["always", "batch", "never"] = "batch"
+    """When lines reach the disk: always, batch (within 200 ms) or never."""
 
 
 class Account(Strict):
     id: str
+    """The account's name in records, logs and metrics."""
     token_sha256: TokenHashes
+    """sha256 hex digests of the account's agent tokens (statusgate token hash)."""
     providers: list[str] = ["*"]
+    """Providers this account may use, or "*" for all."""
 
     def allows(self, provider: str) -> bool:
         return "*" in self.providers or provider in self.providers
@@ -86,23 +94,35 @@ class Account(Strict):
 
 class Operator(Strict):
     id: str
+    """The operator's name in audit lines."""
     token_sha256: TokenHashes
+    """sha256 hex digests of the operator's tokens."""
 
 
 class Limits(Strict):
     max_request_body: Size = 1024 * 1024
+    """The largest agent request body ("1MiB")."""
     max_response_body: Size = 8 * 1024 * 1024
+    """The largest provider answer body ("8MiB")."""
     upstream_timeout: Duration = 30.0
-    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0  # a whole request body, from its start
-    cache_bytes: Size = DEFAULT_CACHE_BYTES  # records cached in memory, final bodies included
+    """How long one provider call may take."""
+    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    """How long a whole request body may take to arrive."""
+    cache_bytes: Size = DEFAULT_CACHE_BYTES
+    """The SQLite store's record cache."""
 
 
 class EscalationSettings(Strict):
     webhook_url: str | None = None
-    webhook_secret_env: str | None = None  # sign deliveries (Standard Webhooks), key from env
+    """POSTed on every escalation and decision (optional)."""
+    webhook_secret_env: str | None = None
+    """An environment variable with a whsec_ secret to sign deliveries."""
     webhook_timeout: Duration = 5.0
+    """How long one delivery attempt may take."""
     webhook_attempts: Annotated[int, Field(ge=1, le=10)] = 4
+    """Delivery attempts before a notice is given up."""
     webhook_backoff: Duration = 1.0
+    """The first wait between attempts (doubling)."""
 
     @pydantic.field_validator("webhook_url")
     @classmethod
@@ -112,21 +132,34 @@ class EscalationSettings(Strict):
 
 class LoggingSettings(Strict):
     format: Literal["json", "text"] = "json"
+    """json (one object per line) or text, on stderr."""
     level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe level logged."""
 
 
 class GatewayFile(Strict):
     listen: Listen = Listen()
-    admin_listen: Listen | None = None  # operator API, console and metrics on their own port
+    """Where agents connect (/p/..., /mcp)."""
+    admin_listen: Listen | None = None
+    """If set, /admin, /console and /metrics are served only here."""
     logging: LoggingSettings = LoggingSettings()
+    """Log format and level."""
     public_base_url: str = "http://127.0.0.1:8080"
+    """The gateway's URL as agents see it, for rewritten provider URLs."""
     store: str = "sqlite:///var/statusgate.db"
+    """sqlite:///path, memory://, redis://host:6379/0 or redis+cluster://h1,h2."""
     policies_dir: str = "policies"
+    """The folder of policy files, relative to this file."""
     audit: AuditSettings = AuditSettings()
+    """The audit log."""
     accounts: list[Account] = []
+    """The tenants whose agents may call the gateway."""
     operators: list[Operator] = []
+    """The people who may decide escalations."""
     limits: Limits = Limits()
+    """Sizes and timeouts."""
     escalation: EscalationSettings = EscalationSettings()
+    """Webhooks for escalations and decisions."""
 
     @pydantic.field_validator("public_base_url")
     @classmethod

@@ -33,22 +33,26 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 
 # Durations and sizes are written as strings ("5s", "8MiB") and held as numbers; the JSON
 # Schema (statusgate schema) describes what is written.
+DURATION_PATTERN = r"^\d+(\.\d+)?(ms|s|m|h|d)$"
+SIZE_PATTERN = r"^\d+(B|KiB|MiB|GiB|KB|MB|GB)$"
 Duration = Annotated[
     float,
     BeforeValidator(parse_duration),
-    WithJsonSchema({"type": "string", "pattern": r"^\d+(\.\d+)?(ms|s|m|h|d)$"}),
+    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN}),
 ]
 Size = Annotated[
     int,
     BeforeValidator(parse_size),
-    WithJsonSchema({"type": "string", "pattern": r"^\d+(B|KiB|MiB|GiB|KB|MB|GB)$"}),
+    WithJsonSchema({"type": "string", "pattern": SIZE_PATTERN}),
 ]
 
 
 class Strict(pydantic.BaseModel):
     """Base for every settings model: frozen, unknown keys rejected, no silent coercion."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = pydantic.ConfigDict(
+        extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True
+    )
 
 
 def read_yaml(path: Path, shown: str) -> dict[str, Any]:
@@ -129,7 +133,9 @@ def _substitute(match: re.Match[str], env: Mapping[str, str], folder: Path | Non
         return read_secret_file(match.group("file"), folder)
     bare = match.group("bare")
     if bare is not None:
-        return Problem(f"${bare} is sent as written: write ${{{bare}}} (or $${bare} for a literal $)")
+        return Problem(
+            f"${bare} is sent as written: write ${{{bare}}} (or $${bare} for a literal $)"
+        )
     name, default = match.group("name"), match.group("default")
     if default is not None:
         return env.get(name) or default
@@ -171,9 +177,7 @@ def validate(model: type[M], data: dict[str, Any], shown: str) -> M:
     return found
 
 
-def validate_all(
-    model: type[M], data: dict[str, Any], shown: str
-) -> tuple[M | None, list[str]]:
+def validate_all(model: type[M], data: dict[str, Any], shown: str) -> tuple[M | None, list[str]]:
     """Every validation problem of ``data``, and a model to cross-check when one can be made.
 
     Pydantic reports every field problem at once, but a model only exists when there are
@@ -205,12 +209,9 @@ def _prune(data: Any, locations: list[tuple[Any, ...]]) -> bool:
     for loc in locations:
         parent, key, node = None, None, data
         for part in loc:
-            if isinstance(node, dict) and part in node:
-                parent, key, node = node, part, node[part]
-            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-                parent, key, node = node, part, node[part]
-            else:  # a union member's name or a key that is not there: drop what holds it
+            if not _holds(node, part):  # a union member's name, or not there: drop the holder
                 break
+            parent, key, node = node, part, node[part]
         if parent is not None:
             targets.append((parent, key))
     # list items from the highest index down, so earlier removals do not shift later ones
@@ -224,6 +225,12 @@ def _prune(data: Any, locations: list[tuple[Any, ...]]) -> bool:
         del parent[key]
         removed = True
     return removed
+
+
+def _holds(node: Any, part: Any) -> bool:
+    if isinstance(node, dict):
+        return part in node
+    return isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
 
 
 def field_of(problem: str, shown: str) -> str:
