@@ -97,17 +97,9 @@ def _left(seconds: float) -> str:
 def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> ActionResult:
     """Waiting resumes only after what caused the escalation changed: the live credential
     or policy is compared with the one in force when the escalation happened (SPEC 12)."""
-    why = _permits(record, "resume")
+    why = _permits(record, "resume") or _unchanged(policy, record)
     if why is not None:
         return _refuse(Event.RESUMED, why)
-    escalation = record.escalation
-    assert escalation is not None
-    if escalation.reason is Reason.AUTHORIZATION_DENIED:
-        then = escalation.credential_fingerprint or record.credential_fingerprint
-        if policy.credential_fingerprint == then:
-            return _refuse(Event.RESUMED, "the provider credential has not changed since")
-    elif policy.fingerprint == (escalation.policy_fingerprint or record.policy_fingerprint):
-        return _refuse(Event.RESUMED, "the provider's policy has not changed since")
     new = record.evolve(
         outcome=Outcome.PENDING,
         escalation=None,
@@ -118,6 +110,33 @@ def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> Actio
         delay_source=DelaySource.LOCAL_BACKOFF,
     )
     return ActionResult(new, Event.RESUMED)
+
+
+def _unchanged(policy: ProviderPolicy, record: OperationRecord) -> str | None:
+    """Why a resume would be refused because nothing changed since the escalation, or None."""
+    escalation = record.escalation
+    if escalation is None:
+        return None
+    if escalation.reason is Reason.AUTHORIZATION_DENIED:
+        then = escalation.credential_fingerprint or record.credential_fingerprint
+        if policy.credential_fingerprint == then:
+            return "the provider credential has not changed since"
+    elif policy.fingerprint == (escalation.policy_fingerprint or record.policy_fingerprint):
+        return "the provider's policy has not changed since"
+    return None
+
+
+def offered(policy: ProviderPolicy, record: OperationRecord) -> tuple[str, ...]:
+    """The escalation's permitted actions that can succeed now: ``resume`` only once the
+    policy or credential differs from the one in force at the escalation."""
+    escalation = record.escalation
+    if record.outcome is not Outcome.ESCALATED or escalation is None:
+        return ()
+    return tuple(
+        action
+        for action in escalation.permitted_actions
+        if action != "resume" or _unchanged(policy, record) is None
+    )
 
 
 def abandon(

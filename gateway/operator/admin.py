@@ -179,7 +179,7 @@ def _queued(runtime: Runtime, record: OperationRecord, now: float) -> dict[str, 
         "reason": escalation.reason.value if escalation is not None else None,
         "escalated_at": rfc3339(at),
         "age_seconds": max(0.0, now - at),
-        "permitted_actions": list(escalation.permitted_actions) if escalation else [],
+        "permitted_actions": list(actions.offered(policy, record)) if policy else [],
         "status_requests_used": record.status_requests_used,
         "max_status_requests": record.max_status_requests,
         "message": text,
@@ -200,6 +200,7 @@ async def show_operation(request: web.Request) -> web.StreamResponse:
         body["escalation"] = problem_members(record, policy)
         body["message"] = message(record, policy)
     body["extension_left"] = _extension_left(policy, record)
+    body["permitted_actions"] = list(actions.offered(policy, record)) if policy else []
     audit = runtime.effects.audit
     if audit is not None and audit.path.exists():  # a large file: read it off the event loop
         path, wanted = audit.path, record.operation_id

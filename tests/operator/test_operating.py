@@ -400,3 +400,30 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
         "statusgate serve: --workers 2 needs a Redis store (store: redis://...); "
         "the sqlite store is owned by one process"
     )
+
+
+async def test_a_mounted_secret_file_is_read_again_on_reload_and_never_logged(
+    tmp_path: Path, upstream: tuple[DemoProvider, str], gateways: list[Served]
+) -> None:
+    """``${file:/path}`` in a policy: a rotated secret file is used after POST /admin/reload
+    (a wrong key before it, the right one after), and neither value reaches the log."""
+    _, url = upstream
+    secret = tmp_path / "demo-key"
+    secret.write_text("wrong-key-7d1c\n")
+    credential = {"header": "Authorization", "value": f"Bearer ${{file:{secret}}}"}
+    served = await Served(
+        tmp_path, url, tmp_path / "g.db", policy_changes={"demo-jobs": {"credential": credential}}
+    ).up()
+    gateways.append(served)
+    base = f"http://127.0.0.1:{served.port}"
+    async with aiohttp.ClientSession() as http:
+        refused = await submit(http, base, **{"Idempotency-Key": "a"})
+        assert refused.status == 502, await refused.text()
+        secret.write_text(PROVIDER_KEY + "\n")
+        async with http.post(f"{base}/admin/reload", headers=OPS) as reloaded:
+            assert reloaded.status == 200, await reloaded.text()
+        accepted = await submit(http, base, **{"Idempotency-Key": "b"})
+        assert accepted.status == 202, await accepted.text()
+    stderr = served.stop()
+    assert "wrong-key-7d1c" not in stderr and PROVIDER_KEY not in stderr
+    assert "wrong-key-7d1c" not in (tmp_path / "audit.jsonl").read_text()
