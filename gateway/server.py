@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 
 import uvloop
 from aiohttp import web
@@ -48,18 +47,19 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     try:
         await runner.setup()  # opens the store (on_startup): a locked SQLite file fails here
     except StoreError as exc:
-        print(f"statusgate serve: {exc}", file=sys.stderr)
+        log.error("statusgate serve: %s", exc)
         return 1
     try:
         bound = await _listen(runner, settings, reuse_port)
     except OSError as exc:
-        print(f"statusgate serve: {exc}", file=sys.stderr)
+        log.error("statusgate serve: %s", exc)
         await runner.cleanup()
         return 1
     runtime = app[RUNTIME]
     runtime.admin_port = bound.get("admin")
-    for role, port in bound.items():
-        print(f"statusgate {role} listener on http://{_host(settings, role)}:{port}", flush=True)
+    for role, port in bound.items():  # a log line: JSON like every other when logs are
+        url = f"http://{_host(settings, role)}:{port}"
+        log.info("statusgate %s listener on %s", role, url, extra={"listener": role, "url": url})
     log.info(traces)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -314,7 +314,8 @@ def test_version_check_collects_every_problem_and_env_defaults(tmp_path: Path) -
 async def test_a_second_start_on_a_taken_port_is_one_line(
     tmp_path: Path, upstream: tuple[DemoProvider, str], gateways: list[Served]
 ) -> None:
-    """The port is named in one line on stderr, exit 1, no traceback."""
+    """The port is named in one line on stderr (JSON, as the log format says), exit 1, no
+    traceback; the running gateway's own start-up lines on stderr are JSON too."""
     _, url = upstream
     first = await Served(tmp_path / "a", url, tmp_path / "a.db").up()
     gateways.append(first)
@@ -324,9 +325,14 @@ async def test_a_second_start_on_a_taken_port_is_one_line(
     stderr = process.stderr.read().decode() if process.stderr else ""
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1, stderr
-    assert lines[0].startswith(
+    line = json.loads(lines[0])
+    assert line["level"] == "error"
+    assert line["event"].startswith(
         f"statusgate serve: cannot listen on 127.0.0.1:{first.port} (agent):"
     )
+    started = [json.loads(line) for line in first.stop().splitlines() if line.strip()]
+    listening = [line for line in started if line.get("listener") == "agent"]
+    assert listening and listening[0]["url"] == f"http://127.0.0.1:{first.port}"
 
 
 def test_make_run_on_a_taken_port_says_so_and_starts_nothing() -> None:
