@@ -140,6 +140,17 @@ def test_every_alert_has_a_severity_a_summary_and_a_description() -> None:
         assert rule["annotations"]["description"].strip(), rule["alert"]
 
 
+def test_every_alert_has_a_runbook_section_that_exists() -> None:
+    """Every alert's runbook_url names a section of docs/runbooks.md that is there."""
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+    anchors = {line[3:].strip().lower() for line in runbooks.splitlines() if line.startswith("## ")}
+    for rule in rules():
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "docs/runbooks.md" and anchor in anchors, (rule["alert"], url)
+        assert anchor == rule["alert"].lower()
+
+
 def test_alert_expressions_use_only_exported_metrics() -> None:
     """Every alert expression selects only metrics the gateway exports, or Prometheus' `up`."""
     unknown = {rule["alert"]: metric_names(rule["expr"]) - KNOWN_WITH_UP for rule in rules()}
