@@ -27,6 +27,7 @@ def value(samples: dict, name: str, **labels: str) -> float:  # type: ignore[typ
 
 
 async def test_metrics_after_a_scripted_mix(harness: Harness) -> None:
+    """After a scripted mix of jobs every SPEC 9 metric has the expected counts."""
     ok = (
         await (
             await harness.submit(
@@ -108,6 +109,7 @@ async def test_metrics_after_a_scripted_mix(harness: Harness) -> None:
 
 
 async def test_store_errors_are_counted(make_harness, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A store call that fails is counted in statusgate_store_errors_total by operation."""
     import sqlite3
 
     db = tmp_path / "m.db"

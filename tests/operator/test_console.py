@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from gateway.operator import console
-
 import yaml
 
 from gateway.flow.runtime import RUNTIME
+from gateway.operator import console
 
 from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PROVIDER_KEY, Harness
 

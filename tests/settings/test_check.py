@@ -66,6 +66,8 @@ def test_invalid_policy_is_rejected_with_file_and_field(
     field: str,
     message: str,
 ) -> None:
+    """Each invalid policy case fails check with a file: field: message line and no traceback or
+    secret."""
     config = write_config(tmp_path, "https://api.example.com", policy_changes={"demo-jobs": change})
     code, out, err = run_check(config, capsys)
     assert code == 1
@@ -82,6 +84,8 @@ def test_invalid_policy_is_rejected_with_file_and_field(
 def test_missing_required_field_and_bad_yaml(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A missing required section and a YAML syntax error are both reported in one run, each
+    naming its file."""
     config = write_config(tmp_path, "https://api.example.com")
     policy = tmp_path / "policies/demo-jobs.yaml"
     data = yaml.safe_load(policy.read_text())
@@ -120,6 +124,7 @@ def test_invalid_gateway_config(
     field: str,
     message: str,
 ) -> None:
+    """Each invalid gateway config case fails check naming the config file and the field."""
     config = write_config(tmp_path, "https://api.example.com")
     data = merge(yaml.safe_load(config.read_text()), change)
     if "accounts" in change:
@@ -148,6 +153,8 @@ def test_check_as_a_real_command_prints_no_traceback(tmp_path: Path) -> None:
 
 
 def test_token_hash(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """token hash prints the sha256 hex digest the shipped config stores for the demo agent
+    token."""
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO("demo-agent-token\n"))
