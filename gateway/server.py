@@ -15,10 +15,11 @@ import signal
 import uvloop
 from aiohttp import web
 
-from gateway.app import ParserNoise, create_app
+from gateway.app import create_app
 from gateway.errors import StoreError
 from gateway.flow import reloading
 from gateway.flow.runtime import RUNTIME, Runtime
+from gateway.http.middleware import ParserNoise
 from gateway.observe import logs, tracing
 from gateway.settings.config import Settings
 

@@ -267,3 +267,9 @@ class OperationFilter:
     account: str | None = None
     limit: int = 100
     before: tuple[float, str] | None = None
+
+
+def poll_lease(operation_id: str) -> str:
+    """The name of the lease held while one provider call about an operation is in flight
+    (a status poll, an operator's cancel, an overdue escalation): one per operation."""
+    return f"poll:{operation_id}"

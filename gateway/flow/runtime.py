@@ -17,6 +17,8 @@ from aiohttp import web
 from gateway.core.models import Clock
 from gateway.core.pacing import Spacer
 from gateway.core.routing import RouteTable
+from gateway.flow.leases import Releases
+from gateway.flow.refusals import RefusalWindows
 from gateway.observe.effects import Effects
 from gateway.provider.client import Upstream, UpstreamResponse
 from gateway.provider.credentials import Applier, applier_for
@@ -24,7 +26,7 @@ from gateway.provider.headers import Rewriter
 from gateway.provider.send import Channel
 from gateway.settings.config import Settings
 from gateway.settings.policy import ProviderPolicy
-from gateway.store.base import Store
+from gateway.store.base import Coordination, Records, Store
 
 if TYPE_CHECKING:
     from gateway.core.decide import Decision
@@ -49,6 +51,8 @@ class Runtime:
     holding: int = 0  # status calls held for Prefer: wait right now
     spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
     admin_port: int | None = None  # the admin listener's bound port, once serving
+    refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
+    releases: Releases = field(default_factory=Releases)  # leases given back in the background
 
     def __post_init__(self) -> None:
         self.credentials = {}
@@ -117,6 +121,16 @@ class Runtime:
     async def space_sends(self, provider: str, rate: float) -> None:
         """Wait until a status call to ``provider`` may leave this process (pacing.Spacer)."""
         await self.spacer.wait(provider, rate, self.clock, self.sleep)
+
+    @property
+    def records(self) -> Records:
+        """The store as handlers use it: operations and idempotency entries."""
+        return self.store
+
+    @property
+    def coordination(self) -> Coordination:
+        """The store as a lock service: leases, the pacing window, tightening."""
+        return self.store
 
     def channel(self, policy: ProviderPolicy) -> Channel:
         """What sending to ``policy``'s provider needs (provider/send.py)."""

@@ -13,7 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.core import decide, idempotency
+from gateway.core import decide, effects, idempotency
+from gateway.core.decide import Decision
+from gateway.core.effects import Effects
 from gateway.core.idempotency import Seen
 from gateway.core.models import (
     Event,
@@ -33,6 +35,7 @@ from gateway.http.problems import problem
 from gateway.provider.client import UpstreamResponse
 from gateway.provider.headers import to_provider
 from gateway.provider.send import send_upstream
+from gateway.settings.policy import ProviderPolicy
 
 log = logging.getLogger("statusgate")
 IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
@@ -68,7 +71,7 @@ async def submit(call: Call) -> web.StreamResponse:
             created_at=now,
             expires_at=now + rules.retention,
         )
-        seen = await runtime.store.claim_idempotency(entry, now)
+        seen = await runtime.records.claim_idempotency(entry, now)
         if seen is not None:
             return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
@@ -83,7 +86,7 @@ async def submit(call: Call) -> web.StreamResponse:
         return await _submit_failed(call, entry, answer.failure)
     if not 200 <= response.status < 300:
         if entry is not None:
-            await runtime.store.drop_idempotency(entry.key)
+            await runtime.records.drop_idempotency(entry.key)
         if response.status in (401, 403):
             return await _credential_rejected(call, response.status)
         detail = "the provider refused the submission; its answer was passed through"
@@ -128,7 +131,7 @@ async def _open(
     job_id = _job_id(call, response, sent)
     if job_id is None:
         if entry is not None:  # the job may exist: never let a retry submit it again
-            await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+            await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
         await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "no valid job id")
         detail = "The provider accepted the submission but gave no valid job id to track."
         return problem("integration-failure", detail)
@@ -163,12 +166,12 @@ async def _open(
             response=stored,
         )
     try:
-        record = await runtime.store.create(decision.record, completed)
+        record = await runtime.records.create(decision.record, completed)
     except StoreError:  # the job exists at the provider: say so, never "nothing forwarded"
         log.error("store failed after provider %s accepted a submission", policy.provider)
         if entry is not None:  # a retry with the key must not submit again either
             with contextlib.suppress(StoreError):
-                await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+                await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
         await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "the store failed")
         detail = (
             f"The provider accepted the submission (job {job_id}) but the gateway could not "
@@ -176,11 +179,17 @@ async def _open(
         )
         return problem("submission-outcome-unknown", detail)
     if record.operation_id == decision.record.operation_id:  # new, not a known job
-        opened = dataclasses.replace(decision, event=Event.SUBMITTED)
-        await runtime.effects.decided(policy, opened, http_status=response.status)
-        if record.outcome is Outcome.ESCALATED:
-            await runtime.effects.decided(policy, decision)
+        await runtime.effects.carry_out(_opened(policy, decision, response.status, now))
     return _stored_answer(stored, record, runtime.clock())
+
+
+def _opened(policy: ProviderPolicy, decision: Decision, status: int, now: float) -> Effects:
+    """The effects of a new operation: its ``submitted`` line and count, and, when the
+    submit answer itself ended the waiting, the escalation too."""
+    found = effects.of_decision(policy, decision, now, event=Event.SUBMITTED, http_status=status)
+    if decision.record.outcome is Outcome.ESCALATED:
+        found += effects.of_decision(policy, decision, now)
+    return found
 
 
 def _job_id(call: Call, response: UpstreamResponse, sent: bytes) -> str | None:
@@ -240,7 +249,7 @@ async def _replay(
         return problem("idempotency-key-in-use", detail, retry_after=1)
     if verdict is Seen.REPLAY:
         assert seen.response is not None and seen.operation_id is not None
-        record = await runtime.store.get(seen.operation_id)
+        record = await runtime.records.get(seen.operation_id)
         if record is not None:
             return _stored_answer(seen.response, record, now)
     detail = (
@@ -253,7 +262,7 @@ async def _replay(
 async def _submit_failed(
     call: Call, entry: IdempotencyEntry | None, failure: Failure | None
 ) -> web.StreamResponse:
-    store = call.runtime.store
+    store = call.runtime.records
     provider_dedups = call.policy.routes.submit.idempotency.forward_header is not None
     if entry is not None:
         if idempotency.retry_is_safe(failure, provider_dedups):
@@ -269,13 +278,15 @@ async def _submit_failed(
 async def _audit(call: Call, event: Event, status: int | None, detail: str) -> None:
     """The audit line of a submission that opened no operation (SPEC 16: every provider
     call has one)."""
-    await call.runtime.effects.call(
+    line = effects.of_call(
+        call.runtime.clock(),
         provider=call.policy.provider,
         account=call.account.id,
         event=event,
         http_status=status,
         detail=detail,
     )
+    await call.runtime.effects.carry_out(line)
 
 
 def _failure(answer: ProviderAnswer) -> str:

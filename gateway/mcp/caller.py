@@ -57,7 +57,7 @@ async def owned(caller: Caller, operation_id: str) -> OperationRecord | None:
     """The caller's operation of that id; None for none and for another account's."""
     if not 0 < len(operation_id) <= MAX_ID:
         return None
-    record = await caller.runtime.store.get(operation_id)
+    record = await caller.runtime.records.get(operation_id)
     if record is None or record.account != caller.account.id:
         return None
     return record

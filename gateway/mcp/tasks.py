@@ -206,7 +206,7 @@ async def listing(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
     first, in pages with an opaque nextCursor."""
     before = _position(params.get("cursor"))
     where = OperationFilter(account=caller.account.id, limit=LIST_PAGE + 1, before=before)
-    found = await caller.runtime.store.list(where)
+    found = await caller.runtime.records.list(where)
     page, now = found[:LIST_PAGE], caller.runtime.clock()
     answer: dict[str, Any] = {"tasks": [legacy(r, policy_of(caller, r), now) for r in page]}
     if len(found) > LIST_PAGE and page:

@@ -131,7 +131,7 @@ async def list_operations(caller: Caller, args: dict[str, Any]) -> dict[str, Any
     where = OperationFilter(
         outcome=outcome, provider=provider, account=caller.account.id, limit=LIST_LIMIT
     )
-    found = await caller.runtime.store.list(where)
+    found = await caller.runtime.records.list(where)
     structured = {"operations": [views.operation(r) for r in found], "count": len(found)}
     counts: dict[str, int] = {}
     for record in found:

@@ -25,9 +25,6 @@ from typing import Any
 
 import orjson
 
-from gateway.core.models import OperationRecord, Outcome
-from gateway.settings.units import rfc3339
-
 GENESIS = "0" * 64
 FIELDS = (
     "seq",
@@ -236,44 +233,3 @@ class AuditLog:
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
-
-
-def iso(instant: float | None) -> str | None:
-    """RFC 3339 UTC with milliseconds, as audit lines carry instants."""
-    return None if instant is None else rfc3339(instant, millis=True)
-
-
-def line_fields(
-    record: OperationRecord,
-    *,
-    event: str,
-    at: float,
-    decision: str,
-    http_status: int | None = None,
-    detail: str | None = None,
-    actor: str = "gateway",
-    count: int | None = None,
-) -> dict[str, Any]:
-    """The fields of one audit line about ``record`` (seq, prev and hash come from seal)."""
-    pending = record.outcome is Outcome.PENDING
-    fields: dict[str, Any] = {
-        "at": iso(at),
-        "operation_id": record.operation_id,
-        "provider": record.provider,
-        "account": record.account,
-        "event": event,
-        "provider_state": record.last_known_state,
-        "http_status": http_status,
-        "decision": decision,
-        "next_poll_at": iso(record.next_poll_at) if pending else None,
-        "delay_source": record.delay_source.value if pending else None,
-        "requests_used": record.status_requests_used,
-        "max_requests": record.max_status_requests,
-        "deadline_at": iso(record.deadline_at),
-        "reason": record.escalation.reason.value if record.escalation else None,
-        "detail": detail,
-        "actor": actor,
-    }
-    if count is not None:
-        fields["count"] = count
-    return fields

@@ -97,8 +97,18 @@ def problem_schema() -> dict[str, Any]:
             "permitted_actions": {"type": "array", "items": {"type": "string"}},
             "message": {"type": "string"},
             "problems": {"type": "array", "items": {"type": "string"}},
+            "error": {
+                "type": "object",
+                "description": "The envelope OpenAI-compatible SDKs print (SPEC 20).",
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string", "enum": slugs},
+                    "code": {"type": "string", "enum": slugs},
+                },
+                "required": ["message", "type", "code"],
+            },
         },
-        "required": ["type", "title", "status", "detail"],
+        "required": ["type", "title", "status", "detail", "error"],
     }
 
 

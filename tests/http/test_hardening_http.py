@@ -18,11 +18,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.app import errors, escalate_overdue
 from gateway.core.models import OperationRecord, Outcome, Reason
 from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
+from gateway.flow.sweep import escalate_overdue
 from gateway.http.bodies import read_limited
+from gateway.http.middleware import errors
 
 from conftest import (
     AGENT_TOKEN,
