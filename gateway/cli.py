@@ -157,8 +157,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     why = refusal(settings, args.workers)
-    if why is not None:
-        print(f"statusgate serve: {why}", file=sys.stderr)
+    if why is not None:  # a valid config: said in its log format
+        import logging
+
+        from gateway.observe.logs import say
+
+        say(settings.file.logging, logging.ERROR, f"statusgate serve: {why}")
         return 1
     if args.workers == 1:
         from gateway.server import serve

@@ -402,7 +402,7 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
         env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY},
     )
     assert refused.returncode == 1
-    assert refused.stderr.decode().strip() == (
+    assert json.loads(refused.stderr.decode())["event"] == (
         "statusgate serve: --workers 2 needs a Redis store (store: redis://...); "
         "the sqlite store is owned by one process"
     )
