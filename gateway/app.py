@@ -124,6 +124,8 @@ async def _drain(app: web.Application) -> None:
 
 async def _stop(app: web.Application) -> None:
     runtime = app[RUNTIME]
+    for task in list(runtime.background):
+        task.cancel()
     effects = runtime.effects
     if effects.notifier is not None:
         await effects.notifier.close()

@@ -97,9 +97,12 @@ def _left(seconds: float) -> str:
 def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> ActionResult:
     """Waiting resumes only after what caused the escalation changed: the live credential
     or policy is compared with the one in force when the escalation happened (SPEC 12)."""
-    why = _permits(record, "resume") or _unchanged(policy, record)
+    why = _permits(record, "resume")
     if why is not None:
         return _refuse(Event.RESUMED, why)
+    unchanged = _unchanged(policy, record)
+    if unchanged is not None:
+        return _refuse(Event.RESUMED, unchanged)
     new = record.evolve(
         outcome=Outcome.PENDING,
         escalation=None,
@@ -113,10 +116,10 @@ def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> Actio
 
 
 def _unchanged(policy: ProviderPolicy, record: OperationRecord) -> str | None:
-    """Why a resume would be refused because nothing changed since the escalation, or None."""
+    """Why resuming would meet the same cause again (None when what caused the escalation
+    changed): the credential for authorization_denied, the policy otherwise."""
     escalation = record.escalation
-    if escalation is None:
-        return None
+    assert escalation is not None
     if escalation.reason is Reason.AUTHORIZATION_DENIED:
         then = escalation.credential_fingerprint or record.credential_fingerprint
         if policy.credential_fingerprint == then:
@@ -127,16 +130,24 @@ def _unchanged(policy: ProviderPolicy, record: OperationRecord) -> str | None:
 
 
 def offered(policy: ProviderPolicy, record: OperationRecord) -> tuple[str, ...]:
-    """The escalation's permitted actions that can succeed now: ``resume`` only once the
-    policy or credential differs from the one in force at the escalation."""
+    """The actions worth offering now (SPEC 13, 20): those the escalation permits that can
+    succeed under the live policy. ``resume`` waits until the credential or the policy
+    changed; ``extend`` needs max_extension left; ``cancel_at_provider`` a cancel route and
+    no cancel accepted yet."""
     escalation = record.escalation
     if record.outcome is not Outcome.ESCALATED or escalation is None:
         return ()
-    return tuple(
-        action
-        for action in escalation.permitted_actions
-        if action != "resume" or _unchanged(policy, record) is None
-    )
+    possible = {
+        "resume": lambda: _unchanged(policy, record) is None,
+        "extend": lambda: _extension_room(policy, record),
+        "cancel_at_provider": lambda: may_cancel(policy, record) is None,
+    }
+    return tuple(a for a in escalation.permitted_actions if possible.get(a, lambda: True)())
+
+
+def _extension_room(policy: ProviderPolicy, record: OperationRecord) -> bool:
+    bound = policy.escalation.max_extension
+    return bound.time > record.extended_seconds and bound.requests > record.extended_requests
 
 
 def abandon(

@@ -143,6 +143,32 @@ async def _step(asker: Asker, record: OperationRecord) -> tuple[Decision, Upstre
     return await shared_poll(asker, record, pace=decision.forward)
 
 
+async def after_decision(runtime: Runtime, policy: ProviderPolicy, operation_id: str) -> None:
+    """SPEC 20: after an operator's ``extend`` or ``resume``, one poll at the next permitted
+    instant, made by the gateway for the record's account (so an agent last told 409 learns
+    the new state on its next call), its effects as for any poll; then, when a webhook is
+    configured, an ``operation.updated`` notice with the state it found (an answer that
+    escalates again sends ``operation.escalated`` instead). Waits through pacing and pauses,
+    never past the deadline or the gateway's stop; a store failure leaves it to the agent."""
+    try:
+        while (record := await runtime.records.get(operation_id)) is not None:
+            if record.outcome is not Outcome.PENDING:
+                return
+            decision, _ = await _step(record_asker(runtime, policy, record), record)
+            polled = decision.record.status_requests_used > record.status_requests_used
+            if polled or decision.retry_after is None:
+                break
+            if not await runtime.pause(max(decision.retry_after, MIN_HOLD_STEP)):
+                return
+        else:
+            return
+        if decision.record.outcome is not Outcome.ESCALATED:
+            notice = effects.of_update(policy, decision.record, "gateway poll after decision")
+            await runtime.effects.carry_out(notice)
+    except StoreError:
+        return  # counted where it failed; the agent's next call polls as usual
+
+
 def gone(request: web.Request) -> bool:
     """The client of ``request`` went away (a held call stops waiting for it)."""
     transport = request.transport

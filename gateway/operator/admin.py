@@ -41,7 +41,7 @@ from gateway.core.models import (
 )
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.story import story
-from gateway.flow import reloading
+from gateway.flow import polls, reloading
 from gateway.flow.polls import lease_ttl
 from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
 from gateway.http import auth
@@ -208,7 +208,6 @@ async def show_operation(request: web.Request) -> web.StreamResponse:
         body["escalation"] = problem_members(record, policy)
         body["message"] = message(record, policy)
     body["extension_left"] = _extension_left(policy, record)
-    body["permitted_actions"] = list(actions.offered(policy, record)) if policy else []
     audit = runtime.effects.audit
     if audit is not None and audit.path.exists():  # a large file: read it off the event loop
         path, wanted = audit.path, record.operation_id
@@ -345,6 +344,8 @@ async def act(request: web.Request) -> web.StreamResponse:
         http_status=status,
     )
     await runtime.effects.carry_out(done)
+    if result.event in (Event.EXTENDED, Event.RESUMED):  # waiting resumed: learn the state
+        runtime.spawn(polls.after_decision(runtime, policy, result.record.operation_id))
     return web.json_response({"action": action, "record": view(result.record)})
 
 

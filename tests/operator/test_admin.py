@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from gateway.core import actions, decide
-from gateway.core.escalation import message, suggested_extension
+from gateway.core.escalation import message, problem_members, suggested_extension
 from gateway.core.models import Reason
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.policy import load_policy
@@ -97,6 +98,13 @@ async def escalate_budget(harness: Harness, key: str = "key-1") -> tuple[str, st
     return job, operation
 
 
+async def background(harness: Harness) -> None:
+    """Wait for the gateway's background work (its poll after an operator's decision)."""
+    runtime = harness.client.app[RUNTIME]
+    while runtime.background:
+        await asyncio.gather(*runtime.background)
+
+
 async def act(harness: Harness, operation: str, action: str, body: Any = None, **kw: Any) -> Any:
     return await harness.client.post(
         f"/admin/operations/{operation}/{action}", json=body or {}, headers=kw.get("headers", OPS)
@@ -149,8 +157,11 @@ async def test_extend_within_bounds_reactivates_and_the_next_poll_goes_out(
     assert record.outcome == "pending"
     assert record.delay_source == "manual_extension"
     assert record.deadline_at == harness.clock.now + 900
-    polled = await harness.poll(job)
-    assert polled.status == 200
+    await background(harness)  # the gateway's own poll after the decision (SPEC 20)
+    assert len(harness.provider_calls(job)) == 1
+    polled = await harness.poll(job)  # the agent learns the state without another call
+    assert polled.status in (200, 429)
+    assert polled.headers["Statusgate-Outcome"] == "pending"
     assert len(harness.provider_calls(job)) == 1
     extended = [line for line in harness.audit_lines() if line["event"] == "extended"]
     assert extended[0]["actor"] == "alice"
@@ -436,3 +447,36 @@ async def test_show_tells_what_extension_is_left(harness: Harness) -> None:
     assert (await act(harness, spent, "extend", {"time": "30m", "requests": 8})).status == 200
     shown = await (await harness.client.get(f"/admin/operations/{spent}", headers=OPS)).json()
     assert shown["extension_left"] is None
+
+
+async def test_after_extend_the_gateway_polls_once_by_itself(harness: Harness) -> None:
+    """SPEC 20: an extend makes the gateway poll the provider once at the next permitted
+    instant, spending one request of the new budget, with the usual audit line; an agent
+    last told 409 then reads the new state without a provider call of its own."""
+    job, operation = await escalate_budget(harness)
+    before = len(harness.provider_calls(job))
+    assert (await act(harness, operation, "extend", {"time": "5m"})).status == 200
+    await background(harness)
+    assert len(harness.provider_calls(job)) == before + 1
+    record = await harness.record(job)
+    assert record.outcome == "pending" and record.last_known_state == "running"
+    polled = [line for line in harness.audit_lines() if line["event"] == "polled"]
+    assert polled[-1]["actor"] == "gateway"
+    answer = await harness.poll(job)
+    assert answer.headers["Statusgate-Provider-State"] == "running"
+    assert len(harness.provider_calls(job)) == before + 1
+
+
+async def test_resume_is_offered_only_once_the_policy_changed(harness: Harness) -> None:
+    """SPEC 20: an action that can only be refused is not offered: an unknown_state
+    escalation offers abandon alone until the policy changes, then resume too."""
+    runtime = harness.client.app[RUNTIME]
+    record = pending_record()
+    policy = runtime.settings.policies[record.provider]
+    escalated = decide.escalate(policy, record, Reason.UNKNOWN_STATE, 0.0, "state 'odd'").record
+    members = problem_members(escalated, policy)
+    assert members["permitted_actions"] == ["abandon"]
+    assert "resume" not in message(escalated, policy)
+    polling = policy.polling.model_copy(update={"max_delay": policy.polling.max_delay + 1})
+    changed = policy.model_copy(update={"polling": polling})
+    assert problem_members(escalated, changed)["permitted_actions"] == ["resume", "abandon"]

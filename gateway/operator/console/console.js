@@ -474,8 +474,8 @@
         " requests in total; " + left.time + " and " + left.requests + " requests are left."
       : "");
     $("op-bounds").hidden = !left;
-    // Only what can succeed now (the gateway leaves out a resume nothing has changed for).
-    const offered = data.permitted_actions || escalation.permitted_actions;
+    // Only what can succeed now: the gateway leaves out a resume nothing has changed for.
+    const offered = escalation.permitted_actions;
     if (!offered.length) setText("op-bounds", "No action can succeed now.");
     $("op-bounds").hidden = !left && offered.length > 0;
     for (const action of offered) {
