@@ -9,6 +9,7 @@ process owns is one line on stderr and exit code 1, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -62,6 +63,7 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
         url = f"http://{_host(settings, role)}:{port}"
         log.info("statusgate %s listener on %s", role, url, extra={"listener": role, "url": url})
     log.info(traces)
+    gc.freeze()  # what start-up made lives as long as the process: never scanned again
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -97,11 +99,10 @@ def _host(settings: Settings, role: str) -> str:
     return listen.host
 
 
-_RELOADS: set[asyncio.Task[list[str]]] = set()
-
-
 def _reload_soon(runtime: Runtime) -> None:
-    """SIGHUP: reload in a task of its own (kept referenced until done)."""
-    task = asyncio.ensure_future(reloading.reload(runtime))
-    _RELOADS.add(task)
-    task.add_done_callback(_RELOADS.discard)
+    """SIGHUP: reload in a task of the runtime's own (kept until done)."""
+    runtime.spawn(_reload(runtime))
+
+
+async def _reload(runtime: Runtime) -> None:
+    await reloading.reload(runtime)  # it logs what it found wrong
