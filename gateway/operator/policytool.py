@@ -54,7 +54,7 @@ def schema(model: type[pydantic.BaseModel], title: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a settings model, as written in YAML: durations and
     sizes have their defaults spelled as ``check`` reads them ("5s", "8MiB")."""
     generated = model.model_json_schema(by_alias=True, mode="validation")
-    return {"$schema": DRAFT, "title": title, **_written_defaults(generated)}
+    return {"$schema": DRAFT, **_written_defaults(generated), "title": title}
 
 
 def _written_defaults(node: Any) -> Any:

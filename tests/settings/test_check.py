@@ -276,3 +276,42 @@ def test_secret_from_a_mounted_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     with pytest.raises(ConfigError) as caught:
         load_settings(config)
     assert any("secret file ../provider-key: cannot read" in p for p in caught.value.problems)
+
+
+def test_readme_check_commands_work_in_a_second_shell(tmp_path: Path) -> None:
+    """README's "check before deploying" commands, pasted into a shell where `make run`
+    never ran (no DEMO_API_KEY), pass check, print the escalation verdict with exit 3 and
+    write a JSON Schema."""
+    import json
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"```sh\n([^`]*statusgate check[^`]*)```", readme)
+    assert found, "README has no check block"
+    shim = tmp_path / "statusgate"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway "$@"\n')
+    shim.chmod(0o755)
+    commands = [
+        line.replace(".venv/bin/statusgate", str(shim)) + '; echo "exit $?"'
+        for line in found.group(1)
+        .replace("policy.schema.json", str(tmp_path / "s.json"))
+        .splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    done = subprocess.run(
+        ["bash", "-c", "\n".join(commands)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
+        timeout=120,
+        check=False,
+    )
+    out = done.stdout.splitlines()
+    assert "config/gateway.yaml: ok: " in done.stdout, done.stdout + done.stderr
+    verdict = out.index(
+        'escalate unknown_state: state "paused" is not in the policy\'s state table'
+    )
+    assert out[verdict + 1] == "exit 3"
+    assert [line for line in out if line.startswith("exit")] == ["exit 0", "exit 3", "exit 0"]
+    assert json.loads((tmp_path / "s.json").read_text())["title"].startswith("Statusgate")
