@@ -191,22 +191,30 @@ def validate_all(model: type[M], data: dict[str, Any], shown: str) -> tuple[M | 
         errors = exc.errors()
     problems = [_line(shown, err) for err in errors]
     pruned = copy.deepcopy(data)
-    for _ in range(5):  # each round drops what failed; required fields missing end it
-        if not _prune(pruned, [err["loc"] for err in errors if err["type"] != "missing"]):
+    for _ in range(5):  # each round drops what failed, then what a dropped field leaves short
+        if not _prune(pruned, [_failed(err) for err in errors]):
             return None, problems
         try:
             return model.model_validate(pruned), problems
         except pydantic.ValidationError as exc:
             errors = exc.errors()
-            if any(err["type"] == "missing" for err in errors):
-                return None, problems
     return None, problems
+
+
+def _failed(err: Any) -> tuple[Any, ...]:
+    """What to drop for one error: the field, or for a required field that is missing the
+    object that needs it (an account without its token is left out; a file without a
+    required top-level key cannot be cross-checked: the empty location drops nothing)."""
+    loc: tuple[Any, ...] = tuple(err["loc"])
+    return loc[:-1] if err["type"] == "missing" else loc
 
 
 def _prune(data: Any, locations: list[tuple[Any, ...]]) -> bool:
     """Remove the deepest existing node of each location; True if anything was removed."""
     targets: list[tuple[Any, Any]] = []
     for loc in locations:
+        if not loc:
+            continue
         parent, key, node = None, None, data
         for part in loc:
             if not _holds(node, part):  # a union member's name, or not there: drop the holder

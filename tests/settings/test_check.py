@@ -181,9 +181,11 @@ def test_every_problem_of_every_phase_in_one_run(
     )
     data = yaml.safe_load(config.read_text())
     data["accounts"][0]["providers"] = ["nope"]
+    data["operators"][0]["token_sha256"] = "abc"  # invalid, so this operator is left out
     config.write_text(yaml.safe_dump(data))
     code, _, err = run_check(config, capsys)
     assert code == 1
+    assert f"{config}: operators[0].token_sha256: must be a lowercase sha256" in err
     policy = f"{tmp_path}/policies/demo-jobs.yaml"
     for expected in (
         f"{policy}: credential.value: environment variable NOT_SET_ANYWHERE is not set",
