@@ -12,7 +12,6 @@ import asyncio
 import gc
 import logging
 import signal
-import sys
 
 import uvloop
 from aiohttp import web
@@ -50,18 +49,19 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     try:
         await runner.setup()  # opens the store (on_startup): a locked SQLite file fails here
     except StoreError as exc:
-        print(f"statusgate serve: {exc}", file=sys.stderr)
+        log.error("statusgate serve: %s", exc)
         return 1
     try:
         bound = await _listen(runner, settings, reuse_port)
     except OSError as exc:
-        print(f"statusgate serve: {exc}", file=sys.stderr)
+        log.error("statusgate serve: %s", exc)
         await runner.cleanup()
         return 1
     runtime = app[RUNTIME]
     runtime.admin_port = bound.get("admin")
-    for role, port in bound.items():
-        print(f"statusgate {role} listener on http://{_host(settings, role)}:{port}", flush=True)
+    for role, port in bound.items():  # a log line: JSON like every other when logs are
+        url = f"http://{_host(settings, role)}:{port}"
+        log.info("statusgate %s listener on %s", role, url, extra={"listener": role, "url": url})
     log.info(traces)
     gc.freeze()  # what start-up made lives as long as the process: never scanned again
     stop = asyncio.Event()
