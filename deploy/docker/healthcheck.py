@@ -13,8 +13,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from gateway.settings.config import load_gateway_file
 from gateway.errors import ConfigError
+from gateway.settings.config import load_gateway_file
 
 WILDCARD_HOSTS = {"", "0.0.0.0", "::"}  # noqa: S104 (names the wildcard, binds nothing)
 

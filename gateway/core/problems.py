@@ -179,13 +179,16 @@ def body(
     operation_id: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The problem document of ``slug`` (RFC 9457 members, then ours)."""
+    """The problem document of ``slug``: RFC 9457 members, ours, and (SPEC 20) the
+    ``error`` envelope OpenAI-compatible SDKs print, so an SDK's exception names the
+    problem instead of "Error code: 409"."""
     kind = PROBLEMS[slug]
     document: dict[str, Any] = {
         "type": f"/problems/{slug}",
         "title": kind.title,
         "status": kind.status,
         "detail": detail,
+        "error": {"message": detail, "type": slug, "code": slug},
     }
     if operation_id is not None:
         document["operation_id"] = operation_id

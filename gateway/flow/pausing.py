@@ -28,7 +28,7 @@ async def tighten(runtime: Runtime, policy: ProviderPolicy, rate: float, until: 
         runtime.effects.metrics.provider_pauses_clamped.labels(policy.provider).inc()
         if runtime.pauses.first(policy.provider, tightening, now):
             log.warning(_clamped_line(policy, tightening, now, cap))
-    await runtime.store.tighten(policy.provider, tightening.rate, tightening.until)
+    await runtime.coordination.tighten(policy.provider, tightening.rate, tightening.until)
 
 
 def _clamped_line(policy: ProviderPolicy, t: Tightening, now: float, cap: float) -> str:

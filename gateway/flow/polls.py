@@ -17,16 +17,24 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.core import decide
+from gateway.core import decide, effects
 from gateway.core.decide import Decision
-from gateway.core.models import OperationFilter, OperationRecord, Outcome, ProviderAnswer
+from gateway.core.effects import Effects
+from gateway.core.models import (
+    OperationFilter,
+    OperationRecord,
+    Outcome,
+    ProviderAnswer,
+    poll_lease,
+)
 from gateway.core.pacing import GUARD
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.schedule import provider_limit
 from gateway.errors import NotAdmissible, StoreError
+from gateway.flow.leases import Lease
 from gateway.flow.pausing import tighten
+from gateway.flow.refusals import Window
 from gateway.flow.runtime import OUTCOME, PollTask, Runtime
-from gateway.observe.effects import Window
 from gateway.provider.client import UpstreamResponse
 from gateway.provider.headers import header_safe, to_provider
 from gateway.provider.send import send_upstream
@@ -104,7 +112,11 @@ async def held(
     deadline comes, the asker goes away or the gateway stops. Costs only timers.
 
     ``early``: wait for the next permitted poll only (up to ``max_hold``) and answer that
-    poll, pending or not."""
+    poll, pending or not.
+
+    A wake-up before the poll is due (a timer or clock a few milliseconds early, a loop
+    busy under load) is not an answer: the hold waits again for what is left, never past
+    ``end``, so a hold granted for a poll ends in that poll's answer."""
     runtime = asker.runtime
     limit = asker.policy.polling.max_hold if early else wait
     end = min(runtime.clock() + limit, record.deadline_at)
@@ -115,14 +127,15 @@ async def held(
             if early and response is not None:
                 break  # the one poll an early call waited for
             now = runtime.clock()
-            wake = now + max(decision.retry_after, MIN_HOLD_STEP)
-            if wake > end or asker.gone() or not await runtime.pause(wake - now):
+            due = now + decision.retry_after
+            if due > end or asker.gone():
+                break
+            wake = min(max(due, now + MIN_HOLD_STEP), end)
+            if not await runtime.pause(wake - now):
                 break
             current = await runtime.store.get(record.operation_id)
             assert current is not None
             decision, response = await _step(asker, current)
-            if early:
-                break
     finally:
         runtime.holding -= 1
     return decision, response
@@ -134,6 +147,32 @@ async def _step(asker: Asker, record: OperationRecord) -> tuple[Decision, Upstre
     if not decision.forward and not decision.changed:
         return decision, None
     return await shared_poll(asker, record, pace=decision.forward)
+
+
+async def after_decision(runtime: Runtime, policy: ProviderPolicy, operation_id: str) -> None:
+    """SPEC 20: after an operator's ``extend`` or ``resume``, one poll at the next permitted
+    instant, made by the gateway for the record's account (so an agent last told 409 learns
+    the new state on its next call), its effects as for any poll; then, when a webhook is
+    configured, an ``operation.updated`` notice with the state it found (an answer that
+    escalates again sends ``operation.escalated`` instead). Waits through pacing and pauses,
+    never past the deadline or the gateway's stop; a store failure leaves it to the agent."""
+    try:
+        while (record := await runtime.records.get(operation_id)) is not None:
+            if record.outcome is not Outcome.PENDING:
+                return
+            decision, _ = await _step(record_asker(runtime, policy, record), record)
+            polled = decision.record.status_requests_used > record.status_requests_used
+            if polled or decision.retry_after is None:
+                break
+            if not await runtime.pause(max(decision.retry_after, MIN_HOLD_STEP)):
+                return
+        else:
+            return
+        if decision.record.outcome is not Outcome.ESCALATED:
+            notice = effects.of_update(policy, decision.record, "gateway poll after decision")
+            await runtime.effects.carry_out(notice)
+    except StoreError:
+        return  # counted where it failed; the agent's next call polls as usual
 
 
 def gone(request: web.Request) -> bool:
@@ -162,6 +201,7 @@ async def shared_poll(
     runtime, operation_id = asker.runtime, record.operation_id
     task = runtime.inflight.get(operation_id)
     if task is None:
+        runtime.effects.check_audit()  # a hold or an MCP wait the disk filled under
         task = asyncio.create_task(_poll(asker, record, pace=pace, from_copy=from_copy))
         runtime.inflight[operation_id] = task
         task.add_done_callback(lambda done: _forget(runtime, operation_id, done))
@@ -196,10 +236,23 @@ def lease_ttl(runtime: Runtime, policy: ProviderPolicy) -> float:
     return 2 * runtime.settings.file.limits.upstream_timeout + spacing + LEASE_MARGIN
 
 
-@dataclass(frozen=True, slots=True)
-class _Lease:
-    name: str
-    token: str
+@dataclass(slots=True)
+class _Poll:
+    """One poll in progress: its lease, the refusal window it closed (folded into the
+    reservation, or put back when nothing was written), and whether the lease is still
+    ours to give back."""
+
+    asker: Asker
+    record: OperationRecord
+    lease: Lease
+    window: Window | None
+    window_used: bool = False
+    lease_held: bool = True  # False once the answer's write (or a refused start) let it go
+    store_failed: bool = False
+
+    @property
+    def refusals(self) -> int:
+        return self.window.count if self.window is not None else 0
 
 
 async def _poll(
@@ -209,125 +262,101 @@ async def _poll(
     stores, computed from the record in hand), exactly one request sent, the answer written
     with the lease released. Every write happens under the lease. ``from_copy``: a record
     that moved meanwhile is polled from only while it is still due (StaleCopy otherwise;
-    the place taken in the pacing window then goes unused)."""
-    runtime, policy, operation_id = asker.runtime, asker.policy, record.operation_id
-    lease = _Lease(f"poll:{operation_id}", secrets.token_hex(16))
-    windows = runtime.effects.refusals
-    window = windows.close(operation_id)
-    refusals = window.count if window is not None else 0
-    first = decide.take(policy, record, runtime.clock(), refusals)
+    the place taken in the pacing window then goes unused). Whatever the way out, ``_end``
+    puts back an unused refusal window and gives back a lease still held."""
+    runtime, operation_id = asker.runtime, record.operation_id
+    lease = Lease(poll_lease(operation_id), secrets.token_hex(16))
+    poll = _Poll(asker, record, lease, runtime.refusals.close(operation_id))
     try:
-        wait, written, moved = await _start(asker, lease, first if first.forward else None, pace)
-    except NotAdmissible as exc:  # by the store's clock not due: the lease is ours, give it up
-        await runtime.store.release_lease(lease.name, lease.token)
-        return await _come_back(runtime, operation_id, 1.0, str(exc)), None
-    except StoreError:  # the lease may be ours already: never leave it held
-        windows.reopen(operation_id, window)
-        _release_later(runtime, lease, lease_ttl(runtime, asker.policy))
+        return await _steps(poll, pace=pace, from_copy=from_copy)
+    except StoreError:
+        poll.store_failed = True
         raise
-    if wait is None:
-        windows.reopen(operation_id, window)
-        detail = "A status request for this operation is already in flight."
-        return await _come_back(runtime, operation_id, 1.0, detail), None
-    released = False
-    try:
-        if pace and wait > 0:
-            windows.reopen(operation_id, window)
-            return await _paused(asker, record, runtime.clock(), wait), None
-        if written:
-            decision = first
-            await _reserved(asker, decision, window)
-        else:
-            if from_copy and (moved is None or not _due(policy, moved, runtime.clock())):
-                windows.reopen(operation_id, window)
-                raise StaleCopy(moved)
-            decision = await _reserve(asker, moved or record, window)
-        if not decision.forward:
-            return decision, None
-        answer, response = await _send(asker, operation_id)
-        released = True  # the answer's write releases the lease with it
-        return await _record(asker, decision.record, answer, lease), response
     finally:
-        if not released:
-            try:
-                await runtime.store.release_lease(lease.name, lease.token)
-            except StoreError:
-                _release_later(runtime, lease, lease_ttl(runtime, policy))
-                raise
+        await _end(poll)
+
+
+async def _steps(
+    poll: _Poll, *, pace: bool, from_copy: bool
+) -> tuple[Decision, UpstreamResponse | None]:
+    asker, runtime = poll.asker, poll.asker.runtime
+    first = decide.take(asker.policy, poll.record, runtime.clock(), poll.refusals)
+    started = await _start(poll, first if first.forward else None, pace)
+    if isinstance(started, Decision):
+        return started, None
+    wait, written, moved = started
+    if pace and wait > 0:
+        return await _paused(asker, poll.record, runtime.clock(), wait), None
+    if written:
+        poll.window_used = True
+        decision = first
+        await runtime.effects.carry_out(_reserved(asker, decision, poll.window))
+    elif from_copy and (moved is None or not _due(asker.policy, moved, runtime.clock())):
+        raise StaleCopy(moved)
+    else:
+        decision = await _reserve(poll, moved or poll.record)
+    if not decision.forward:
+        return decision, None
+    answer, response = await _send(asker, poll.record.operation_id)
+    poll.lease_held = False  # the answer's write releases the lease with it
+    return await _record(asker, decision.record, answer, poll.lease), response
+
+
+async def _end(poll: _Poll) -> None:
+    runtime = poll.asker.runtime
+    if not poll.window_used:
+        runtime.refusals.reopen(poll.record.operation_id, poll.window)
+    if not poll.lease_held:
+        return
+    if poll.store_failed:  # the answer (503) does not wait for a store in trouble
+        runtime.releases.later(runtime.store, poll.lease, lease_ttl(runtime, poll.asker.policy))
+        return
+    try:
+        await runtime.store.release_lease(poll.lease.name, poll.lease.token)
+    except StoreError:
+        runtime.releases.later(runtime.store, poll.lease, lease_ttl(runtime, poll.asker.policy))
+        raise
 
 
 def _due(policy: ProviderPolicy, record: OperationRecord, now: float) -> bool:
     return decide.admit(policy, record, now).forward
 
 
-_RELEASING: dict[str, list[str]] = {}  # lease name -> tokens its release loop gives back
-RELEASE_RETRY = 0.5  # the first wait between release attempts, doubled up to RELEASE_CAP
-RELEASE_CAP = 8.0
-RELEASE_TOKENS = 16  # tokens kept per lease name; the oldest go first
-_LOOPS: set[asyncio.Task[None]] = set()
-
-
-def _release_later(runtime: Runtime, lease: _Lease, ttl: float) -> None:
-    """Give back a lease that a failed store call may have taken, in the background: the
-    answer (503) does not wait for a store in trouble. A stalled Redis runs the queued
-    command that took the lease when it wakes, maybe after a first release, so the release
-    is tried again (0.5 s, doubling up to 8 s) until it goes through once the store answers
-    again, or the lease has expired by itself: the operation is blocked for about a second
-    after recovery, not for the lease's time. One loop per lease name, whatever the number
-    of failed polls: it gives back each of their tokens (only the holder's matches)."""
-    tokens = _RELEASING.get(lease.name)
-    if tokens is not None:  # a loop is running for this lease: it takes this token too
-        tokens.append(lease.token)
-        del tokens[:-RELEASE_TOKENS]
-        return
-    tokens = _RELEASING[lease.name] = [lease.token]
-
-    async def release() -> None:
-        loop = asyncio.get_running_loop()
-        until, wait = loop.time() + ttl, RELEASE_RETRY
-        try:
-            while tokens:
-                try:
-                    await runtime.store.release_lease(lease.name, tokens[0])
-                    tokens.pop(0)
-                    continue
-                except StoreError:
-                    if loop.time() >= until:
-                        return
-                await asyncio.sleep(wait)
-                wait = min(wait * 2, RELEASE_CAP)
-        finally:
-            _RELEASING.pop(lease.name, None)
-
-    task = asyncio.create_task(release())
-    _LOOPS.add(task)
-    task.add_done_callback(_LOOPS.discard)
-
-
 async def _start(
-    asker: Asker, lease: _Lease, first: Decision | None, pace: bool
-) -> tuple[float | None, bool, OperationRecord | None]:
+    poll: _Poll, first: Decision | None, pace: bool
+) -> tuple[float, bool, OperationRecord | None] | Decision:
     """The lease and the pacing window, with ``first``'s reservation written in the same
     step when there is one: (wait, written, the stored record when it had moved and the
-    store says so)."""
-    runtime, policy = asker.runtime, asker.policy
+    store says so); or the too-early answer when the lease is someone else's or the store's
+    clock says the poll is not due."""
+    runtime, policy, lease = poll.asker.runtime, poll.asker.policy, poll.lease
     store, now, ttl = runtime.store, runtime.clock(), lease_ttl(runtime, policy)
     rate = policy.polling.provider_rate if pace else None
-    if first is None:
-        wait = await store.start_poll(lease.name, lease.token, now, ttl, policy.provider, rate)
-        return wait, False, None
-    return await store.start_and_reserve(
-        lease.name, lease.token, now, ttl, policy.provider, rate, first.record
-    )
+    operation_id = poll.record.operation_id
+    started: tuple[float | None, bool, OperationRecord | None]
+    try:
+        if first is None:
+            wait = await store.start_poll(lease.name, lease.token, now, ttl, policy.provider, rate)
+            started = (wait, False, None)
+        else:
+            started = await store.start_and_reserve(
+                lease.name, lease.token, now, ttl, policy.provider, rate, first.record
+            )
+    except NotAdmissible as exc:  # by the store's clock not due: the lease is ours, give it up
+        return await _come_back(runtime, operation_id, 1.0, str(exc))
+    if started[0] is None:
+        poll.lease_held = False
+        detail = "A status request for this operation is already in flight."
+        return await _come_back(runtime, operation_id, 1.0, detail)
+    return started[0], started[1], started[2]
 
 
-async def _reserve(asker: Asker, record: OperationRecord, window: Window | None) -> Decision:
+async def _reserve(poll: _Poll, record: OperationRecord) -> Decision:
     """Re-check under the lease and spend one status request (or escalate, or refuse),
     folding in the refusals counted meanwhile, from the stored record: the step taken when
     the record in hand had moved."""
-    runtime, policy = asker.runtime, asker.policy
-    now = runtime.clock()
-    refusals = window.count if window is not None else 0
+    runtime, policy = poll.asker.runtime, poll.asker.policy
+    now, refusals = runtime.clock(), poll.refusals
     try:
         decision = await runtime.store.mutate(
             record.operation_id,
@@ -336,20 +365,23 @@ async def _reserve(asker: Asker, record: OperationRecord, window: Window | None)
         )
     except NotAdmissible as exc:
         return await _come_back(runtime, record.operation_id, 1.0, str(exc))
-    await _reserved(asker, decision, window)
+    poll.window_used = True
+    await runtime.effects.carry_out(_reserved(poll.asker, decision, poll.window))
     return decision
 
 
-async def _reserved(asker: Asker, decision: Decision, window: Window | None) -> None:
+def _reserved(asker: Asker, decision: Decision, window: Window | None) -> Effects:
     """The effects of a written reservation (or of the escalation written instead): the
     refusals folded in, a cut request found, the decision's own line."""
-    effects = asker.runtime.effects
+    now, record = asker.runtime.clock(), decision.record
+    found: Effects = effects.NONE
     if window is not None:
-        await effects.refused(decision.record, window)
+        found += effects.of_refusals(record, window.count, window.first_at, window.ends_at, now)
     if decision.cut_at is not None:
-        await effects.interrupted(decision.record, decision.cut_at)
+        found += effects.of_interruption(record, decision.cut_at, now)
     if not decision.forward:
-        await effects.decided(asker.policy, decision)
+        found += effects.of_decision(asker.policy, decision, now)
+    return found
 
 
 async def _send(asker: Asker, operation_id: str) -> tuple[ProviderAnswer, UpstreamResponse | None]:
@@ -377,7 +409,7 @@ async def _send(asker: Asker, operation_id: str) -> tuple[ProviderAnswer, Upstre
 
 
 async def _record(
-    asker: Asker, reserved: OperationRecord, answer: ProviderAnswer, lease: _Lease
+    asker: Asker, reserved: OperationRecord, answer: ProviderAnswer, lease: Lease
 ) -> Decision:
     """Classify the answer into the record (unless a later poll superseded this one), write
     it releasing the lease, and carry out its effects."""
@@ -395,7 +427,8 @@ async def _record(
         token=lease.token,
     )
     detail = _answer_detail(answer, decided)
-    await runtime.effects.decided(policy, decided, http_status=answer.status, detail=detail)
+    found = effects.of_decision(policy, decided, done, http_status=answer.status, detail=detail)
+    await runtime.effects.carry_out(found)
     return decided
 
 
@@ -408,7 +441,7 @@ async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float
         lambda current: _persisting(decide.paused(policy, current, now, wait)),
         known=record,
     )
-    await runtime.effects.decided(policy, decision)
+    await runtime.effects.carry_out(effects.of_decision(policy, decision, runtime.clock()))
     return decision
 
 
@@ -433,9 +466,8 @@ def _answer_detail(answer: ProviderAnswer, decision: Decision) -> str | None:
 
 async def close_refusal_windows(runtime: Runtime, operation_ids: list[str]) -> None:
     """Fold the refusals counted in memory into their records and the audit log."""
-    effects = runtime.effects
     for operation_id in operation_ids:
-        window = effects.refusals.close(operation_id)
+        window = runtime.refusals.close(operation_id)
         if window is None:
             continue
 
@@ -446,7 +478,9 @@ async def close_refusal_windows(runtime: Runtime, operation_ids: list[str]) -> N
             return folded, folded
 
         record = await runtime.store.mutate(operation_id, fold)
-        await effects.refused(record, window)
+        now = runtime.clock()
+        found = effects.of_refusals(record, window.count, window.first_at, window.ends_at, now)
+        await runtime.effects.carry_out(found)
 
 
 async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
@@ -454,12 +488,12 @@ async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
 
     A pending record whose reservation has no recorded answer, and whose poll lease nobody
     holds, was being polled by a process that died. How many were found."""
-    found = 0
+    recovered = 0
     where = OperationFilter(outcome=Outcome.PENDING, limit=limit)
     for record in await runtime.store.list(where):
         if record.inflight_at is None:
             continue
-        lease, token = f"poll:{record.operation_id}", secrets.token_hex(16)
+        lease, token = poll_lease(record.operation_id), secrets.token_hex(16)
         ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN  # one write
         if not await runtime.store.acquire_lease(lease, token, runtime.clock(), ttl):
             continue  # a live process is polling it now
@@ -470,6 +504,7 @@ async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
         finally:
             await runtime.store.release_lease(lease, token)
         if decision is not None and decision.cut_at is not None:
-            await runtime.effects.interrupted(decision.record, decision.cut_at)
-            found += 1
-    return found
+            found = effects.of_interruption(decision.record, decision.cut_at, runtime.clock())
+            await runtime.effects.carry_out(found)
+            recovered += 1
+    return recovered

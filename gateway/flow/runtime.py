@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from gateway.core.models import Clock
 from gateway.core.pacing import PauseNotes, Spacer
 from gateway.core.routing import RouteTable
+from gateway.flow.leases import Releases
+from gateway.flow.refusals import RefusalWindows
 from gateway.observe.effects import Effects
 from gateway.provider.client import Upstream, UpstreamResponse
 from gateway.provider.credentials import Applier, applier_for
@@ -24,7 +26,7 @@ from gateway.provider.headers import Rewriter
 from gateway.provider.send import Channel
 from gateway.settings.config import Settings
 from gateway.settings.policy import ProviderPolicy
-from gateway.store.base import Store
+from gateway.store.base import Coordination, Records, Store
 
 if TYPE_CHECKING:
     from gateway.core.decide import Decision
@@ -50,6 +52,9 @@ class Runtime:
     spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
     pauses: PauseNotes = field(default_factory=PauseNotes)  # clamped pauses already logged
     admin_port: int | None = None  # the admin listener's bound port, once serving
+    refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
+    releases: Releases = field(default_factory=Releases)  # leases given back in the background
+    background: set[asyncio.Task[None]] = field(default_factory=set)  # cancelled at stop
 
     def __post_init__(self) -> None:
         self.credentials = {}
@@ -102,6 +107,12 @@ class Runtime:
             return self.routes[policy.provider]
         return RouteTable(policy)
 
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, kept until it ends or the gateway stops."""
+        task = asyncio.create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
     async def pause(self, seconds: float) -> bool:
         """Wait ``seconds`` on the injected sleeper; False at once if the gateway stops."""
         if self.stopping.is_set():
@@ -118,6 +129,16 @@ class Runtime:
     async def space_sends(self, provider: str, rate: float) -> None:
         """Wait until a status call to ``provider`` may leave this process (pacing.Spacer)."""
         await self.spacer.wait(provider, rate, self.clock, self.sleep)
+
+    @property
+    def records(self) -> Records:
+        """The store as handlers use it: operations and idempotency entries."""
+        return self.store
+
+    @property
+    def coordination(self) -> Coordination:
+        """The store as a lock service: leases, the pacing window, tightening."""
+        return self.store
 
     def channel(self, policy: ProviderPolicy) -> Channel:
         """What sending to ``policy``'s provider needs (provider/send.py)."""

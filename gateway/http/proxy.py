@@ -15,7 +15,7 @@ import dataclasses
 
 from aiohttp import web
 
-from gateway.core import decide, results
+from gateway.core import decide, effects, results
 from gateway.core.decide import Decision, Reply
 from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
@@ -117,7 +117,7 @@ def _asker(call: Call) -> Asker:
 async def status(call: Call) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
     held = call.request.headers.get("Prefer")
-    copy = None if held else runtime.store.known(call.account.id, policy.provider, call.job_id)
+    copy = None if held else runtime.records.known(call.account.id, policy.provider, call.job_id)
     record: OperationRecord | None = None
     if copy is not None and decide.admit(policy, copy, runtime.clock()).forward:
         # due by this process's copy: the reservation's compare-and-set proves it current,
@@ -128,7 +128,7 @@ async def status(call: Call) -> web.StreamResponse:
         except StaleCopy as stale:
             record = stale.record
     if record is None:
-        record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
+        record = await runtime.records.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
     wait = prefer_wait(call.request.headers.getall("Prefer", []))
@@ -169,7 +169,7 @@ async def _hold(
 
 def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
     if decision.problem == "too-early":
-        call.runtime.effects.refusals.note(decision.record, now)
+        call.runtime.refusals.note(decision.record, now)
     elif decision.reply is Reply.FINAL:
         call.request[OUTCOME] = "cached"
     return render(call, decision, None, now)
@@ -182,24 +182,36 @@ async def result(call: Call) -> web.StreamResponse:
     """The result route: only after success, at most ``max_result_fetches`` times, each
     fetch counted on the record before it is sent and audited as ``result_fetched``."""
     runtime, policy = call.runtime, call.policy
-    record = await runtime.store.find(call.account.id, policy.provider, call.job_id)
+    record = await runtime.records.find(call.account.id, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
+    route = policy.routes.result
+    assert route is not None
+    query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
+    sent = to_provider(call.request.headers.items(), policy)
+    return await fetch_result(call, record, sent, query)
+
+
+async def fetch_result(
+    call: Call, record: OperationRecord, sent: dict[str, str], query: str = ""
+) -> web.StreamResponse:
+    """The result of ``record`` through the result route, with ``sent`` headers (ready for
+    the provider) and ``query``: gated, counted and audited. Reads nothing of
+    ``call.request``, so the MCP ``get_result`` tool runs it too."""
+    runtime, policy = call.runtime, call.policy
     route = policy.routes.result
     assert route is not None
     values = results.provider_values(route.path, record)
     if isinstance(values, results.Refusal):
         return _refused(call, record, values)
-    fetched = await runtime.store.mutate(
+    fetched = await runtime.records.mutate(
         record.operation_id,
         lambda current: results.fetch(policy, current),
         known=record,
     )
     if isinstance(fetched, results.Refusal):
         return _refused(call, record, fetched)
-    query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
     url = policy.upstream + fill(route.path, values, query)
-    sent = to_provider(call.request.headers.items(), policy)
     answer, response = await send_upstream(
         runtime.channel(policy),
         policy,
@@ -227,7 +239,8 @@ async def _audit_call(
 ) -> None:
     """The audit line of a provider call outside the polling loop, naming a failure."""
     failure = f", {answer.failure.value}" if answer.failure is not None else ""
-    await call.runtime.effects.call(
+    line = effects.of_call(
+        call.runtime.clock(),
         provider=call.policy.provider,
         account=call.account.id,
         event=event,
@@ -235,6 +248,7 @@ async def _audit_call(
         detail=detail + failure,
         operation=operation,
     )
+    await call.runtime.effects.carry_out(line)
 
 
 def _headers(call: Call, record: OperationRecord) -> dict[str, str]:

@@ -9,11 +9,14 @@ import dataclasses
 import hashlib
 import logging
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from gateway.core import decide, idempotency
+from gateway.core import decide, effects, idempotency
+from gateway.core.decide import Decision
+from gateway.core.effects import Effects
 from gateway.core.idempotency import Seen
 from gateway.core.models import (
     Event,
@@ -33,17 +36,45 @@ from gateway.http.problems import problem
 from gateway.provider.client import UpstreamResponse
 from gateway.provider.headers import to_provider
 from gateway.provider.send import send_upstream
+from gateway.settings.policy import ProviderPolicy
 
 log = logging.getLogger("statusgate")
 IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What an agent sent to the submit route, whether over HTTP (``POST /p/...``) or through
+    the MCP ``start_job`` tool: the same rules apply to both."""
+
+    method: str
+    path_qs: str  # the gateway path and query as sent, part of the request fingerprint
+    query: str  # the raw query string, appended to the provider path
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
 async def submit(call: Call) -> web.StreamResponse:
-    runtime, policy, request = call.runtime, call.policy, call.request
+    request = call.request
     body = await read_body(call)
+    sent = Submission(
+        request.method,
+        request.rel_url.raw_path_qs,
+        request.rel_url.raw_query_string,
+        tuple(request.headers.items()),
+        body,
+    )
+    return await run(call, sent)
+
+
+async def run(call: Call, sent: Submission) -> web.StreamResponse:
+    """The submission ``sent`` for ``call``'s account, policy and matched submit route.
+    Reads nothing of ``call.request``, so a caller without an HTTP submit can run it."""
+    runtime, policy = call.runtime, call.policy
+    body = sent.body
     rules = policy.routes.submit.idempotency
-    key = request.headers.get("Idempotency-Key")
+    key = next((v for k, v in sent.headers if k.lower() == "idempotency-key"), None)
     if key is None and rules.from_body is not None:
         key = job_id_from_body(body, rules.from_body)  # e.g. AWS ClientRequestToken
     if key is not None and not idempotency.valid_key(key):
@@ -54,9 +85,8 @@ async def submit(call: Call) -> web.StreamResponse:
             f" or a {rules.from_body!r} body field." if rules.from_body else "."
         )
         return problem("idempotency-key-missing", detail)
-    path = request.rel_url.raw_path_qs
     fingerprint = hashlib.sha256(
-        f"{request.method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+        f"{sent.method}\n{sent.path_qs}\n{hashlib.sha256(body).hexdigest()}".encode()
     ).hexdigest()
     now = runtime.clock()
     entry = None
@@ -68,13 +98,13 @@ async def submit(call: Call) -> web.StreamResponse:
             created_at=now,
             expires_at=now + rules.retention,
         )
-        seen = await runtime.store.claim_idempotency(entry, now)
+        seen = await runtime.records.claim_idempotency(entry, now)
         if seen is not None:
             return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
-    url = policy.upstream + fill(route.path, call.match.params, request.rel_url.raw_query_string)
+    url = policy.upstream + fill(route.path, call.match.params, sent.query)
     forwarded = None if key is None else idempotency.forwarded_key(call.account.id, key)
-    headers = to_provider(request.headers.items(), policy, forwarded)
+    headers = to_provider(sent.headers, policy, forwarded)
     answer, response = await send_upstream(
         runtime.channel(policy), policy, "submit", route.method, url, headers, body
     )
@@ -83,7 +113,7 @@ async def submit(call: Call) -> web.StreamResponse:
         return await _submit_failed(call, entry, answer.failure)
     if not 200 <= response.status < 300:
         if entry is not None:
-            await runtime.store.drop_idempotency(entry.key)
+            await runtime.records.drop_idempotency(entry.key)
         if response.status in (401, 403):
             return await _credential_rejected(call, response.status)
         detail = "the provider refused the submission; its answer was passed through"
@@ -128,7 +158,7 @@ async def _open(
     job_id = _job_id(call, response, sent)
     if job_id is None:
         if entry is not None:  # the job may exist: never let a retry submit it again
-            await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+            await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
         await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "no valid job id")
         detail = "The provider accepted the submission but gave no valid job id to track."
         return problem("integration-failure", detail)
@@ -163,12 +193,12 @@ async def _open(
             response=stored,
         )
     try:
-        record = await runtime.store.create(decision.record, completed)
+        record = await runtime.records.create(decision.record, completed)
     except StoreError:  # the job exists at the provider: say so, never "nothing forwarded"
         log.error("store failed after provider %s accepted a submission", policy.provider)
         if entry is not None:  # a retry with the key must not submit again either
             with contextlib.suppress(StoreError):
-                await runtime.store.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+                await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
         await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "the store failed")
         detail = (
             f"The provider accepted the submission (job {job_id}) but the gateway could not "
@@ -176,11 +206,17 @@ async def _open(
         )
         return problem("submission-outcome-unknown", detail)
     if record.operation_id == decision.record.operation_id:  # new, not a known job
-        opened = dataclasses.replace(decision, event=Event.SUBMITTED)
-        await runtime.effects.decided(policy, opened, http_status=response.status)
-        if record.outcome is Outcome.ESCALATED:
-            await runtime.effects.decided(policy, decision)
+        await runtime.effects.carry_out(_opened(policy, decision, response.status, now))
     return _stored_answer(stored, record, runtime.clock())
+
+
+def _opened(policy: ProviderPolicy, decision: Decision, status: int, now: float) -> Effects:
+    """The effects of a new operation: its ``submitted`` line and count, and, when the
+    submit answer itself ended the waiting, the escalation too."""
+    found = effects.of_decision(policy, decision, now, event=Event.SUBMITTED, http_status=status)
+    if decision.record.outcome is Outcome.ESCALATED:
+        found += effects.of_decision(policy, decision, now)
+    return found
 
 
 def _job_id(call: Call, response: UpstreamResponse, sent: bytes) -> str | None:
@@ -240,7 +276,7 @@ async def _replay(
         return problem("idempotency-key-in-use", detail, retry_after=1)
     if verdict is Seen.REPLAY:
         assert seen.response is not None and seen.operation_id is not None
-        record = await runtime.store.get(seen.operation_id)
+        record = await runtime.records.get(seen.operation_id)
         if record is not None:
             return _stored_answer(seen.response, record, now)
     detail = (
@@ -253,7 +289,7 @@ async def _replay(
 async def _submit_failed(
     call: Call, entry: IdempotencyEntry | None, failure: Failure | None
 ) -> web.StreamResponse:
-    store = call.runtime.store
+    store = call.runtime.records
     provider_dedups = call.policy.routes.submit.idempotency.forward_header is not None
     if entry is not None:
         if idempotency.retry_is_safe(failure, provider_dedups):
@@ -269,13 +305,15 @@ async def _submit_failed(
 async def _audit(call: Call, event: Event, status: int | None, detail: str) -> None:
     """The audit line of a submission that opened no operation (SPEC 16: every provider
     call has one)."""
-    await call.runtime.effects.call(
+    line = effects.of_call(
+        call.runtime.clock(),
         provider=call.policy.provider,
         account=call.account.id,
         event=event,
         http_status=status,
         detail=detail,
     )
+    await call.runtime.effects.carry_out(line)
 
 
 def _failure(answer: ProviderAnswer) -> str:

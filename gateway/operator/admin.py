@@ -26,20 +26,28 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.core import actions
+from gateway.core import actions, effects
 from gateway.core.cursors import cursor_after, position
-from gateway.core.decide import Decision, Reply, extension_left
+from gateway.core.decide import extension_left
+from gateway.core.effects import iso
 from gateway.core.escalation import message, problem_members
-from gateway.core.models import Event, OperationFilter, OperationRecord, Outcome, ProviderAnswer
+from gateway.core.models import (
+    Event,
+    OperationFilter,
+    OperationRecord,
+    Outcome,
+    ProviderAnswer,
+    poll_lease,
+)
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.story import story
-from gateway.flow import reloading
+from gateway.flow import polls, reloading
 from gateway.flow.polls import lease_ttl
 from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
 from gateway.http import auth
 from gateway.http.bodies import read_limited
 from gateway.http.problems import problem
-from gateway.observe.audit import iso, records
+from gateway.observe.audit import records
 from gateway.provider.headers import to_provider
 from gateway.provider.send import send_upstream
 from gateway.settings.config import Operator
@@ -108,7 +116,7 @@ async def list_operations(request: web.Request) -> web.StreamResponse:
         limit=limit + 1,  # one more than shown: whether there is a next page
         before=before,
     )
-    found = await request.app[RUNTIME].store.list(where)
+    found = await request.app[RUNTIME].records.list(where)
     shown = found[:limit]
     more = len(found) > limit
     next_cursor = cursor_after(shown[-1]) if more and shown else None
@@ -137,7 +145,7 @@ async def list_escalations(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         return problem("invalid-request", f"Bad query: {exc}.")
     runtime = request.app[RUNTIME]
-    waiting, total = await runtime.store.escalation_queue(limit)  # an index: reads ``limit``
+    waiting, total = await runtime.records.escalation_queue(limit)  # an index: reads ``limit``
     now = runtime.clock()
     queue = [_queued(runtime, record, now) for record in waiting]
     return web.json_response({"escalations": queue, "total": total, "now": rfc3339(now)})
@@ -160,7 +168,7 @@ def _queued(runtime: Runtime, record: OperationRecord, now: float) -> dict[str, 
         "reason": escalation.reason.value if escalation is not None else None,
         "escalated_at": rfc3339(at),
         "age_seconds": max(0.0, now - at),
-        "permitted_actions": list(escalation.permitted_actions) if escalation else [],
+        "permitted_actions": list(actions.offered(policy, record)) if policy else [],
         "status_requests_used": record.status_requests_used,
         "max_status_requests": record.max_status_requests,
         "message": text,
@@ -224,7 +232,7 @@ async def reload_config(request: web.Request) -> web.StreamResponse:
 
 
 async def _record(runtime: Runtime, operation_id: str) -> OperationRecord | web.Response:
-    record = await runtime.store.get(operation_id)
+    record = await runtime.records.get(operation_id)
     if record is None:
         return problem("unknown-operation", f"No operation {operation_id!r}.")
     return record
@@ -259,14 +267,14 @@ async def act(request: web.Request) -> web.StreamResponse:
     now = runtime.clock()
     lease = None
     if action == "cancel":  # one provider call at a time per operation, as polls take it
-        lease = (f"poll:{record.operation_id}", secrets.token_hex(16))
-        if not await runtime.store.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
+        lease = (poll_lease(record.operation_id), secrets.token_hex(16))
+        if not await runtime.coordination.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
             busy = "a status request or another cancel is in flight; try again in a moment"
             return _not_permitted(record, busy)
     try:
         answer = None
         if action == "cancel":
-            record = await runtime.store.get(record.operation_id) or record  # under the lease
+            record = await runtime.records.get(record.operation_id) or record  # under the lease
             refusal = actions.may_cancel(policy, record)
             if refusal is not None:
                 return _not_permitted(record, refusal)
@@ -288,15 +296,16 @@ async def act(request: web.Request) -> web.StreamResponse:
                 done = actions.cancelled(policy, current, answer, reason, now)
             return done.record, done
 
-        result = await runtime.store.mutate(record.operation_id, change)
+        result = await runtime.records.mutate(record.operation_id, change)
     finally:
         if lease is not None:
-            await runtime.store.release_lease(*lease)
+            await runtime.coordination.release_lease(*lease)
     status = answer.status if answer is not None else None
     if result.record is None:
         if answer is not None:  # the cancel reached the provider: its line all the same
             detail = f"refused by {operator.id}'s request: {result.refusal}"
-            await runtime.effects.call(
+            line = effects.of_call(
+                runtime.clock(),
                 provider=record.provider,
                 account=record.account,
                 event=Event.CANCELLED,
@@ -304,11 +313,20 @@ async def act(request: web.Request) -> web.StreamResponse:
                 detail=detail,
                 operation=record,
             )
+            await runtime.effects.carry_out(line)
         return _not_permitted(record, result.refusal or "not permitted")
-    decision = Decision(result.record, Reply.PROVIDER, changed=True, event=result.event)
-    await runtime.effects.decided(
-        policy, decision, detail=result.detail, actor=operator.id, http_status=status
+    done = effects.of_action(
+        policy,
+        result.record,
+        result.event,
+        runtime.clock(),
+        actor=operator.id,
+        detail=result.detail,
+        http_status=status,
     )
+    await runtime.effects.carry_out(done)
+    if result.event in (Event.EXTENDED, Event.RESUMED):  # waiting resumed: learn the state
+        runtime.spawn(polls.after_decision(runtime, policy, result.record.operation_id))
     return web.json_response({"action": action, "record": view(result.record)})
 
 

@@ -97,8 +97,18 @@ def problem_schema() -> dict[str, Any]:
             "permitted_actions": {"type": "array", "items": {"type": "string"}},
             "message": {"type": "string"},
             "problems": {"type": "array", "items": {"type": "string"}},
+            "error": {
+                "type": "object",
+                "description": "The envelope OpenAI-compatible SDKs print (SPEC 20).",
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string", "enum": slugs},
+                    "code": {"type": "string", "enum": slugs},
+                },
+                "required": ["message", "type", "code"],
+            },
         },
-        "required": ["type", "title", "status", "detail"],
+        "required": ["type", "title", "status", "detail", "error"],
     }
 
 
@@ -452,14 +462,27 @@ def _provider_route() -> dict[str, Any]:
 
 def _mcp() -> dict[str, Any]:
     message = {"type": ["object", "array"], "description": "JSON-RPC 2.0 (see docs/mcp.md)"}
+    routing = [
+        ("MCP-Protocol-Version", "2026-07-28 for the stateless revision; else a session's."),
+        ("Mcp-Method", "2026-07-28: the JSON-RPC method, checked before the body is read."),
+        ("Mcp-Name", "2026-07-28: the tool name (tools/call) or task id (tasks/*)."),
+        ("Mcp-Session-Id", "The handshake era's session, issued by initialize."),
+    ]
     return {
         "tags": ["agent"],
-        "summary": "Model Context Protocol over Streamable HTTP",
+        "summary": "Model Context Protocol over Streamable HTTP (2026-07-28 and handshake era)",
         "security": AGENT_SECURITY,
+        "parameters": [
+            {"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
+            | {"description": text}
+            for name, text in routing
+        ],
         "requestBody": {"required": True, "content": {"application/json": {"schema": message}}},
         "responses": {
             "200": {"description": "The JSON-RPC answer (application/json or SSE)."},
             "202": {"description": "Notifications or responses accepted."},
+            "400": {"description": "A JSON-RPC error: malformed, header mismatch, no session."},
+            "404": {"description": "2026-07-28: method not found; else an unknown session."},
         },
     }
 

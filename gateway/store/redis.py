@@ -213,6 +213,10 @@ class RedisStore(Store):
                 f"redis {operation}: {type(exc).__name__}", operation=operation
             ) from exc
         except Exception as exc:  # the driver broken under us: see the docstring
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # a cancellation the client turned into an error of its own stays one
+                raise asyncio.CancelledError from exc
             raise StoreError(
                 f"redis {operation}: {type(exc).__name__} in the client", operation=operation
             ) from exc

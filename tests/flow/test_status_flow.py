@@ -87,7 +87,7 @@ async def test_pending_after_own_expiry_is_an_integration_failure(harness: Harne
     _, response = await run_until_answer(harness, [{"state": "running", "expires_in": -5}], 1)
     body = await escalation_of(response)
     assert body["reason"] == "integration_failure"
-    assert body["permitted_actions"] == ["resume", "abandon"]
+    assert body["permitted_actions"] == ["abandon"]  # resume once the policy changed
 
 
 async def test_success_with_required_field_is_terminal(harness: Harness) -> None:
@@ -353,8 +353,8 @@ async def test_gateway_downtime_does_not_let_agents_catch_up(harness: Harness) -
 
 async def test_finished_operations_are_purged_after_their_retention(harness: Harness) -> None:
     """Past the policy's retention (24h for demo-jobs) a finished operation is forgotten."""
-    from gateway.app import purge_finished
     from gateway.flow.runtime import RUNTIME
+    from gateway.flow.sweep import purge_finished
 
     job = await job_of(await harness.submit([{"state": "succeeded"}]))
     assert (await harness.poll_when_due(job)).status == 200

@@ -18,11 +18,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.app import errors, escalate_overdue
 from gateway.core.models import OperationRecord, Outcome, Reason
 from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
+from gateway.flow.sweep import escalate_overdue
 from gateway.http.bodies import read_limited
+from gateway.http.middleware import errors
 
 from conftest import (
     AGENT_TOKEN,
@@ -99,6 +100,8 @@ async def test_overdue_operation_is_escalated_with_nobody_asking(
 async def test_an_operation_whose_poll_is_in_flight_waits_for_the_next_sweep(
     harness: Harness,
 ) -> None:
+    """The deadline sweeper leaves an operation whose poll holds the lease and escalates it
+    once the lease is released."""
     runtime = harness.client.app[RUNTIME]
     record = await submitted(harness)
     harness.clock.now = record.deadline_at + 1
@@ -110,6 +113,7 @@ async def test_an_operation_whose_poll_is_in_flight_waits_for_the_next_sweep(
 
 
 async def test_providers_no_longer_configured_are_left_alone(harness: Harness) -> None:
+    """The sweeper never touches records of a provider that is no longer configured."""
     runtime = harness.client.app[RUNTIME]
     retired = pending_record(provider="retired", deadline_at=harness.clock.now - 60)
     await runtime.store.create(retired)

@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 import yaml
 
-from gateway.app import escalate_overdue
 from gateway.core.models import IdempotencyEntry, OperationRecord
 from gateway.demo.provider import DemoProvider
 from gateway.errors import StoreError
 from gateway.flow.runtime import RUNTIME
+from gateway.flow.sweep import escalate_overdue
 from gateway.store import MemoryStore
 
 from conftest import OPERATOR_TOKEN, Harness, Served, raw

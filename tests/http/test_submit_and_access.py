@@ -264,3 +264,16 @@ async def test_agent_credentials_never_reach_the_provider(harness: Harness) -> N
             assert name not in sent
     first = {k.lower(): v for k, v in harness.provider.log[0]["headers"].items()}
     assert first["x-request-id"] == "keep-me"
+
+
+async def test_problem_bodies_carry_the_error_envelope_sdks_print(harness: Harness) -> None:
+    """SPEC 20: every problem body also has error.message/type/code, the message being the
+    detail and type/code the slug, so an OpenAI-compatible SDK's exception names it."""
+    response = await harness.client.get("/p/demo-jobs/v1/jobs/no-such-job", headers=harness.auth())
+    body = await response.json()
+    assert response.status == 404
+    assert body["error"] == {
+        "message": body["detail"],
+        "type": "unknown-operation",
+        "code": "unknown-operation",
+    }
