@@ -1,5 +1,5 @@
 """Stores chosen by URL: ``memory://``, ``sqlite:///path``, ``redis://host:port/db``,
-``redis+cluster://host:port,host:port``.
+``redis+cluster://host:port,host:port``, ``postgresql://user@host/db`` (also ``postgres://``).
 
 ``store_from_url`` is the only constructor callers use; an unknown scheme is a clear error.
 Settings that come from the gateway config rather than the URL (``limits.cache_bytes``)
@@ -55,11 +55,26 @@ def _redis(url: str, tuning: Tuning) -> Store:
     return from_url(url)
 
 
+def _postgres(url: str, tuning: Tuning) -> Store:
+    try:
+        from .postgres import from_url
+    except ImportError:
+        raise ConfigError(
+            [
+                "store: a postgresql:// store needs psycopg 3 and psycopg-pool:"
+                " pip install 'statusgate[postgres]'"
+            ]
+        ) from None
+    return from_url(url)
+
+
 SCHEMES: dict[str, Callable[[str, Tuning], Store]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "redis": _redis,
     "redis+cluster": _redis,
+    "postgresql": _postgres,
+    "postgres": _postgres,
 }
 
 

@@ -15,7 +15,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from ..errors import StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
@@ -178,9 +178,26 @@ class Coordination:
         return time.time()
 
 
+class LeaseLost(StoreError):
+    """A write-back refused because its poll lease expired or went to another holder (a
+    pause longer than the lease): the old holder never writes."""
+
+
+def newer_layout(kind: str, found: int, known: int) -> StoreError:
+    """The refusal of a store whose layout is newer than this code: both versions named."""
+    return StoreError(
+        f"the {kind} store holds schema version {found}, newer than this statusgate knows"
+        f" ({known}); run a statusgate release that knows version {found}",
+        operation="open",
+    )
+
+
 class Store(Records, Coordination):
     """The one interface every backend implements: records and coordination, a poll's two
     steps that use both (one round trip each on shared stores), and the store's life."""
+
+    shared: ClassVar[bool] = False
+    """True when several processes (replicas, ``--workers``) may use one store at once."""
 
     # -- a poll's two store steps around the provider call ---------------------------------
     async def start_poll(
@@ -232,6 +249,13 @@ class Store(Records, Coordination):
             await self.release_lease(lease, token)
 
     # -- life ---------------------------------------------------------------------------
+    async def migrate(self) -> tuple[int | None, int]:
+        """Bring the stored layout up to the one this code writes, creating it when there is
+        none: (version found, None when the store was empty; version now). A layout newer
+        than this code knows raises ``newer_layout``. ``open`` does the same; ``statusgate
+        migrate`` runs it alone. Stores without a layout (memory) have nothing to do."""
+        return 1, 1
+
     async def open(self) -> None:
         """Start background work (clock sync); the default store has none."""
         return None
