@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -516,7 +517,7 @@ POSTGRES_HINT = (
 
 
 @pytest.fixture(scope="session")
-def postgres_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_base_url() -> Iterator[str]:
     """STATUSGATE_TEST_POSTGRES if set; else a private server (initdb + pg_ctl); else skip,
     naming the package to install. psycopg must be installed (the postgres extra)."""
     pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: pip install -e '.[postgres]'")
@@ -527,11 +528,16 @@ def postgres_base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     bindir = postgres_bindir()
     if bindir is None:
         pytest.skip(POSTGRES_HINT)
-    server = PostgresServer(tmp_path_factory.mktemp("postgres"), bindir)
-    server.init()
-    server.start()
-    yield server.url
-    server.stop("immediate")
+    # not under pytest's folder: it is private to root, and postgres runs as another user
+    folder = Path(tempfile.mkdtemp(prefix="statusgate-pg-"))
+    server = PostgresServer(folder, bindir)
+    try:
+        server.init()
+        server.start()
+        yield server.url
+        server.stop("immediate")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def drop_schema(base_url: str, schema: str) -> None:
