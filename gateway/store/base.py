@@ -183,9 +183,13 @@ class LeaseLost(StoreError):
     pause longer than the lease): the old holder never writes."""
 
 
-def newer_layout(kind: str, found: int, known: int) -> StoreError:
+class NewerLayout(StoreError):
+    """The store holds a layout newer than this code knows: a gateway never starts on it."""
+
+
+def newer_layout(kind: str, found: int, known: int) -> NewerLayout:
     """The refusal of a store whose layout is newer than this code: both versions named."""
-    return StoreError(
+    return NewerLayout(
         f"the {kind} store holds schema version {found}, newer than this statusgate knows"
         f" ({known}); run a statusgate release that knows version {found}",
         operation="open",
@@ -255,6 +259,12 @@ class Store(Records, Coordination):
         than this code knows raises ``newer_layout``. ``open`` does the same; ``statusgate
         migrate`` runs it alone. Stores without a layout (memory) have nothing to do."""
         return 1, 1
+
+    async def inspect(self) -> str:
+        """For ``statusgate check``: what the store says about itself, connecting only
+        where credentials can be wrong (raises StoreError saying why in one line); ''
+        when it has nothing to say."""
+        return ""
 
     async def open(self) -> None:
         """Start background work (clock sync); the default store has none."""

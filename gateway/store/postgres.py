@@ -172,6 +172,17 @@ class PostgresStore(Store):
         finally:
             await conn.close()
 
+    async def inspect(self) -> str:
+        """Connect once (credentials, database, reachability) and read the layout."""
+        found = await self.layout()
+        if found is not None and found > LAYOUT:
+            raise newer_layout("postgresql", found, LAYOUT)
+        if found is None:
+            return " (reachable; tables are created at first start)"
+        if found < LAYOUT:
+            return f" (schema version {found}; statusgate migrate upgrades it to {LAYOUT})"
+        return f" (schema version {found})"
+
     async def migrate(self) -> tuple[int | None, int]:
         """Create or upgrade the layout in one transaction (a transaction-level advisory
         lock keeps two replicas starting at once from both doing it); (found, now). A
@@ -591,10 +602,8 @@ def describe(exc: BaseException) -> str:
     """A driver error in one line, without the connection string (never a password)."""
     if isinstance(exc, TimeoutError):
         return "timed out"
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    return lines[-1] if lines[0].startswith("connection failed") and len(lines) > 1 else lines[0]
+    lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
+    return lines[0].removeprefix("connection failed: ") if lines else type(exc).__name__
 
 
 OPTIONS = ("pool", "schema", "prepare", "timeout")
