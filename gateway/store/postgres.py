@@ -42,6 +42,7 @@ from .base import PURGE_BATCH, Ids, LeaseLost, Mutation, Store, T, newer_layout
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 SYNC_TOLERANCE = 0.05  # next_poll_at slack between a replica's synced clock and the database's
 CLOCK_RESYNC = 10.0
+RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
 SQL = resources.files("gateway.store") / "sql"
 CASArgs = tuple[Any, ...]
 
@@ -79,7 +80,11 @@ class PostgresStore(Store):
             timeout=timeout,
             open=False,
             kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None},
-            reconnect_timeout=float("inf"),  # a long outage: keep trying, never give up
+            # A connection attempt retries with backoff (1 s, then doubling) until this
+            # many seconds, then gives up; the next call starts a fresh one at once. Short,
+            # so the pool is back within about a second of the database, however long the
+            # outage was.
+            reconnect_timeout=RECONNECT,
             name=f"statusgate-{schema}",
         )
         self._opened = False
@@ -195,6 +200,12 @@ class PostgresStore(Store):
                 found = await _found(conn, self.schema)
                 if found is not None and found > LAYOUT:
                     raise newer_layout("postgresql", found, LAYOUT)
+                if found == 0:
+                    raise StoreError(
+                        f"postgresql: schema {self.schema} has an operations table that"
+                        " statusgate did not make (no schema_version); choose another schema=",
+                        operation="open",
+                    )
                 await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}".encode())
                 await conn.execute(
                     f"CREATE TABLE IF NOT EXISTS {self._s}.schema_version"
@@ -292,16 +303,20 @@ class PostgresStore(Store):
     ) -> T:
         s = self._s
         async with self._connection(operation) as conn, conn.transaction():
-            if fence is not None and not await _holds(conn, s, *fence):
-                raise LeaseLost(f"postgresql {operation}: the poll lease {fence[0]} was lost")
+            held = fence is None or await _holds(conn, s, *fence)
+            lock = " FOR UPDATE" if held else ""
             cursor = await conn.execute(
-                f"SELECT data FROM {s}.operations WHERE operation_id = %s FOR UPDATE".encode(),
+                f"SELECT data FROM {s}.operations WHERE operation_id = %s{lock}".encode(),
                 (operation_id,),
             )
             current = _load(await cursor.fetchone())
             if current is None:
                 raise StoreError(f"{operation_id} vanished from the store", operation=operation)
             new, result = change(current)
+            if not held:  # fenced out: an answer that writes nothing may still be given
+                if new is None:
+                    return result
+                raise LeaseLost(f"postgresql {operation}: the poll lease was lost; not written")
             if new is not None:
                 cursor = await conn.execute(self._cas_sql.encode(), _cas_args(new))
                 row = await cursor.fetchone()
@@ -473,13 +488,12 @@ class PostgresStore(Store):
         """Fenced: the write computed from ``known`` and the release in one call while the
         token holds the lease; when ``known`` was not current, one transaction with the
         lease and the row locked. A lost lease (expired, or taken by another poll) writes
-        nothing and raises LeaseLost: the old holder never writes."""
+        nothing: ``change`` is applied to the stored record and its result returned when it
+        writes nothing (a poll superseded by a later one), else LeaseLost is raised."""
         new, result = change(known)
         if new is not None:
             row = await self._one("save", self._finish_sql, (lease, token, *_cas_args(new)))
-            if row[0] == -3:
-                raise LeaseLost(f"postgresql save: the poll lease {lease} was lost")
-            if _written(row[0]):
+            if row[0] != -3 and _written(row[0]):
                 return result
         return await self._locked("save", operation_id, change, (lease, token))
 
