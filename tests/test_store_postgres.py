@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -505,3 +506,71 @@ async def test_workers_share_one_port_on_postgres(
     assert "Traceback" not in stderr
     assert verify(read_lines(served.folder / "audit.jsonl"), None).intact
     assert sum(1 for line in served.audit() if line["event"] == "submitted") == 40
+
+
+async def test_sigkill_mid_poll_then_both_replicas_restarted(
+    postgres_url: str, tmp_path: Path, upstream: Any, gateways: list[Served]
+) -> None:
+    """Two replicas on one database; one is killed with a status request in flight, then
+    both are: after both restart, the spent budget and the schedule are as written, the cut
+    request is audited as interrupted exactly once, and polling goes on without overspending
+    (provider calls = requests counted)."""
+    demo, url = upstream
+    polling = {"base_delay": "300ms", "jitter": {"min": 1, "max": 1}}
+    changes = {
+        "policy_changes": {"demo-jobs": {"polling": polling}},
+        "config": {"limits": {"upstream_timeout": "1s"}},  # a dead poll's lease lasts 3 s
+    }
+    replicas = [
+        Served(tmp_path / f"r{i}", url, tmp_path / "unused.db", store_url=postgres_url, **changes)
+        for i in range(2)
+    ]
+    for replica in replicas:
+        await replica.up()
+        gateways.append(replica)
+    jobs = "/p/demo-jobs/v1/jobs"
+    a, b = (f"http://127.0.0.1:{r.port}{jobs}" for r in replicas)
+    async with aiohttp.ClientSession() as http:
+        script = {"demo_script": [{"state": "running", "delay": 2.0}, {"state": "running"}]}
+        headers = {**AUTH, "Idempotency-Key": "kill"}
+        async with http.post(a, json=script, headers=headers) as r:
+            job = (await r.json())["id"]
+        await asyncio.sleep(0.4)
+        in_flight = asyncio.create_task(http.get(f"{a}/{job}", headers=AUTH))
+        for _ in range(200):
+            if [e for e in demo.log if e["job_id"] == job and e["method"] == "GET"]:
+                break
+            await asyncio.sleep(0.01)
+        for replica in replicas:
+            replica.stop(signal.SIGKILL)
+        in_flight.cancel()
+    store = store_from_url(postgres_url)
+    await store.open()
+    try:
+        cut = await store.find("team-a", "demo-jobs", job)
+        assert cut is not None and cut.status_requests_used == 1 and cut.inflight_at is not None
+    finally:
+        await store.close()
+    for replica in replicas:
+        await replica.up()
+    async with aiohttp.ClientSession() as http:
+        for _ in range(60):
+            async with http.get(f"{b}/{job}", headers=AUTH) as r:
+                if r.status == 200:
+                    break
+                await asyncio.sleep(float(r.headers.get("Retry-After", "0.2")) / 4)
+        assert r.status == 200
+    calls = [e for e in demo.log if e["job_id"] == job and e["method"] == "GET"]
+    store = store_from_url(postgres_url)
+    await store.open()
+    try:
+        after = await store.find("team-a", "demo-jobs", job)
+    finally:
+        await store.close()
+    assert after is not None and after.status_requests_used == len(calls) == 2
+    assert after.inflight_at is None and after.next_poll_at > cut.next_poll_at
+    for replica in replicas:
+        replica.stop()
+    lines = [line for r in replicas for line in r.audit() if line.get("operation_id") == cut.operation_id]
+    interrupted = [line for line in lines if line.get("decision") == "interrupted"]
+    assert len(interrupted) == 1, lines

@@ -86,6 +86,7 @@ class PostgresStore(Store):
             # outage was.
             reconnect_timeout=RECONNECT,
             name=f"statusgate-{schema}",
+            configure=self._configure if prepare else None,
         )
         self._opened = False
         self._offset = 0.0
@@ -96,6 +97,20 @@ class PostgresStore(Store):
         self._cas_sql = f"SELECT {self._s}.sg_cas({_CAS})"
 
     # -- plumbing -----------------------------------------------------------------------
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Each new connection's session, so the server gives up when the gateway has: a
+        statement ends at ``timeout`` (the client stopped waiting then), and a backend whose
+        client died (a SIGKILLed gateway) notices within a quarter second instead of running
+        its queued write whenever a lock lets it. Not behind PgBouncer (``prepare=off``),
+        where a session setting would leak to other clients."""
+        settings = {
+            "statement_timeout": f"{max(1, int(self._timeout * 1000))}ms",
+            "client_connection_check_interval": "250ms",  # PostgreSQL 14 and later
+        }
+        for name, value in settings.items():
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
     @contextlib.asynccontextmanager
     async def _connection(self, operation: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection for one call, within ``timeout``; the one place driver errors
