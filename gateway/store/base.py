@@ -279,6 +279,15 @@ class Store(Records, Coordination):
         return None
 
 
+async def stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel a store's background task and wait for it to end. Cancelled again until it
+    does: a driver may swallow one cancellation (redis-py did, cancelled in the middle of a
+    command), which would leave the task looping and close() waiting for ever."""
+    while task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
+
+
 PURGE_BATCH = 1000
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024  # limits.cache_bytes unless configured
 

@@ -37,7 +37,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import GUARD, MIN_WAIT
-from .base import PURGE_BATCH, Ids, LeaseLost, Mutation, Store, T, newer_layout
+from .base import PURGE_BATCH, Ids, LeaseLost, Mutation, Store, T, newer_layout, stop
 
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 SYNC_TOLERANCE = 0.05  # next_poll_at slack between a replica's synced clock and the database's
@@ -164,9 +164,7 @@ class PostgresStore(Store):
 
     async def close(self) -> None:
         for task in (self._resync, self._checking):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await stop(task)
         if self._opened:
             self._opened = False
             await self._pool.close()

@@ -71,6 +71,7 @@ from .base import (
     matches,
     newer_layout,
     purgeable,
+    stop,
 )
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
@@ -267,9 +268,7 @@ class RedisStore(Store):
         return found, LAYOUT
 
     async def close(self) -> None:
-        if self._resync is not None:
-            self._resync.cancel()
-            await asyncio.gather(self._resync, return_exceptions=True)
+        await stop(self._resync)
         await self._redis.aclose()
 
     # -- operations ---------------------------------------------------------------------

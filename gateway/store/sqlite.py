@@ -281,10 +281,11 @@ class SQLiteStore(Store):
 
     async def migrate(self) -> tuple[int | None, int]:
         """Create or upgrade the file's layout (done by the first connection anyway): the
-        version found then, and the version now."""
+        version the first connection found (current on later calls), and the version now."""
         await self._write("migrate", lambda conn: None)
         assert self._migrated is not None
-        return self._migrated
+        found, self._migrated = self._migrated, (LAYOUT, LAYOUT)  # told once; current now
+        return found
 
     async def _read(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
         self._claim()
