@@ -41,7 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument(
-        "--workers", type=int, default=1, help="processes sharing the port (shared stores only: Redis, PostgreSQL)",
+        "--workers",
+        type=int,
+        default=1,
+        help="processes sharing the port (shared stores only: Redis, PostgreSQL)",
     )
     serve.set_defaults(run=_serve)
 

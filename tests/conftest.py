@@ -481,8 +481,17 @@ class PostgresServer:
 
     def start(self) -> None:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.folder / "data"), "-o", options, "-w", "-l",
-                  str(self.folder / "log"), "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.folder / "data"),
+            "-o",
+            options,
+            "-w",
+            "-l",
+            str(self.folder / "log"),
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", mode, "-w", "stop")

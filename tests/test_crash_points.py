@@ -1,6 +1,7 @@
-"""A real gateway process on SQLite (and on PostgreSQL) killed at the worst moments, and stopped with SIGTERM
-while calls are in flight. After every restart no counter went backwards, every provider
-call is counted, and the audit chain verifies (at worst with a torn final line)."""
+"""A real gateway process on SQLite (and on PostgreSQL) killed at the worst moments, and
+stopped with SIGTERM while calls are in flight. After every restart no counter went
+backwards, every provider call is counted, and the audit chain verifies (at worst with a
+torn final line)."""
 
 from __future__ import annotations
 

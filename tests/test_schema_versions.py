@@ -49,7 +49,9 @@ async def test_the_previous_releases_sqlite_file_is_upgraded(tmp_path: Path) -> 
     db = tmp_path / "old.db"
     with sqlite3.connect(db) as conn:
         conn.executescript(PREVIOUS_SQLITE)
-        conn.execute("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(pending_record()))
+        conn.execute(
+            "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(pending_record())
+        )
     config = write_config(tmp_path, "http://127.0.0.1:1", store=f"sqlite:///{db}")
     done = statusgate("migrate", "--config", str(config))
     assert done.returncode == 0, done.stderr
@@ -119,7 +121,7 @@ async def test_the_previous_releases_redis_keys_are_upgraded(redis_url: str) -> 
         await second.close()
     client.set(f"{prefix}:schema_version", 4)
     third = store_from_url(redis_url)
-    with pytest.raises(NewerLayout, match="schema version 4.*\\(1\\)"):
+    with pytest.raises(NewerLayout, match=r"schema version 4.*\(1\)"):
         await third.open()
     await third.close()
     client.close()

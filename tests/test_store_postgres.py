@@ -571,6 +571,8 @@ async def test_sigkill_mid_poll_then_both_replicas_restarted(
     assert after.inflight_at is None and after.next_poll_at > cut.next_poll_at
     for replica in replicas:
         replica.stop()
-    lines = [line for r in replicas for line in r.audit() if line.get("operation_id") == cut.operation_id]
+    lines = [
+        line for r in replicas for line in r.audit() if line.get("operation_id") == cut.operation_id
+    ]
     interrupted = [line for line in lines if line.get("decision") == "interrupted"]
     assert len(interrupted) == 1, lines

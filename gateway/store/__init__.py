@@ -63,12 +63,13 @@ def _redis_kind() -> type[Store]:
 
 
 def _postgres(url: str, tuning: Tuning) -> Store:
-    from_url = _postgres_module().from_url
-    return from_url(url)
+    store: Store = _postgres_module().from_url(url)
+    return store
 
 
 def _postgres_kind() -> type[Store]:
-    return _postgres_module().PostgresStore
+    kind: type[Store] = _postgres_module().PostgresStore
+    return kind
 
 
 def _postgres_module() -> ModuleType:

@@ -128,7 +128,9 @@ class PostgresStore(Store):
             ) from exc
         except (psycopg.Error, OSError, TimeoutError) as exc:
             self._check_soon()
-            raise StoreError(f"postgresql {operation}: {describe(exc)}", operation=operation) from exc
+            raise StoreError(
+                f"postgresql {operation}: {describe(exc)}", operation=operation
+            ) from exc
 
     def _check_soon(self) -> None:
         """After a failure, have the pool test its idle connections in the background, so
@@ -220,11 +222,11 @@ class PostgresStore(Store):
                         operation="open",
                     )
                 await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}".encode())
-                await conn.execute(
+                versions = (
                     f"CREATE TABLE IF NOT EXISTS {self._s}.schema_version"
                     " (version integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-                    .encode()
                 )
+                await conn.execute(versions.encode())
                 for step in range((found or 0) + 1, LAYOUT + 1):
                     await conn.execute(layout_sql(self.schema, step).encode())
                 if found != LAYOUT:
@@ -333,7 +335,7 @@ class PostgresStore(Store):
             if new is not None:
                 cursor = await conn.execute(self._cas_sql.encode(), _cas_args(new))
                 row = await cursor.fetchone()
-                if not _written(row[0]):  # the row is locked: only the clock can refuse
+                if row is None or not _written(row[0]):  # locked row: only the clock refuses
                     raise StoreError(f"{operation_id}: version moved", operation=operation)
             if fence is not None:
                 await conn.execute(
@@ -688,7 +690,7 @@ def from_url(url: str) -> PostgresStore:
     if problems:
         raise ConfigError(problems)
     return PostgresStore(
-        make_conninfo(**params),
+        make_conninfo("", **params),
         schema=schema,
         pool=pool,
         prepare=prepare == "on",

@@ -605,8 +605,7 @@ def _migrate(conn: sqlite3.Connection) -> tuple[int | None, int]:
 
 def _found(conn: sqlite3.Connection) -> int | None:
     tables = {
-        str(row[0])
-        for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
     if "schema_version" not in tables:
         return 0 if "operations" in tables else None
