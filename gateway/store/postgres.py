@@ -75,7 +75,7 @@ class PostgresStore(Store):
         self._s = sql.Identifier(schema).as_string(None)
         self._pool = AsyncConnectionPool(
             conninfo,
-            min_size=1,
+            min_size=pool,  # all opened at start: a burst never waits for connects
             max_size=pool,
             timeout=timeout,
             open=False,
