@@ -1,4 +1,4 @@
-"""`python bench/pgbench_reserve.py`: the ceiling of the PostgreSQL store's reservation, measured by pgbench.
+"""`python bench/pgbench_reserve.py`: the PostgreSQL reservation's ceiling, by pgbench.
 
 A schema of this run's own gets ROWS pending operations (real records, written by the
 store) with a budget that never runs out and a poll that is always due; pgbench then runs
