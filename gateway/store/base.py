@@ -279,6 +279,46 @@ class Store(Records, Coordination):
         return None
 
 
+COPIES = 16_384  # pending records a shared store keeps as last written or read (~2 KB each)
+Job = tuple[str, str, str]  # (account, provider, provider job id)
+
+
+class Copies:
+    """Pending records as this process last wrote or read them, bounded, oldest out first:
+    what a shared store's ``known`` answers from. A copy is only ever acted on through a
+    compare-and-set (the reservation), never answered from, so a stale one costs a retry,
+    never a wrong answer. Ended records are not kept (they carry final bodies)."""
+
+    def __init__(self, limit: int = COPIES) -> None:
+        self._limit = limit
+        self._records: dict[str, OperationRecord] = {}
+        self._jobs: dict[Job, str] = {}
+
+    def keep(self, record: OperationRecord) -> None:
+        """``record`` was written or read here; never replaces a newer copy."""
+        kept = self._records.pop(record.operation_id, None)
+        if kept is not None and kept.version > record.version:
+            record = kept  # a read that finished after a write of ours
+        job = (record.account, record.provider, record.provider_job_id)
+        if record.outcome is not Outcome.PENDING:
+            self._jobs.pop(job, None)
+            return
+        if len(self._records) >= self._limit:
+            oldest = self._records.pop(next(iter(self._records)))
+            self._jobs.pop((oldest.account, oldest.provider, oldest.provider_job_id), None)
+        self._records[record.operation_id] = record
+        self._jobs[job] = record.operation_id
+
+    def forget(self, operation_id: str) -> None:
+        record = self._records.pop(operation_id, None)
+        if record is not None:
+            self._jobs.pop((record.account, record.provider, record.provider_job_id), None)
+
+    def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        operation_id = self._jobs.get((account, provider, job_id))
+        return None if operation_id is None else self._records.get(operation_id)
+
+
 async def stop(task: asyncio.Task[None] | None) -> None:
     """Cancel a store's background task and wait for it to end. Cancelled again until it
     does: a driver may swallow one cancellation (redis-py did, cancelled in the middle of a

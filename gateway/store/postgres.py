@@ -37,7 +37,17 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..errors import NotAdmissible, StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import GUARD, MIN_WAIT
-from .base import PURGE_BATCH, Ids, LeaseLost, Mutation, Store, T, newer_layout, stop
+from .base import (
+    PURGE_BATCH,
+    Copies,
+    Ids,
+    LeaseLost,
+    Mutation,
+    Store,
+    T,
+    newer_layout,
+    stop,
+)
 
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 SYNC_TOLERANCE = 0.05  # next_poll_at slack between a replica's synced clock and the database's
@@ -89,6 +99,7 @@ class PostgresStore(Store):
             configure=self._configure if prepare else None,
         )
         self._opened = False
+        self._copies = Copies()  # pending records as last written or read here (``known``)
         self._offset = 0.0
         self._resync: asyncio.Task[None] | None = None
         self._checking: asyncio.Task[None] | None = None
@@ -277,6 +288,7 @@ class PostgresStore(Store):
         args = (*_row(record), *idem, idempotency is not None)
         row = await self._one("create", query, args)
         if row[0]:
+            self._copies.keep(record)
             return record
         existing = await self.find(record.account, record.provider, record.provider_job_id)
         if existing is None:  # purged between the two statements: the job is free again
@@ -287,7 +299,16 @@ class PostgresStore(Store):
         row = await self._one(
             "get", f"SELECT data FROM {self._s}.operations WHERE operation_id = %s", (operation_id,)
         )
-        return _load(row)
+        return self._seen(_load(row))
+
+    def _seen(self, record: OperationRecord | None) -> OperationRecord | None:
+        if record is not None:
+            self._copies.keep(record)
+        return record
+
+    def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        """The record as this process last wrote or read it, without a round trip."""
+        return self._copies.known(account, provider, job_id)
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         row = await self._one(
@@ -296,11 +317,18 @@ class PostgresStore(Store):
             " WHERE account = %s AND provider = %s AND provider_job_id = %s",
             (account, provider, job_id),
         )
-        return _load(row)
+        return self._seen(_load(row))
 
     async def save(self, record: OperationRecord) -> bool:
         row = await self._one("save", self._cas_sql, _cas_args(record))
-        return _written(row[0])
+        return self._wrote(record, row[0])
+
+    def _wrote(self, record: OperationRecord, answer: int) -> bool:
+        """sg_cas's answer for writing ``record``: kept as the copy when written."""
+        if _written(answer):
+            self._copies.keep(record.evolve(version=record.version + 1))
+            return True
+        return False
 
     async def mutate(
         self, operation_id: str, change: Mutation[T], *, known: OperationRecord | None = None
@@ -335,7 +363,7 @@ class PostgresStore(Store):
             if new is not None:
                 cursor = await conn.execute(self._cas_sql.encode(), _cas_args(new))
                 row = await cursor.fetchone()
-                if row is None or not _written(row[0]):  # locked row: only the clock refuses
+                if row is None or not self._wrote(new, row[0]):  # locked: only the clock refuses
                     raise StoreError(f"{operation_id}: version moved", operation=operation)
             if fence is not None:
                 await conn.execute(
@@ -486,9 +514,13 @@ class PostgresStore(Store):
         wait, written, moved = await self._one("acquire_lease", self._start_sql, args)
         if wait < 0:
             return None, False, None
-        if written == -2:
-            raise NotAdmissible("by the database clock this status request is not permitted now")
+        if reserve is not None and written != 0:
+            self._wrote(reserve, written)  # raises NotAdmissible when refused by the clock
         stored = None if moved is None else OperationRecord.from_dict(orjson.loads(moved))
+        if stored is not None:
+            self._copies.keep(stored)
+        elif reserve is not None and written == -1:
+            self._copies.forget(reserve.operation_id)  # gone
         return float(wait), written == 1, stored
 
     async def finish_poll(
@@ -508,7 +540,7 @@ class PostgresStore(Store):
         new, result = change(known)
         if new is not None:
             row = await self._one("save", self._finish_sql, (lease, token, *_cas_args(new)))
-            if row[0] != -3 and _written(row[0]):
+            if row[0] != -3 and self._wrote(new, row[0]):
                 return result
         return await self._locked("save", operation_id, change, (lease, token))
 
