@@ -576,3 +576,23 @@ async def test_sigkill_mid_poll_then_both_replicas_restarted(
     ]
     interrupted = [line for line in lines if line.get("decision") == "interrupted"]
     assert len(interrupted) == 1, lines
+
+
+async def test_finds_in_one_loop_turn_share_one_query(pg: Any) -> None:
+    """Thirty finds for three jobs (and one unknown) asked at once are one query; each caller
+    gets its own job's record, the unknown one None."""
+    for n in range(3):
+        await pg.create(record(operation_id=f"op_{n}", provider_job_id=f"j{n}"))
+    queries = 0
+    real = pg._all
+
+    async def counted(*args: Any) -> Any:
+        nonlocal queries
+        queries += 1
+        return await real(*args)
+
+    pg._all = counted
+    found = await asyncio.gather(*(pg.find("team-a", "demo-jobs", f"j{n % 4}") for n in range(30)))
+    assert queries == 1
+    for n, got in enumerate(found):
+        assert (got is None) if n % 4 == 3 else (got.provider_job_id == f"j{n % 4}")

@@ -14,8 +14,8 @@ import abc
 import asyncio
 import random
 import time
-from collections.abc import Callable
-from typing import ClassVar, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import ClassVar, Generic, TypeVar
 
 from ..errors import StoreError
 from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
@@ -317,6 +317,53 @@ class Copies:
     def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         operation_id = self._jobs.get((account, provider, job_id))
         return None if operation_id is None else self._records.get(operation_id)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Batch(Generic[K, V]):
+    """Reads asked for within one turn of the event loop, sent together by ``fetch`` (one
+    query or one pipeline for all of them); callers asking for the same key share its
+    answer (records are immutable: one decoded copy serves them all). Linearizable: the
+    batch goes once every caller in it has asked, so it sees every write that finished
+    before any of them asked. A failure reaches every caller of the batch."""
+
+    def __init__(self, fetch: Callable[[list[K]], Awaitable[dict[K, V]]]) -> None:
+        self._fetch = fetch
+        self._waiting: dict[K, list[asyncio.Future[V | None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def ask(self, key: K) -> asyncio.Future[V | None]:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[V | None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._send)
+        self._waiting.setdefault(key, []).append(answer)
+        return answer
+
+    def _send(self) -> None:
+        batch, self._waiting = self._waiting, {}
+        task = asyncio.get_running_loop().create_task(self._answer(batch))
+        self._tasks.add(task)  # kept until done (the loop holds tasks weakly)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, batch: dict[K, list[asyncio.Future[V | None]]]) -> None:
+        try:
+            found = await self._fetch(list(batch))
+        except BaseException as exc:
+            for waiting in batch.values():
+                for answer in waiting:
+                    if not answer.done():
+                        answer.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for key, waiting in batch.items():
+            for answer in waiting:
+                if not answer.done():
+                    answer.set_result(found.get(key))
 
 
 async def stop(task: asyncio.Task[None] | None) -> None:

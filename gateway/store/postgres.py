@@ -39,8 +39,10 @@ from ..models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from ..pacing import GUARD, MIN_WAIT
 from .base import (
     PURGE_BATCH,
+    Batch,
     Copies,
     Ids,
+    Job,
     LeaseLost,
     Mutation,
     Store,
@@ -100,6 +102,7 @@ class PostgresStore(Store):
         )
         self._opened = False
         self._copies = Copies()  # pending records as last written or read here (``known``)
+        self._finds: Batch[Job, OperationRecord] = Batch(self._find_many)
         self._offset = 0.0
         self._resync: asyncio.Task[None] | None = None
         self._checking: asyncio.Task[None] | None = None
@@ -311,13 +314,30 @@ class PostgresStore(Store):
         return self._copies.known(account, provider, job_id)
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
-        row = await self._one(
-            "find",
-            f"SELECT data FROM {self._s}.operations"
-            " WHERE account = %s AND provider = %s AND provider_job_id = %s",
-            (account, provider, job_id),
-        )
-        return self._seen(_load(row))
+        """Finds asked in one turn of the event loop share one query (many agents polling
+        at once, the gateway's reason to exist, cost a round trip a turn, not a call)."""
+        return self._seen(await self._finds.ask((account, provider, job_id)))
+
+    async def _find_many(self, jobs: list[Job]) -> dict[Job, OperationRecord]:
+        s = self._s
+        if len(jobs) == 1:
+            rows = await self._all(
+                "find",
+                f"SELECT data FROM {s}.operations"
+                " WHERE account = %s AND provider = %s AND provider_job_id = %s",
+                jobs[0],
+            )
+        else:
+            accounts, providers, job_ids = (list(column) for column in zip(*jobs, strict=True))
+            rows = await self._all(
+                "find",
+                f"SELECT o.data FROM {s}.operations o JOIN"
+                " unnest(%s::text[], %s::text[], %s::text[]) AS j (a, p, k)"
+                " ON o.account = j.a AND o.provider = j.p AND o.provider_job_id = j.k",
+                (accounts, providers, job_ids),
+            )
+        records = [OperationRecord.from_dict(orjson.loads(row[0])) for row in rows]
+        return {(r.account, r.provider, r.provider_job_id): r for r in records}
 
     async def save(self, record: OperationRecord) -> bool:
         row = await self._one("save", self._cas_sql, _cas_args(record))
