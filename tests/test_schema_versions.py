@@ -80,14 +80,14 @@ async def test_the_previous_releases_sqlite_file_is_upgraded_at_start(tmp_path: 
 
 
 async def test_a_newer_sqlite_layout_stops_the_gateway(tmp_path: Path) -> None:
-    """A file of a later release: serve, migrate and the store itself refuse it, naming
+    """A file of a later release: serve, migrate, check and the store itself refuse it, naming
     both versions, in one line; the file is left as it was."""
     db = tmp_path / "new.db"
     with sqlite3.connect(db) as conn:
         conn.executescript(SCHEMA)
         conn.execute("INSERT INTO schema_version VALUES (5)")
     config = write_config(tmp_path, "http://127.0.0.1:1", store=f"sqlite:///{db}")
-    for command in ("serve", "migrate"):
+    for command in ("serve", "migrate", "check"):
         done = statusgate(command, "--config", str(config))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, command

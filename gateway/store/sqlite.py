@@ -22,6 +22,7 @@ bodies included (``limits.cache_bytes``); the least recently used records leave 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -278,6 +279,23 @@ class SQLiteStore(Store):
             self._migrated = self._migrated or migrated
             self._connections[role] = conn
         return conn
+
+    async def inspect(self) -> str:
+        """The file's layout, read without writing (``statusgate check``)."""
+        if self._path == ":memory:" or not Path(self._path).exists():
+            return " (no file yet: created at first start)"
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"{Path(self._path).resolve().as_uri()}?mode=ro", uri=True)
+            ) as conn:
+                found = _found(conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {self._path}: {exc}", operation="open") from None
+        if found is not None and found > LAYOUT:
+            raise newer_layout("sqlite", found, LAYOUT)
+        if found is None or found < LAYOUT:
+            return f" (schema version {found or 0}; upgraded at start or by statusgate migrate)"
+        return f" (schema version {found})"
 
     async def migrate(self) -> tuple[int | None, int]:
         """Create or upgrade the file's layout (done by the first connection anyway): the
