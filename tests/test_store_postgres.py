@@ -596,3 +596,27 @@ async def test_finds_in_one_loop_turn_share_one_query(pg: Any) -> None:
     assert queries == 1
     for n, got in enumerate(found):
         assert (got is None) if n % 4 == 3 else (got.provider_job_id == f"j{n % 4}")
+
+
+async def test_two_replicas_purging_at_once_delete_each_record_once(postgres_url: str) -> None:
+    """Purge skips rows another replica is deleting: two stores purging the same provider at
+    once delete every ended record exactly once between them, and no pending one."""
+    replicas = [store_from_url(postgres_url) for _ in range(2)]
+    for replica in replicas:
+        await replica.open()
+    try:
+        now = time.time()
+        for n in range(300):
+            ended = n % 3 != 0
+            made = record(operation_id=f"op_{n}", provider_job_id=f"j{n}")
+            if ended:
+                made = made.evolve(outcome=Outcome.SUCCEEDED, ended_at=now - 100)
+            await replicas[n % 2].create(made)
+        counts = await asyncio.gather(
+            *(replicas[n % 2].purge("demo-jobs", now - 10, now) for n in range(6))
+        )
+        assert sum(counts) == 200
+        assert await replicas[0].active_counts() == {"demo-jobs": 100}
+    finally:
+        for replica in replicas:
+            await replica.close()
