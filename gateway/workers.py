@@ -5,8 +5,8 @@ records, leases, pacing and the clock; a SQLite file is owned by one process and
 ``memory://`` is one process's memory, so both are refused with a clear message. The parent
 forks the workers before any event loop or thread exists, forwards SIGTERM, SIGINT and SIGHUP
 to them, restarts a worker that dies (at most once a second), and exits when they have all
-stopped. Metrics from every worker are merged
-at scrape time through prometheus_client's multiprocess files.
+stopped. Metrics from every worker are merged at scrape time through prometheus_client's
+multiprocess files.
 """
 
 from __future__ import annotations
