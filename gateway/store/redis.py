@@ -21,6 +21,7 @@ writes a record touches keys of that one slot:
     PREFIX:providers                  set: providers seen
     PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
     PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
+    PREFIX:schema_version             string: the layout version of these keys (LAYOUT)
 
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
@@ -47,7 +48,7 @@ import secrets
 import time
 import zlib
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import orjson
@@ -60,10 +61,22 @@ from redis.exceptions import RedisClusterException, RedisError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import NotAdmissible, StoreError
-from gateway.store.base import PURGE_BATCH, Ids, Mutation, Store, T, matches, purgeable
+from gateway.store.base import (
+    PURGE_BATCH,
+    Ids,
+    Mutation,
+    NewerLayout,
+    Store,
+    T,
+    matches,
+    newer_layout,
+    purgeable,
+    stop,
+)
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
+LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
@@ -98,6 +111,8 @@ def _tag(*parts: str) -> str:
 
 
 class RedisStore(Store):
+    shared: ClassVar[bool] = True
+
     def __init__(
         self,
         url: str,
@@ -222,14 +237,38 @@ class RedisStore(Store):
             await asyncio.sleep(CLOCK_RESYNC)
 
     async def open(self) -> None:
+        """Check (and record) the keys' layout, then keep the clock synced. An unreachable
+        Redis is no reason not to start (the gateway fails closed until it answers); a
+        layout newer than this code is."""
+        try:
+            await self.migrate()
+        except NewerLayout:
+            raise
+        except StoreError:
+            pass
         with contextlib.suppress(StoreError):
             await self._sync_clock()
         self._resync = asyncio.create_task(self._keep_synced())
 
+    async def migrate(self) -> tuple[int | None, int]:
+        """The keys' layout: (found, now). Found None when no key has this prefix yet, 0
+        for the previous release's keys (the same layout, no version key); both are
+        recorded as LAYOUT. A newer layout is refused, both versions named."""
+        key = f"{self.prefix}:schema_version"
+        raw = await self._call("migrate", self._redis.get(key))
+        found: int | None = None if raw is None else int(raw)
+        if found is None:
+            for mark in (f"{self.prefix}:ops", f"{self.prefix}:providers"):  # one slot each
+                if await self._call("migrate", self._redis.exists(mark)):
+                    found = 0
+        if found is not None and found > LAYOUT:
+            raise newer_layout("redis", found, LAYOUT)
+        if found != LAYOUT:
+            await self._call("migrate", self._redis.set(key, LAYOUT))
+        return found, LAYOUT
+
     async def close(self) -> None:
-        if self._resync is not None:
-            self._resync.cancel()
-            await asyncio.gather(self._resync, return_exceptions=True)
+        await stop(self._resync)
         await self._redis.aclose()
 
     # -- operations ---------------------------------------------------------------------

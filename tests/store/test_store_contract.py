@@ -1,4 +1,5 @@
-"""One contract for every store: memory, SQLite and Redis pass the same tests, races included.
+"""One contract for every store: memory, SQLite, Redis and PostgreSQL pass the same tests, races
+included.
 
 Times are real (now, and a fraction of a second later): a Redis store keeps time by Redis's
 clock, not by an argument, so expiry tests sleep briefly instead of moving a fake clock.
@@ -215,8 +216,8 @@ async def test_closed_sqlite_store_raises_store_error(tmp_path: Path) -> None:
 
 
 def test_unknown_scheme_and_bad_options_are_clear_errors() -> None:
-    with pytest.raises(ConfigError, match="scheme 'postgres' is not supported"):
-        store_from_url("postgres://x")
+    with pytest.raises(ConfigError, match="scheme 'mysql' is not supported"):
+        store_from_url("mysql://x")
     with pytest.raises(ConfigError, match="unknown option"):
         store_from_url("redis://127.0.0.1:6379/0?prefx=a")
     with pytest.raises(ConfigError, match="prefix"):
