@@ -270,7 +270,8 @@ class Polling(Strict):
     final_poll_margin: Duration = 1.0
     max_hold: Duration = 60.0
     provider_rate: Rate = None  # status calls per second to this provider, all replicas
-    early_calls: Literal["refuse", "hold"] = "refuse"  # too-early calls: 429, or held
+    # too-early status calls: 429, held for the next poll, or the last answer replayed
+    early_calls: Literal["refuse", "hold", "replay"] = "refuse"
     max_result_fetches: Annotated[int, Field(ge=0)] = 10
 
 
