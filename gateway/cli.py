@@ -121,10 +121,14 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from gateway.settings.config import load_settings
+    from gateway.settings.policy import warnings
     from gateway.store import store_from_url
 
     settings = load_settings(args.config)
     store_from_url(settings.store_url)  # the scheme and options are valid
+    for name, policy in sorted(settings.policies.items()):  # valid, but unsafe: stderr
+        for where, message in warnings(policy):
+            print(f"{args.config}: policy {name}: {where}: warning: {message}", file=sys.stderr)
     names = ", ".join(sorted(settings.policies)) or "none"
     print(
         f"{args.config}: ok: {len(settings.policies)} policies ({names}), "

@@ -389,6 +389,32 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     return problems
 
 
+def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
+    """What is valid but unsafe (SPEC 20), as (field path, message) pairs: a passthrough
+    GET that reads provider objects by id, or lists the jobs, under the one shared
+    credential serves every account's objects to any account."""
+    found: list[tuple[str, str]] = []
+    listing = policy.routes.submit.path.partition("?")[0]
+    for i, route in enumerate(policy.routes.passthrough):
+        if route.method != "GET":
+            continue
+        where, path = f"routes.passthrough[{i}]", route.path.partition("?")[0]
+        if placeholders(path):
+            found.append(
+                (
+                    where,
+                    f"GET {path} reads provider objects by id under the shared credential: "
+                    "any account can read any other account's; serve outputs through the "
+                    "result route ({final.<field>}) instead",
+                )
+            )
+        elif path == listing:
+            found.append(
+                (where, f"GET {path} lists the jobs of every account under the shared credential")
+            )
+    return found
+
+
 def placeholders(path: str) -> list[str]:
     """The names of a route path's ``{...}`` placeholders, in order."""
     return PLACEHOLDER.findall(path.partition("?")[0])
