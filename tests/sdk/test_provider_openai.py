@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.demo.provider import DemoProvider
+from gateway.demo.provider import DemoProvider, output_file
 
 from conftest import (
     AGENT_TOKEN,
@@ -83,7 +83,7 @@ async def test_openai_sdk_runs_a_batch_through_the_gateway(
         elapsed = time.monotonic() - started
         batch = done["batch"]
         record = await harness.record(batch.id, "openai-batch")
-    assert batch.status == "completed" and batch.output_file_id == "file-demo-output"
+    assert batch.status == "completed" and batch.output_file_id == output_file(batch.id)
     assert done["output"] is not None and b"request-1" in done["output"]
     assert demo.files[done["file"]] == INPUT  # the multipart upload arrived whole
     polls = status_calls(demo, batch.id)
