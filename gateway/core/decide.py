@@ -277,7 +277,12 @@ def open_operation(
     state = lookup(body, policy.states.field) if isinstance(body, dict) else None
     known = state_text(state) if isinstance(state, str | bool | int | float) else None
     record = record.evolve(last_known_state=known)
-    if answer.status == 200 and isinstance(body, dict) and policy.state_class(state) == "pending":
+    if (
+        policy.polling.early_calls == "replay"
+        and answer.status == 200
+        and isinstance(body, dict)
+        and policy.state_class(state) == "pending"
+    ):
         record = record.evolve(last_answer=_kept(answer, now))  # a status object already
     return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
 
@@ -295,20 +300,23 @@ def classify(
     if record.outcome is not Outcome.PENDING:  # decided meanwhile: the answer changes nothing
         decision = superseded(record, now)
     else:
-        decision = _remember(_classify(policy, record, answer, now, u), answer, now)
+        decision = _classify(policy, record, answer, now, u)
+        decision = _remember(decision, answer, now, keep=policy.polling.early_calls == "replay")
     if decision.record.inflight_at is None:
         return decision
     cleared = decision.record.evolve(inflight_at=None)
     return dataclasses.replace(decision, record=cleared, changed=True)
 
 
-def _remember(decision: Decision, answer: ProviderAnswer, now: float) -> Decision:
+def _remember(decision: Decision, answer: ProviderAnswer, now: float, *, keep: bool) -> Decision:
     """Keep the answer to replay to early calls when it left the job pending with a 2xx;
-    any other answer clears what was kept (SPEC 20: no replay after a failure or a 5xx)."""
+    any other answer clears what was kept (SPEC 20: no replay after a failure or a 5xx).
+    Only policies that replay (``keep``) keep answers; one kept before a reload that
+    stopped replaying is cleared here."""
     record = decision.record
     pending = record.outcome is Outcome.PENDING
     ok = answer.failure is None and answer.status is not None and 200 <= answer.status < 300
-    last = _kept(answer, now) if pending and ok else None
+    last = _kept(answer, now) if keep and pending and ok else None
     if last == record.last_answer:
         return decision
     return dataclasses.replace(decision, record=record.evolve(last_answer=last), changed=True)

@@ -134,12 +134,21 @@ def test_never_replayed_when_waiting_must_end(openai: ProviderPolicy) -> None:
     assert decide.admit(openai, escalated, NOW + 1).problem == "operation-escalated"
 
 
-def test_refuse_and_hold_policies_never_replay() -> None:
-    """Replay is the policy's choice: the default stays 429 too-early with the answer kept."""
+def test_refuse_and_hold_policies_never_replay_nor_keep_answers() -> None:
+    """Replay is the policy's choice: the default stays 429 too-early, and records of
+    policies that do not replay carry no answer to replay (nothing extra is stored)."""
     policy = shipped("demo-jobs")
     assert policy.polling.early_calls == "refuse"
     record = opened(policy, ProviderAnswer(200, b'{"id": "j", "state": "queued"}', JSON))
+    assert record.last_answer is None
     assert decide.admit(policy, record, NOW + 0.5).problem == "too-early"
+    record = polled(policy, record, ProviderAnswer(200, b'{"id": "j", "state": "running"}', JSON))
+    assert record.last_answer is None
+    kept_before_a_reload = record.evolve(last_answer=LastAnswer(200, JSON, b"{}", NOW))
+    cleared = polled(
+        policy, kept_before_a_reload, ProviderAnswer(200, b'{"state": "running"}', JSON)
+    )
+    assert cleared.last_answer is None
 
 
 def test_a_finished_operation_keeps_its_final_answer_and_its_result_values(
