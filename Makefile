@@ -1,27 +1,35 @@
 # Two commands set everything up on a fresh machine with Python 3.11+:
-#   make run    the gateway (SQLite store) and the bundled demo provider
-#   make test   lint, types and the whole test suite
+#   make run    the gateway (SQLite store) and the bundled demo provider: the runtime
+#               dependencies only, at the versions of requirements.lock
+#   make test   lint, types and the whole test suite: the dev stack besides
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed-dev
 CONFIG ?= config/gateway.yaml
 export DEMO_API_KEY ?= demo-provider-key
 
 .PHONY: install run test lint rules lock lint-docker image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
 
+$(RUN_STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e .
+	touch $(RUN_STAMP)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 install: $(STAMP)
 
-check: $(STAMP)
+check: $(RUN_STAMP)
 	$(PY) -m gateway check --config $(CONFIG)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@mkdir -p var
 	@$(PY) -m gateway check --config $(CONFIG)
 	@$(PY) -c "import socket, sys; busy = [p for p in (8080, 8081) if socket.socket().connect_ex(('127.0.0.1', p)) == 0]; busy and sys.exit(f'make run: 127.0.0.1:{busy[0]} is already in use (another make run?); nothing was started')"

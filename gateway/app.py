@@ -79,7 +79,13 @@ def create_app(
     # off, every request would pass through it for nothing
     spans = [middleware.traced] if tracing.enabled() else []
     app = web.Application(
-        middlewares=[middleware.observe, *spans, middleware.listeners, middleware.errors],
+        middlewares=[
+            middleware.observe,
+            *spans,
+            middleware.listeners,
+            middleware.errors,
+            middleware.audit_gate,
+        ],
         client_max_size=limits.max_request_body,
     )
     app[RUNTIME] = runtime
@@ -124,6 +130,8 @@ async def _drain(app: web.Application) -> None:
 
 async def _stop(app: web.Application) -> None:
     runtime = app[RUNTIME]
+    for task in list(runtime.background):
+        task.cancel()
     effects = runtime.effects
     if effects.notifier is not None:
         await effects.notifier.close()
@@ -144,6 +152,10 @@ async def readyz(request: web.Request) -> web.Response:
     except StoreError as exc:
         runtime.effects.metrics.store_errors.labels(exc.operation).inc()
         return web.json_response({"status": "not ready", "store": "unreachable"}, status=503)
+    audit = runtime.effects.audit
+    if audit is not None and not audit.writable():  # a full disk: no new work is taken
+        body = {"status": "not ready", "audit": "unwritable", "audit_lines_waiting": audit.waiting}
+        return web.json_response(body, status=503)
     return web.json_response({"status": "ready", "policies": sorted(runtime.settings.policies)})
 
 

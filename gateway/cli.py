@@ -71,7 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers(required=True, metavar="ACTION")
-    tryout = policy_commands.add_parser("test", help="classify a sample status answer")
+    tryout = policy_commands.add_parser(
+        "test",
+        help="classify a sample status answer",
+        description="Classify a sample status answer as a fresh operation's first poll would "
+        "be. Exit status: 0 pending or an outcome, 3 an escalation, 1 an error.",
+    )
     tryout.add_argument("--config", type=Path, required=True)
     tryout.add_argument("--status", type=int, default=200, help="HTTP status (default 200)")
     tryout.add_argument("provider")
@@ -89,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _policy_test(args: argparse.Namespace) -> int:
-    from gateway.operator.policytool import verdict
+    from gateway.operator.policytool import exit_status, verdict
     from gateway.settings.config import load_settings
 
     settings = load_settings(args.config)
@@ -103,8 +108,9 @@ def _policy_test(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{args.file}: cannot read ({exc.strerror})", file=sys.stderr)
         return 1
-    print(verdict(policy, body, args.status))
-    return 0
+    line = verdict(policy, body, args.status)
+    print(line)
+    return exit_status(line)
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -120,12 +126,23 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gateway.settings.config import load_settings
+    from gateway.settings.config import load_settings, written_store_url
     from gateway.settings.policy import warnings
     from gateway.store import store_from_url
 
-    settings = load_settings(args.config)
-    store_from_url(settings.store_url)  # the scheme and options are valid
+    problems: list[str] = []
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        problems, settings = exc.problems, None
+    store_url = settings.store_url if settings is not None else written_store_url(args.config)
+    try:
+        if store_url is not None:
+            store_from_url(store_url)  # the scheme and options are valid
+    except ConfigError as exc:
+        problems += [f"{args.config}: {line}" for line in exc.problems]
+    if problems or settings is None:
+        raise ConfigError(problems)
     for name, policy in sorted(settings.policies.items()):  # valid, but unsafe: stderr
         for where, message in warnings(policy):
             print(f"{args.config}: policy {name}: {where}: warning: {message}", file=sys.stderr)
@@ -144,8 +161,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     why = refusal(settings, args.workers)
-    if why is not None:
-        print(f"statusgate serve: {why}", file=sys.stderr)
+    if why is not None:  # a valid config: said in its log format
+        import logging
+
+        from gateway.observe.logs import say
+
+        say(settings.file.logging, logging.ERROR, f"statusgate serve: {why}")
         return 1
     if args.workers == 1:
         from gateway.server import serve

@@ -3,6 +3,7 @@
     StatusgateError
      +-- ConfigError             a config or policy file is wrong: "file: field: message" lines
      +-- StoreError              the store is unreachable or failed; the gateway fails closed (503)
+     |    +-- AuditUnavailable       the audit log cannot be written (a full disk): no new work
      +-- NotAdmissible           the store's clock refused to spend a status request now
      +-- UpstreamError           one request to a provider did not produce a usable answer
           +-- UpstreamTimeout        no complete answer within limits.upstream_timeout
@@ -34,6 +35,15 @@ class StoreError(StatusgateError):
     def __init__(self, message: str, *, operation: str = "unknown") -> None:
         super().__init__(message)
         self.operation = operation
+
+
+class AuditUnavailable(StoreError):
+    """The audit log cannot be written (a full disk, a file size limit): the gateway takes
+    no new work until it can, so nothing happens that its audit log would not show. A
+    store error because the answer is the same: 503 with Retry-After, nothing forwarded."""
+
+    def __init__(self) -> None:
+        super().__init__("the audit log cannot be written", operation="audit")
 
 
 class NotAdmissible(StatusgateError):

@@ -9,9 +9,9 @@ process owns is one line on stderr and exit code 1, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
-import sys
 
 import uvloop
 from aiohttp import web
@@ -49,19 +49,21 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     try:
         await runner.setup()  # opens the store (on_startup): a locked SQLite file fails here
     except StoreError as exc:
-        print(f"statusgate serve: {exc}", file=sys.stderr)
+        log.error("statusgate serve: %s", exc)
         return 1
     try:
         bound = await _listen(runner, settings, reuse_port)
     except OSError as exc:
-        print(f"statusgate serve: {exc}", file=sys.stderr)
+        log.error("statusgate serve: %s", exc)
         await runner.cleanup()
         return 1
     runtime = app[RUNTIME]
     runtime.admin_port = bound.get("admin")
-    for role, port in bound.items():
-        print(f"statusgate {role} listener on http://{_host(settings, role)}:{port}", flush=True)
+    for role, port in bound.items():  # a log line: JSON like every other when logs are
+        url = f"http://{_host(settings, role)}:{port}"
+        log.info("statusgate %s listener on %s", role, url, extra={"listener": role, "url": url})
     log.info(traces)
+    gc.freeze()  # what start-up made lives as long as the process: never scanned again
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -97,11 +99,10 @@ def _host(settings: Settings, role: str) -> str:
     return listen.host
 
 
-_RELOADS: set[asyncio.Task[list[str]]] = set()
-
-
 def _reload_soon(runtime: Runtime) -> None:
-    """SIGHUP: reload in a task of its own (kept referenced until done)."""
-    task = asyncio.ensure_future(reloading.reload(runtime))
-    _RELOADS.add(task)
-    task.add_done_callback(_RELOADS.discard)
+    """SIGHUP: reload in a task of the runtime's own (kept until done)."""
+    runtime.spawn(_reload(runtime))
+
+
+async def _reload(runtime: Runtime) -> None:
+    await reloading.reload(runtime)  # it logs what it found wrong

@@ -11,16 +11,17 @@ at scrape time through prometheus_client's multiprocess files.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 from types import FrameType
 
 from gateway.errors import ConfigError
+from gateway.observe import logs
 from gateway.settings.config import Settings, load_settings
 
 RESTART_GAP = 1.0  # a worker that dies is restarted, at most once a second
@@ -104,7 +105,7 @@ def _supervise(settings: Settings, workers: int) -> int:
         signal.signal(sig, forward)
     for index in range(workers):
         start(index)
-    print(f"statusgate: {workers} workers started", flush=True)
+    logs.say(settings.file.logging, logging.INFO, f"statusgate: {workers} workers started")
     failed = False
     while children:
         try:
@@ -122,7 +123,11 @@ def _supervise(settings: Settings, workers: int) -> int:
             failed = True
             forward(signal.SIGTERM, None)
             continue
-        print(f"statusgate: worker {worker} exited with {code}; restarting it", file=sys.stderr)
+        logs.say(
+            current[0].file.logging,
+            logging.WARNING,
+            f"statusgate: worker {worker} exited with {code}; restarting it",
+        )
         time.sleep(max(0.0, RESTART_GAP - (time.monotonic() - started)))
         start(worker)
     return 1 if failed else 0

@@ -140,6 +140,17 @@ def test_every_alert_has_a_severity_a_summary_and_a_description() -> None:
         assert rule["annotations"]["description"].strip(), rule["alert"]
 
 
+def test_every_alert_has_a_runbook_section_that_exists() -> None:
+    """Every alert's runbook_url names a section of docs/runbooks.md that is there."""
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+    anchors = {line[3:].strip().lower() for line in runbooks.splitlines() if line.startswith("## ")}
+    for rule in rules():
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "docs/runbooks.md" and anchor in anchors, (rule["alert"], url)
+        assert anchor == rule["alert"].lower()
+
+
 def test_alert_expressions_use_only_exported_metrics() -> None:
     """Every alert expression selects only metrics the gateway exports, or Prometheus' `up`."""
     unknown = {rule["alert"]: metric_names(rule["expr"]) - KNOWN_WITH_UP for rule in rules()}
@@ -551,3 +562,22 @@ def test_image_healthcheck_finds_the_port_in_the_config(gateway: Gateway, tmp_pa
     assert refused.returncode == 1 and f"127.0.0.1:{port}/healthz" in refused.stderr
     missing = run_healthcheck(tmp_path / "absent.yaml")
     assert missing.returncode == 1 and "absent.yaml" in missing.stderr
+
+
+def test_make_run_installs_the_runtime_only_and_make_test_the_dev_stack(tmp_path: Path) -> None:
+    """`make run` installs the package alone, pinned by requirements.lock, under a stamp of
+    its own; `make test` installs the dev extra (dry runs on a venv that does not exist)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    venv = f"VENV={tmp_path / 'venv'}"
+
+    def installs(target: str) -> list[str]:
+        done = subprocess.run(
+            ["make", "-n", target, venv], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        return [line for line in done.stdout.splitlines() if "pip install" in line]
+
+    run = installs("run")
+    assert any("-c requirements.lock -e ." in line for line in run), run
+    assert not any("[dev]" in line for line in run), run
+    assert any("'.[dev]'" in line for line in installs("test"))

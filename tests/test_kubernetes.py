@@ -672,7 +672,7 @@ def default_max_hold() -> float:
         timeout=60,
     )
     polling = json.loads(schema.stdout)["$defs"]["Polling"]["properties"]
-    return float(polling["max_hold"]["default"])
+    return parse_duration(polling["max_hold"]["default"])  # written as in YAML: "1m"
 
 
 def longest_hold(rendered: Rendered) -> float:

@@ -100,14 +100,9 @@ def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> Actio
     why = _permits(record, "resume")
     if why is not None:
         return _refuse(Event.RESUMED, why)
-    escalation = record.escalation
-    assert escalation is not None
-    if escalation.reason is Reason.AUTHORIZATION_DENIED:
-        then = escalation.credential_fingerprint or record.credential_fingerprint
-        if policy.credential_fingerprint == then:
-            return _refuse(Event.RESUMED, "the provider credential has not changed since")
-    elif policy.fingerprint == (escalation.policy_fingerprint or record.policy_fingerprint):
-        return _refuse(Event.RESUMED, "the provider's policy has not changed since")
+    unchanged = _unchanged(policy, record)
+    if unchanged is not None:
+        return _refuse(Event.RESUMED, unchanged)
     new = record.evolve(
         outcome=Outcome.PENDING,
         escalation=None,
@@ -118,6 +113,41 @@ def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> Actio
         delay_source=DelaySource.LOCAL_BACKOFF,
     )
     return ActionResult(new, Event.RESUMED)
+
+
+def _unchanged(policy: ProviderPolicy, record: OperationRecord) -> str | None:
+    """Why resuming would meet the same cause again (None when what caused the escalation
+    changed): the credential for authorization_denied, the policy otherwise."""
+    escalation = record.escalation
+    assert escalation is not None
+    if escalation.reason is Reason.AUTHORIZATION_DENIED:
+        then = escalation.credential_fingerprint or record.credential_fingerprint
+        if policy.credential_fingerprint == then:
+            return "the provider credential has not changed since"
+    elif policy.fingerprint == (escalation.policy_fingerprint or record.policy_fingerprint):
+        return "the provider's policy has not changed since"
+    return None
+
+
+def offered(policy: ProviderPolicy, record: OperationRecord) -> tuple[str, ...]:
+    """The actions worth offering now (SPEC 13, 20): those the escalation permits that can
+    succeed under the live policy. ``resume`` waits until the credential or the policy
+    changed; ``extend`` needs max_extension left; ``cancel_at_provider`` a cancel route and
+    no cancel accepted yet."""
+    escalation = record.escalation
+    if record.outcome is not Outcome.ESCALATED or escalation is None:
+        return ()
+    possible = {
+        "resume": lambda: _unchanged(policy, record) is None,
+        "extend": lambda: _extension_room(policy, record),
+        "cancel_at_provider": lambda: may_cancel(policy, record) is None,
+    }
+    return tuple(a for a in escalation.permitted_actions if possible.get(a, lambda: True)())
+
+
+def _extension_room(policy: ProviderPolicy, record: OperationRecord) -> bool:
+    bound = policy.escalation.max_extension
+    return bound.time > record.extended_seconds and bound.requests > record.extended_requests
 
 
 def abandon(

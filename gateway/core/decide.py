@@ -29,6 +29,7 @@ from gateway.core.models import (
     Reason,
 )
 from gateway.core.schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
+from gateway.core.values import bounded
 from gateway.settings.policy import ProviderPolicy, RequiredField, placeholders
 
 
@@ -572,8 +573,9 @@ def _json(body: bytes) -> Any:
 
 
 def state_text(state: Any) -> str:
-    """A state as recorded and shown: strings as they are, other JSON scalars as JSON."""
-    return state if isinstance(state, str) else json.dumps(state)
+    """A state as recorded and shown: strings as they are, other JSON scalars as JSON,
+    bounded (core/values.py: a provider's value can be of any size)."""
+    return bounded(state if isinstance(state, str) else json.dumps(state))
 
 
 def _short(state: str) -> str:

@@ -169,6 +169,13 @@ def _of_event(
     return tuple(found)
 
 
+def of_update(policy: ProviderPolicy, record: OperationRecord, detail: str) -> Effects:
+    """An ``operation.updated`` notice: the state a poll the gateway made on its own found
+    (after an operator's extend or resume), for webhook-driven agents and operators."""
+    extra = {"provider_state": record.last_known_state, "detail": detail}
+    return (Notice("operation.updated", record, policy, extra),)
+
+
 def of_refusals(
     record: OperationRecord, count: int, first_at: float, ends_at: float, now: float
 ) -> Effects:

@@ -10,6 +10,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.core.actions import offered
 from gateway.core.decide import extension_left
 from gateway.core.models import OperationRecord
 from gateway.settings.policy import ProviderPolicy
@@ -61,7 +62,7 @@ def message(record: OperationRecord, policy: ProviderPolicy) -> str:
         last = f"no answer (transport failure) at {_clock(record.last_polled_at)} UTC"
     else:
         last = "none yet"
-    options = ", ".join(_option(a, policy, record) for a in escalation.permitted_actions)
+    options = ", ".join(_option(a, policy, record) for a in offered(policy, record)) or "none"
     return "\n".join(
         [
             "External job needs a decision",
@@ -86,6 +87,6 @@ def problem_members(record: OperationRecord, policy: ProviderPolicy) -> dict[str
     return {
         "reason": escalation.reason.value,
         "escalated_at": rfc3339(escalation.at),
-        "permitted_actions": list(escalation.permitted_actions),
+        "permitted_actions": list(offered(policy, record)),
         "message": message(record, policy),
     }

@@ -169,8 +169,10 @@ class OperationRecord:
         """A new record with ``changes`` applied; still the version it was derived from.
 
         Stores write it as ``version + 1`` only if the stored version is still ``version``.
+        Equal to ``dataclasses.replace`` (a test says so) at about a quarter of its cost:
+        every poll makes several.
         """
-        return dataclasses.replace(self, **changes)
+        return _EVOLVE(self, changes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (on the hot path: no deep copies, unlike dataclasses.asdict)."""
@@ -238,6 +240,28 @@ class OperationRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(OperationRecord))
+
+
+def _evolver(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, dict[str, Any]], Any]:
+    """A copier for a frozen slotted dataclass written out field by field (no per-field
+    loop, no keyword binding, no __init__), generated from the fields so a new field is
+    never left out. Unknown names raise TypeError, as dataclasses.replace does."""
+    lines = ["def evolve(self, changes):", "    new = _new(_cls)", "    take = changes.pop"]
+    lines += [f"    _set(new, {name!r}, take({name!r}, self.{name}))" for name in names]
+    lines += [
+        "    if changes:",
+        "        raise TypeError(f'unknown fields: {sorted(changes)}')",
+        "    return new",
+    ]
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_set": object.__setattr__}
+    exec("\n".join(lines), scope)  # noqa: S102 - source built above from field names only
+    evolve: Callable[[Any, dict[str, Any]], Any] = scope["evolve"]
+    return evolve
+
+
+_EVOLVE: Callable[[OperationRecord, dict[str, Any]], OperationRecord] = _evolver(
+    OperationRecord, _RECORD_FIELDS
+)
 
 
 class IdemState(enum.StrEnum):

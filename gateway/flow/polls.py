@@ -111,7 +111,11 @@ async def held(
     deadline comes, the asker goes away or the gateway stops. Costs only timers.
 
     ``early``: wait for the next permitted poll only (up to ``max_hold``) and answer that
-    poll, pending or not."""
+    poll, pending or not.
+
+    A wake-up before the poll is due (a timer or clock a few milliseconds early, a loop
+    busy under load) is not an answer: the hold waits again for what is left, never past
+    ``end``, so a hold granted for a poll ends in that poll's answer."""
     runtime = asker.runtime
     limit = asker.policy.polling.max_hold if early else wait
     end = min(runtime.clock() + limit, record.deadline_at)
@@ -122,14 +126,15 @@ async def held(
             if early and response is not None:
                 break  # the one poll an early call waited for
             now = runtime.clock()
-            wake = now + max(decision.retry_after, MIN_HOLD_STEP)
-            if wake > end or asker.gone() or not await runtime.pause(wake - now):
+            due = now + decision.retry_after
+            if due > end or asker.gone():
+                break
+            wake = min(max(due, now + MIN_HOLD_STEP), end)
+            if not await runtime.pause(wake - now):
                 break
             current = await runtime.store.get(record.operation_id)
             assert current is not None
             decision, response = await _step(asker, current)
-            if early:
-                break
     finally:
         runtime.holding -= 1
     return decision, response
@@ -141,6 +146,32 @@ async def _step(asker: Asker, record: OperationRecord) -> tuple[Decision, Upstre
     if not decision.forward and not decision.changed:
         return decision, None
     return await shared_poll(asker, record, pace=decision.forward)
+
+
+async def after_decision(runtime: Runtime, policy: ProviderPolicy, operation_id: str) -> None:
+    """SPEC 20: after an operator's ``extend`` or ``resume``, one poll at the next permitted
+    instant, made by the gateway for the record's account (so an agent last told 409 learns
+    the new state on its next call), its effects as for any poll; then, when a webhook is
+    configured, an ``operation.updated`` notice with the state it found (an answer that
+    escalates again sends ``operation.escalated`` instead). Waits through pacing and pauses,
+    never past the deadline or the gateway's stop; a store failure leaves it to the agent."""
+    try:
+        while (record := await runtime.records.get(operation_id)) is not None:
+            if record.outcome is not Outcome.PENDING:
+                return
+            decision, _ = await _step(record_asker(runtime, policy, record), record)
+            polled = decision.record.status_requests_used > record.status_requests_used
+            if polled or decision.retry_after is None:
+                break
+            if not await runtime.pause(max(decision.retry_after, MIN_HOLD_STEP)):
+                return
+        else:
+            return
+        if decision.record.outcome is not Outcome.ESCALATED:
+            notice = effects.of_update(policy, decision.record, "gateway poll after decision")
+            await runtime.effects.carry_out(notice)
+    except StoreError:
+        return  # counted where it failed; the agent's next call polls as usual
 
 
 def gone(request: web.Request) -> bool:
@@ -169,6 +200,7 @@ async def shared_poll(
     runtime, operation_id = asker.runtime, record.operation_id
     task = runtime.inflight.get(operation_id)
     if task is None:
+        runtime.effects.check_audit()  # a hold or an MCP wait the disk filled under
         task = asyncio.create_task(_poll(asker, record, pace=pace, from_copy=from_copy))
         runtime.inflight[operation_id] = task
         task.add_done_callback(lambda done: _forget(runtime, operation_id, done))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -53,6 +53,7 @@ class Runtime:
     admin_port: int | None = None  # the admin listener's bound port, once serving
     refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
     releases: Releases = field(default_factory=Releases)  # leases given back in the background
+    background: set[asyncio.Task[None]] = field(default_factory=set)  # cancelled at stop
 
     def __post_init__(self) -> None:
         self.credentials = {}
@@ -104,6 +105,12 @@ class Runtime:
         if self.settings.policies.get(policy.provider) is policy:
             return self.routes[policy.provider]
         return RouteTable(policy)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, kept until it ends or the gateway stops."""
+        task = asyncio.create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     async def pause(self, seconds: float) -> bool:
         """Wait ``seconds`` on the injected sleeper; False at once if the gateway stops."""

@@ -38,6 +38,9 @@ async def run(runtime: Runtime) -> None:
         sweeps += 1
         if sweeps % PURGE_EVERY == 0:
             await _step("purge", purge_finished(runtime))
+        audit = runtime.effects.audit
+        if audit is not None and not audit.writable():
+            continue  # escalations and refusal lines wait for space (each sweep tries)
         if sweeps % OVERDUE_EVERY == 0:
             await _step("deadline check", escalate_overdue(runtime))
         ended = runtime.refusals.ended(runtime.clock())

@@ -1,7 +1,8 @@
 """The middlewares every request passes: request id, duration, metrics and the log line
 (``observe``); the server span (``traced``, only when tracing is on); which listener serves
 which paths (``listeners``); every error as problem+json, the store failing closing the gate
-(``errors``). Also what reaches the log from aiohttp's own HTTP parser (``ParserNoise``)."""
+(``errors``); no new work while the audit log cannot be written (``audit_gate``). Also what
+reaches the log from aiohttp's own HTTP parser (``ParserNoise``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from gateway.errors import StoreError
+from gateway.errors import AuditUnavailable, StoreError
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
 from gateway.http.bodies import BodyTimeout, BodyTooLarge
 from gateway.http.problems import SLUG, problem
@@ -157,11 +158,12 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         tracing.record_exception(exc)
         log.warning("store unavailable: %s", exc)
         request.app[RUNTIME].effects.metrics.store_errors.labels(exc.operation).inc()
-        return problem(
-            "store-unavailable",
-            "The gateway cannot reach its store; nothing was forwarded.",
-            retry_after=STORE_RETRY_AFTER,
+        detail = (
+            "The gateway cannot write its audit log (a full disk?); nothing was forwarded."
+            if isinstance(exc, AuditUnavailable)
+            else "The gateway cannot reach its store; nothing was forwarded."
         )
+        return problem("store-unavailable", detail, retry_after=STORE_RETRY_AFTER)
     except web.HTTPRequestEntityTooLarge:
         return problem("request-too-large", "The request body is too large.")
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
@@ -174,6 +176,24 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         tracing.record_exception(exc)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return problem("internal-error", "The gateway failed to handle this request.")
+
+
+@web.middleware
+async def audit_gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """SPEC 8: audit lines are written before the agent hears back. While the audit log
+    cannot be written, a request that may submit, poll or change a record is answered 503
+    (by ``errors``) before anything is forwarded or stored; the check writes the lines the
+    disk refused once it can, so service resumes by itself."""
+    if _may_act(request):
+        request.app[RUNTIME].effects.check_audit()
+    return await handler(request)
+
+
+def _may_act(request: web.Request) -> bool:
+    path = request.path
+    if path.startswith("/p/"):
+        return True
+    return request.method == "POST" and (path == "/mcp" or path.startswith("/admin/operations/"))
 
 
 class ParserNoise(logging.Filter):

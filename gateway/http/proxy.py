@@ -194,6 +194,20 @@ async def result(call: Call) -> web.StreamResponse:
         record = await runtime.records.find_result(account, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
+    query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
+    sent = to_provider(call.request.headers.items(), policy)
+    return await fetch_result(call, record, sent, query)
+
+
+async def fetch_result(
+    call: Call, record: OperationRecord, sent: dict[str, str], query: str = ""
+) -> web.StreamResponse:
+    """The result of ``record`` through the result route, with ``sent`` headers (ready for
+    the provider) and ``query``: gated, counted and audited. Reads nothing of
+    ``call.request``, so the MCP ``get_result`` tool runs it too."""
+    runtime, policy = call.runtime, call.policy
+    route = policy.routes.result
+    assert route is not None
     values = results.provider_values(route.path, record)
     if isinstance(values, results.Refusal):
         return _refused(call, record, values)
@@ -204,9 +218,7 @@ async def result(call: Call) -> web.StreamResponse:
     )
     if isinstance(fetched, results.Refusal):
         return _refused(call, record, fetched)
-    query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
     url = policy.upstream + fill(route.path, values, query)
-    sent = to_provider(call.request.headers.items(), policy)
     answer, response = await send_upstream(
         runtime.channel(policy),
         policy,

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import logging
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -42,11 +43,38 @@ IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeou
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What an agent sent to the submit route, whether over HTTP (``POST /p/...``) or through
+    the MCP ``start_job`` tool: the same rules apply to both."""
+
+    method: str
+    path_qs: str  # the gateway path and query as sent, part of the request fingerprint
+    query: str  # the raw query string, appended to the provider path
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
 async def submit(call: Call) -> web.StreamResponse:
-    runtime, policy, request = call.runtime, call.policy, call.request
+    request = call.request
     body = await read_body(call)
+    sent = Submission(
+        request.method,
+        request.rel_url.raw_path_qs,
+        request.rel_url.raw_query_string,
+        tuple(request.headers.items()),
+        body,
+    )
+    return await run(call, sent)
+
+
+async def run(call: Call, sent: Submission) -> web.StreamResponse:
+    """The submission ``sent`` for ``call``'s account, policy and matched submit route.
+    Reads nothing of ``call.request``, so a caller without an HTTP submit can run it."""
+    runtime, policy = call.runtime, call.policy
+    body = sent.body
     rules = policy.routes.submit.idempotency
-    key = request.headers.get("Idempotency-Key")
+    key = next((v for k, v in sent.headers if k.lower() == "idempotency-key"), None)
     if key is None and rules.from_body is not None:
         key = job_id_from_body(body, rules.from_body)  # e.g. AWS ClientRequestToken
     if key is not None and not idempotency.valid_key(key):
@@ -57,9 +85,8 @@ async def submit(call: Call) -> web.StreamResponse:
             f" or a {rules.from_body!r} body field." if rules.from_body else "."
         )
         return problem("idempotency-key-missing", detail)
-    path = request.rel_url.raw_path_qs
     fingerprint = hashlib.sha256(
-        f"{request.method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+        f"{sent.method}\n{sent.path_qs}\n{hashlib.sha256(body).hexdigest()}".encode()
     ).hexdigest()
     now = runtime.clock()
     entry = None
@@ -75,9 +102,9 @@ async def submit(call: Call) -> web.StreamResponse:
         if seen is not None:
             return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
-    url = policy.upstream + fill(route.path, call.match.params, request.rel_url.raw_query_string)
+    url = policy.upstream + fill(route.path, call.match.params, sent.query)
     forwarded = None if key is None else idempotency.forwarded_key(call.account.id, key)
-    headers = to_provider(request.headers.items(), policy, forwarded)
+    headers = to_provider(sent.headers, policy, forwarded)
     answer, response = await send_upstream(
         runtime.channel(policy), policy, "submit", route.method, url, headers, body
     )

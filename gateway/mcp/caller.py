@@ -12,10 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from gateway.core.models import OperationRecord
 from gateway.core.problems import PROBLEMS
 from gateway.flow import polls
 from gateway.flow.runtime import Runtime
+from gateway.mcp.sessions import MODERN
 from gateway.settings.config import Account
 from gateway.settings.policy import ProviderPolicy
 
@@ -26,9 +29,15 @@ MAX_ID = 200  # characters of an operation id worth looking up
 class Caller:
     runtime: Runtime
     account: Account
-    version: str  # the session's protocol revision
+    version: str  # the session's protocol revision, or the request's (2026-07-28)
     extension: bool  # the tasks extension is declared (at initialize or on this request)
     gone: Callable[[], bool]  # the client went away
+    request: web.Request  # the POST /mcp it came with (start_job and get_result run in it)
+
+    @property
+    def modern(self) -> bool:
+        """The stateless revision (2026-07-28): no session, per-request capabilities."""
+        return self.version in MODERN
 
 
 class Refused(Exception):

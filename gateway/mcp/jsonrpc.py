@@ -16,8 +16,26 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-OPERATION_ENDED = -32000  # a task whose operation ended without success (tasks extension)
-NOT_OFFERED = -32001  # a request the gateway refuses by rule, e.g. an agent's task cancel
+HEADER_MISMATCH = -32020  # 2026-07-28: a routing header missing or not what the body says
+MISSING_CAPABILITY = -32021  # 2026-07-28: the request needs a capability it did not declare
+UNSUPPORTED_VERSION = -32022  # 2026-07-28: a protocol version this server does not speak
+# The gateway's own codes lie outside the range JSON-RPC reserves (-32768 to -32000), as
+# 2026-07-28 asks of new codes: -30000 minus the HTTP status of the problem they carry.
+OPERATION_ENDED = -30409  # a task whose operation ended without success (tasks extension)
+APPROVAL_REQUIRED = -30403  # an agent asked for an operator's decision (a task cancel)
+TOO_LARGE = -30413  # a batch's answers past limits.max_response_body
+MAX_BATCH = 50  # messages in one JSON-RPC batch (2025-03-26)
+# 2026-07-28 over HTTP: the status of an error answer (others are 200), as the spec and the
+# official SDK map them.
+HTTP_STATUS = {
+    PARSE_ERROR: 400,
+    INVALID_REQUEST: 400,
+    INVALID_PARAMS: 400,
+    HEADER_MISMATCH: 400,
+    MISSING_CAPABILITY: 400,
+    UNSUPPORTED_VERSION: 400,
+    METHOD_NOT_FOUND: 404,
+}
 
 Id = str | int | None
 
@@ -58,6 +76,9 @@ def parse(body: bytes) -> Parsed | dict[str, Any]:
     if isinstance(data, list):
         if not data:
             return error(None, INVALID_REQUEST, "Invalid Request: an empty batch.")
+        if len(data) > MAX_BATCH:
+            detail = f"Invalid Request: a batch holds at most {MAX_BATCH} messages."
+            return error(None, INVALID_REQUEST, detail, {"max_batch": MAX_BATCH})
         return Parsed(tuple(read(item) for item in data), batch=True)
     message = read(data)
     if isinstance(message, dict):
@@ -87,6 +108,13 @@ def read(data: Any) -> Message | dict[str, Any]:
 def _id(data: Any) -> Id:
     ident = data.get("id") if isinstance(data, dict) else None
     return ident if isinstance(ident, str | int) and not isinstance(ident, bool) else None
+
+
+def status_of(answer: dict[str, Any]) -> int:
+    """The HTTP status of a 2026-07-28 answer: 200 for a result, the table's for an error."""
+    found = answer.get("error")
+    code = found.get("code") if isinstance(found, dict) else None
+    return HTTP_STATUS.get(code, 200) if isinstance(code, int) else 200
 
 
 def result(ident: Id, value: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""MCP methods: what each JSON-RPC request of a session is answered with.
+"""MCP methods: what each JSON-RPC request is answered with, in both eras.
 
-Owns initialize (revision negotiation, capabilities per revision, serverInfo), ping,
-tools/list, tools/call (plain or as a task) and the tasks/* methods, and turns every failure
-into a JSON-RPC error or an ``isError`` result: a method never raises past ``answer``, so no
-input reaches the client as a 500. Never logs a request's params or anything secret.
+Owns initialize (revision negotiation, capabilities per revision, serverInfo) and ping of the
+handshake era, server/discover of the stateless one (2026-07-28, whose results carry
+``resultType`` and the server's identity in ``_meta``), tools/list, tools/call (plain or as
+a task) and the tasks/* methods, and turns every failure into a JSON-RPC error or an
+``isError`` result: a method never raises past ``answer``, so no input reaches the client as
+a 500. Never logs a request's params or anything secret.
 """
 
 from __future__ import annotations
@@ -22,22 +24,29 @@ from gateway.mcp.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
+    MISSING_CAPABILITY,
     Message,
     RpcError,
     error,
     result,
 )
-from gateway.mcp.sessions import LEGACY_TASKS, Session, issue, negotiate
+from gateway.mcp.sessions import LEGACY_TASKS, MODERN, Session, issue, negotiate
 
 log = logging.getLogger("statusgate")
 EXTENSION = "io.modelcontextprotocol/tasks"
 CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 INSTRUCTIONS = (
-    "Statusgate tracks your asynchronous provider jobs as operations. list_operations and "
+    "Statusgate tracks your asynchronous provider jobs as operations. start_job submits one "
+    "(with an idempotency key, so a retry never starts a second job); list_operations and "
     "get_operation read them; wait_for_operation waits for one to end without extra "
-    "provider calls (the gateway polls only when the provider's schedule permits). An "
-    "escalated operation needs a person's decision: waiting will not change it."
+    "provider calls (the gateway polls only when the provider's schedule permits); "
+    "get_result fetches a succeeded job's result. An escalated operation needs a person's "
+    "decision: waiting will not change it."
 )
+IDENTITY = {"name": "statusgate", "title": "Statusgate", "version": __version__}
+LISTING_TTL_MS = 300_000  # discover and tools/list are the same for every account
+
 Method = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
@@ -63,7 +72,7 @@ def initialize(params: dict[str, Any], token: str) -> tuple[Session, dict[str, A
     return session, {
         "protocolVersion": version,
         "capabilities": capabilities,
-        "serverInfo": {"name": "statusgate", "title": "Statusgate", "version": __version__},
+        "serverInfo": IDENTITY,
         "instructions": INSTRUCTIONS,
     }
 
@@ -77,8 +86,22 @@ async def ping(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+async def discover(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+    """server/discover (2026-07-28): the versions, capabilities and identity."""
+    return {
+        "supportedVersions": list(MODERN),
+        "capabilities": {"tools": {}, "extensions": {EXTENSION: {}}},
+        "instructions": INSTRUCTIONS,
+        "ttlMs": LISTING_TTL_MS,
+        "cacheScope": "public",
+    }
+
+
 async def list_tools(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
-    return {"tools": tools.listing(_legacy(caller))}
+    listed: dict[str, Any] = {"tools": tools.listing(_legacy(caller))}
+    if caller.modern:  # a cacheable result in 2026-07-28
+        listed.update(ttlMs=LISTING_TTL_MS, cacheScope="public")
+    return listed
 
 
 async def call_tool(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
@@ -90,13 +113,13 @@ async def call_tool(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
     if name not in tools.TOOLS:
         raise RpcError(INVALID_PARAMS, f"Unknown tool: {name[:100]}")
     if _legacy(caller) and "task" in params:
-        if name != tools.WAIT_TOOL:
+        if name not in tools.TASK_TOOLS:
             raise RpcError(METHOD_NOT_FOUND, f"Tool {name} does not run as a task.")
         if not isinstance(params["task"], dict):
             raise RpcError(INVALID_PARAMS, "Invalid params: task must be an object.")
-    if name == tools.WAIT_TOOL and _as_task(caller, params):
-        return await _task_call(caller, args or {})
     try:
+        if name in tools.TASK_TOOLS and _as_task(caller, params):
+            return await _task_call(caller, name, args or {})
         return await tools.call(caller, name, args or {})
     except StoreError as exc:
         _count(caller, exc)
@@ -111,16 +134,26 @@ def _as_task(caller: Caller, params: dict[str, Any]) -> bool:
     return _legacy(caller) and isinstance(params.get("task"), dict)
 
 
-async def _task_call(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-    """A wait as a task; arguments that do not fit, an unknown operation and (extension)
-    an operation already ended are answered at once, as the plain tool call would be."""
-    try:
-        operation_id, _ = tools.wait_arguments(args)
-    except tools.BadArguments:
-        return await tools.call(caller, tools.WAIT_TOOL, args)
+async def _task_call(caller: Caller, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A wait, or a job started, as a task whose id is the operation's. A wait is not held:
+    the task is answered at once. Arguments that do not fit, an unknown operation, a
+    submission that opened none and (extension) an operation already ended are answered
+    as the plain tool call would be."""
+    started: dict[str, Any] | None = None
+    if name == tools.START_TOOL:
+        started = await tools.call(caller, name, args)
+        found = started.get("structuredContent")
+        if started.get("isError") or not isinstance(found, dict):
+            return started
+        operation_id = str(found["operation_id"])
+    else:
+        try:
+            operation_id, _ = tools.wait_arguments(args)
+        except tools.BadArguments:
+            return await tools.call(caller, name, args)
     record = await owned(caller, operation_id)
     if record is None or (caller.extension and tasks.done(record)):
-        return await tools.call(caller, tools.WAIT_TOOL, args)
+        return started if started is not None else await tools.call(caller, name, args)
     return tasks.create(caller, record, legacy_shape=not caller.extension)
 
 
@@ -140,7 +173,16 @@ async def ack_task(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
     return await tasks.acknowledge(caller, params)
 
 
+async def cancel_task(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+    return await tasks.cancel(caller, params)
+
+
 METHODS: dict[str, Method] = {"ping": ping, "tools/list": list_tools, "tools/call": call_tool}
+MODERN_METHODS: dict[str, Method] = {
+    "server/discover": discover,
+    "tools/list": list_tools,
+    "tools/call": call_tool,
+}
 LEGACY_TASK_METHODS: dict[str, Method] = {
     "tasks/get": get_task,
     "tasks/result": task_result,
@@ -149,11 +191,18 @@ LEGACY_TASK_METHODS: dict[str, Method] = {
 EXTENSION_TASK_METHODS: dict[str, Method] = {
     "tasks/get": get_task,
     "tasks/update": ack_task,
-    "tasks/cancel": ack_task,
+    "tasks/cancel": cancel_task,
 }
+SERVED_MODERN = frozenset({*MODERN_METHODS, *EXTENSION_TASK_METHODS})
 
 
 def _method(caller: Caller, name: str) -> Method | None:
+    if caller.modern:
+        if name in EXTENSION_TASK_METHODS and not caller.extension:
+            required: dict[str, Any] = {"requiredCapabilities": {"extensions": {EXTENSION: {}}}}
+            detail = f"Missing required client capability: {name} needs the {EXTENSION} extension."
+            raise RpcError(MISSING_CAPABILITY, detail, required)
+        return MODERN_METHODS.get(name) or EXTENSION_TASK_METHODS.get(name)
     if name in METHODS:
         return METHODS[name]
     if caller.extension:
@@ -173,11 +222,13 @@ async def answer(caller: Caller, message: Message) -> dict[str, Any] | None:
         return error(message.id, INVALID_REQUEST, "Invalid Request: initialize comes alone.")
     if per_request_extension(params):
         caller = dataclasses.replace(caller, extension=True)
-    method = _method(caller, message.method)
-    if method is None:
-        return error(message.id, METHOD_NOT_FOUND, f"Method not found: {message.method[:100]}")
     try:
-        return result(message.id, await method(caller, params))
+        method = _method(caller, message.method)
+        if method is None:
+            detail = f"Method not found: {message.method[:100]}"
+            return error(message.id, METHOD_NOT_FOUND, detail)
+        value = await method(caller, params)
+        return result(message.id, _stamped(value) if caller.modern else value)
     except RpcError as exc:
         return error(message.id, exc.code, exc.message, exc.data)
     except StoreError as exc:
@@ -187,6 +238,17 @@ async def answer(caller: Caller, message: Message) -> dict[str, Any] | None:
     except Exception:
         log.exception("unhandled error in MCP method %s", message.method[:100])
         return error(message.id, INTERNAL_ERROR, "Internal error.")
+
+
+def _stamped(value: dict[str, Any]) -> dict[str, Any]:
+    """A 2026-07-28 result: its ``resultType`` (``complete`` unless it is a task) and the
+    server's identity in ``_meta``."""
+    meta = value.get("_meta")
+    return {
+        **value,
+        "resultType": value.get("resultType", "complete"),
+        "_meta": {**(meta if isinstance(meta, dict) else {}), SERVER_INFO: IDENTITY},
+    }
 
 
 def _count(caller: Caller, exc: StoreError) -> None:

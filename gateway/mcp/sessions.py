@@ -16,8 +16,9 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
-VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")  # newest first
+VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")  # the handshake era, newest first
 LATEST = VERSIONS[0]
+MODERN = ("2026-07-28",)  # the stateless era: no initialize, no session (stateless.py)
 BATCHING = frozenset({"2025-03-26"})  # 2025-06-18 removed JSON-RPC batches
 LEGACY_TASKS = frozenset({"2025-11-25"})  # the tasks utility of that revision
 MAX_ENDED = 10_000

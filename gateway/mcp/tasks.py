@@ -6,15 +6,17 @@ Two wire formats, chosen per request by what the client negotiated:
   ``CreateTaskResult {task}``; ``tasks/get``, blocking ``tasks/result``, ``tasks/list``;
   ``ttl`` and ``pollInterval`` in milliseconds);
 - the ``io.modelcontextprotocol/tasks`` extension, when the client declares it (at
-  initialize or in the request's ``_meta`` client capabilities): ``resultType: "task"``,
-  ``ttlMs``, ``pollIntervalMs``, the final result inline in ``tasks/get``, ack-only
-  ``tasks/update`` and ``tasks/cancel``, no ``tasks/list`` or ``tasks/result``.
+  initialize or in the request's ``_meta`` client capabilities; the only tasks of
+  2026-07-28): ``resultType: "task"``, ``ttlMs``, ``pollIntervalMs``, the final result
+  inline in ``tasks/get``, ack-only ``tasks/update``, ``tasks/cancel`` refused as
+  approval-required, no ``tasks/list`` or ``tasks/result``.
 
 Statuses: pending -> working; escalated -> working, its statusMessage naming the reason (an
 operator may still resume it); succeeded -> completed; failed, expired, abandoned -> failed;
 cancelled -> cancelled. A ``tasks/get`` before the next permitted poll is answered from the
-record; one when a poll is due makes at most that poll (caller.look). Never cancels or
-changes an operation: cancelling at the provider is an operator's decision (SPEC 4).
+record and counted as a refused (too-early) status call; one when a poll is due makes at
+most that poll (caller.look). Never cancels or changes an operation: cancelling at the
+provider is an operator's decision (SPEC 4).
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from gateway.core.cursors import cursor_after, position
 from gateway.core.models import OperationFilter, OperationRecord, Outcome
 from gateway.mcp import tools
 from gateway.mcp.caller import Caller, Refused, look, owned, policy_of, wait
-from gateway.mcp.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, OPERATION_ENDED, RpcError
+from gateway.mcp.jsonrpc import (
+    APPROVAL_REQUIRED,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    OPERATION_ENDED,
+    RpcError,
+)
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.units import rfc3339
 
@@ -39,7 +47,7 @@ STATUS = {
     Outcome.ABANDONED: "failed",
     Outcome.CANCELLED: "cancelled",
 }
-MIN_POLL_MS = 250  # a due poll is suggested this soon, never as a tight loop
+MIN_POLL_MS = 250  # a poll already due is suggested this soon, never as a tight loop
 ESCALATED_POLL_MS = 60_000  # an escalation waits on a person: look again in a minute
 RESULT_RECHECK = 5.0  # seconds between looks at an escalated task while tasks/result blocks
 LIST_PAGE = 100
@@ -70,11 +78,15 @@ def message(record: OperationRecord) -> str:
 
 
 def poll_ms(record: OperationRecord, now: float) -> int | None:
+    """Milliseconds to the next permitted poll (SPEC 21); MIN_POLL_MS when one is due now
+    (the look that makes it is in flight), a minute while an operator decides, none once
+    done."""
     if record.outcome is Outcome.ESCALATED:
         return ESCALATED_POLL_MS
     if record.outcome is not Outcome.PENDING:
         return None
-    return max(MIN_POLL_MS, math.ceil((record.next_poll_at - now) * 1000))
+    due = math.ceil((record.next_poll_at - now) * 1000)
+    return due if due > 0 else MIN_POLL_MS
 
 
 def ttl_ms(record: OperationRecord, policy: ProviderPolicy | None) -> int | None:
@@ -147,8 +159,25 @@ async def _task(caller: Caller, params: dict[str, Any]) -> OperationRecord:
     return record
 
 
+def early(record: OperationRecord, now: float) -> bool:
+    """A look before the next permitted poll: the record is the answer (SPEC 21)."""
+    return record.outcome is Outcome.PENDING and now < record.next_poll_at
+
+
+def _refused(caller: Caller, record: OperationRecord, now: float) -> None:
+    """An early tasks/get counted as an agent's too-early status call is: the metric, and
+    the operation's refusal window (one audit line when it closes)."""
+    metrics = caller.runtime.effects.metrics
+    metrics.agent_requests.labels(record.provider, "status", "too-early").inc()
+    caller.runtime.refusals.note(record, now)
+
+
 async def get(caller: Caller, params: dict[str, Any], *, legacy_shape: bool) -> dict[str, Any]:
-    record = await look(caller, await _task(caller, params))
+    record = await _task(caller, params)
+    if early(record, caller.runtime.clock()):
+        _refused(caller, record, caller.runtime.clock())
+    else:
+        record = await look(caller, record)
     now, policy = caller.runtime.clock(), policy_of(caller, record)
     if legacy_shape:
         return legacy(record, policy, now)
@@ -163,14 +192,19 @@ async def get(caller: Caller, params: dict[str, Any], *, legacy_shape: bool) -> 
 
 async def result(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
     """2025-11-25 tasks/result: blocks until the task is done (holding and polling as the
-    schedule permits), then exactly what wait_for_operation answers for it."""
+    schedule permits), then exactly what wait_for_operation answers for it. The block is
+    capped like a wait, at the policy's ``max_hold``: an operation still pending or
+    escalated by then is answered as wait_for_operation answers it (its outcome says so),
+    so a call on an escalated operation cannot hang for as long as no operator decides."""
     runtime = caller.runtime
     record = await _task(caller, params)
     started = runtime.clock()
-    while not done(record):
+    policy = policy_of(caller, record)
+    cap = policy.polling.max_hold if policy is not None else RESULT_RECHECK
+    while not done(record) and runtime.clock() - started < cap:
         if caller.gone():
             raise RpcError(INTERNAL_ERROR, "The client went away.")
-        fresh = await _progress(caller, record)
+        fresh = await _progress(caller, record, cap - (runtime.clock() - started))
         if fresh is None:
             raise RpcError(INTERNAL_ERROR, "The gateway is stopping; ask for the result again.")
         record = fresh
@@ -179,10 +213,11 @@ async def result(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-async def _progress(caller: Caller, record: OperationRecord) -> OperationRecord | None:
-    """One round of waiting for a task that is not done; None when the gateway stops."""
-    runtime, policy = caller.runtime, policy_of(caller, record)
-    hold = policy.polling.max_hold if policy is not None else RESULT_RECHECK
+async def _progress(caller: Caller, record: OperationRecord, left: float) -> OperationRecord | None:
+    """One round of waiting, at most ``left`` seconds, for a task that is not done; None
+    when the gateway stops."""
+    runtime = caller.runtime
+    began, hold = runtime.clock(), max(0.0, left)
     if record.outcome is Outcome.PENDING:
         try:
             record = await wait(caller, record, hold)
@@ -190,9 +225,12 @@ async def _progress(caller: Caller, record: OperationRecord) -> OperationRecord 
             raise RpcError(INTERNAL_ERROR, refused.detail, refused.problem()) from None
         if done(record):
             return record
-    pause = RESULT_RECHECK
+        hold = max(0.0, left - (runtime.clock() - began))
+    pause = min(hold, RESULT_RECHECK)
     if record.outcome is Outcome.PENDING:
         pause = min(hold, max(0.005, record.next_poll_at - runtime.clock()))
+    if pause <= 0:
+        return record
     if not await runtime.pause(pause):
         return None
     fresh = await owned(caller, record.operation_id)
@@ -226,8 +264,22 @@ def _position(cursor: Any) -> tuple[float, str] | None:
 
 
 async def acknowledge(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
-    """Extension tasks/update and tasks/cancel: an ack for a task of the account. Nothing
-    changes: these tasks never need input, and a provider job is cancelled only by an
-    operator (cancellation is cooperative in the extension)."""
+    """Extension tasks/update: an ack for a task of the account. Nothing changes: these
+    tasks never ask for input."""
     await _task(caller, params)
     return {"resultType": "complete"}
+
+
+async def cancel(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+    """Extension tasks/cancel: refused as ``approval-required`` while the operation goes on,
+    as an agent's call to a cancel route is (SPEC 4): cancelling a provider job is an
+    operator's decision. A task already done has nothing to cancel: acknowledged."""
+    record = await _task(caller, params)
+    if done(record):
+        return {"resultType": "complete"}
+    detail = (
+        "Cancelling a provider job is an operator decision: ask an operator to use "
+        f"POST /admin/operations/{record.operation_id}/cancel (or abandon it)."
+    )
+    problem = Refused("approval-required", detail, record.operation_id).problem()
+    raise RpcError(APPROVAL_REQUIRED, f"approval-required: {detail}", problem)

@@ -1,9 +1,11 @@
-"""The three MCP tools: list_operations, get_operation, wait_for_operation (SPEC 15).
+"""The MCP tools: list_operations, get_operation, wait_for_operation (SPEC 15), start_job
+and get_result (SPEC 21).
 
 Owns their input and output schemas, the checking of arguments, and the results: JSON in
 ``structuredContent`` that matches the outputSchema, a short text summary, and the same JSON
 serialised as text for clients without structured content. A tool-level failure is an
-``isError`` result naming the problem slug. Never polls except through caller.wait.
+``isError`` result naming the problem slug. Never polls except through caller.wait, never
+calls a provider except through jobs.py (the submit and result routes).
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.models import OperationFilter, OperationRecord, Outcome
-from gateway.mcp import views
+from gateway.mcp import jobs, views
 from gateway.mcp.caller import Caller, Refused, owned, policy_of, wait
 from gateway.mcp.jsonrpc import INVALID_PARAMS, RpcError
 
 LIST_LIMIT = 100
-NEW_VALIDATION = frozenset({"2025-11-25"})  # input errors are tool errors (SEP-1303)
+NEW_VALIDATION = frozenset({"2025-11-25", "2026-07-28"})  # input errors are tool errors
 WAIT_TOOL = "wait_for_operation"
+START_TOOL = "start_job"
+TASK_TOOLS = frozenset({WAIT_TOOL, START_TOOL})  # the tools that may answer with a task
+MAX_WAIT = 86_400  # max_wait_seconds beyond a day is an input error (capped at max_hold below)
 
 
 class BadArguments(Exception):
@@ -36,6 +41,7 @@ class Tool:
     input: dict[str, Any]
     output: dict[str, Any]
     run: Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
+    annotations: dict[str, bool]
 
 
 def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -73,15 +79,31 @@ def _checked(args: Any, allowed: set[str]) -> dict[str, Any]:
     return args
 
 
-def _seconds(args: dict[str, Any], name: str) -> float | None:
+def _seconds(args: dict[str, Any], name: str, top: int) -> float | None:
+    """A number of seconds from 0 to ``top``. Integers are compared before any conversion
+    to float (a 401-digit integer is valid JSON and would overflow one); NaN and the
+    infinities (which Python's JSON reader accepts) are refused."""
     value = args.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadArguments(f"{name} must be a number of seconds")
-    if not math.isfinite(value) or value < 0:
-        raise BadArguments(f"{name} must be a finite number >= 0")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadArguments(f"{name} must be a finite number of seconds")
+    if not 0 <= value <= top:
+        raise BadArguments(f"{name} must be between 0 and {top} seconds")
     return float(value)
+
+
+def _json_body(args: dict[str, Any], name: str) -> bytes:
+    """The argument as the JSON body sent to the provider: NaN and the infinities are not
+    JSON, and a value nested too deep to write is refused, both naming the argument."""
+    if name not in args:
+        raise BadArguments(f"{name} is required")
+    try:
+        return json.dumps(args[name], allow_nan=False).encode()
+    except (ValueError, RecursionError):
+        raise BadArguments(f"{name} must be JSON (no NaN or Infinity)") from None
 
 
 # -- results ---------------------------------------------------------------------------------
@@ -162,7 +184,7 @@ def wait_arguments(args: dict[str, Any]) -> tuple[str, float | None]:
     args = _checked(args, {"operation_id", "max_wait_seconds"})
     operation_id = _text(args, "operation_id", required=True)
     assert operation_id is not None
-    return operation_id, _seconds(args, "max_wait_seconds")
+    return operation_id, _seconds(args, "max_wait_seconds", MAX_WAIT)
 
 
 async def wait_for_operation(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +212,61 @@ def waited(caller: Caller, record: OperationRecord, spent: float, applied: float
     return result(structured, summary(record))
 
 
-WAIT_OUTPUT = {
+async def start_job(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """Submit through the provider's submit route for the caller's account (SPEC 21)."""
+    args = _checked(args, {"provider", "route", "body", "idempotency_key"})
+    provider = _text(args, "provider", required=True)
+    assert provider is not None
+    route, key = _text(args, "route"), _text(args, "idempotency_key")
+    body = _json_body(args, "body")
+    try:
+        record, submitted = await jobs.start(caller, provider, route, body, key)
+    except jobs.ProviderRefused as refused:
+        return provider_failure("The provider refused the submission", refused.view)
+    structured = {
+        **views.detailed(record, policy_of(caller, record)),
+        "submit_response": submitted,
+        "final_response": _final(caller, record),
+    }
+    text = f"Started: {summary(record)} Wait for it with wait_for_operation."
+    return result(structured, text)
+
+
+async def get_result(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """The job's result through the provider's result route: after success only, counted
+    against max_result_fetches and audited (SPEC 21)."""
+    args = _checked(args, {"operation_id"})
+    operation_id = _text(args, "operation_id", required=True)
+    assert operation_id is not None
+    try:
+        record, fetched = await jobs.result(caller, operation_id)
+    except jobs.ProviderRefused as refused:
+        return provider_failure("The provider refused the result fetch", refused.view)
+    structured = {**views.detailed(record, policy_of(caller, record)), "result": fetched}
+    policy = policy_of(caller, record)
+    limit = policy.polling.max_result_fetches if policy is not None else record.result_fetches
+    text = (
+        f"Result of operation {record.operation_id}: provider answered {fetched['status']} "
+        f"(fetch {record.result_fetches} of {limit})."
+    )
+    return result(structured, text)
+
+
+def provider_failure(what: str, view: dict[str, Any]) -> dict[str, Any]:
+    """An isError result for a provider's own error answer, passed through."""
+    text = f"{what}: it answered {view['status']}."
+    content = [{"type": "text", "text": text}, {"type": "text", "text": json.dumps(view)}]
+    return {"content": content, "isError": True}
+
+
+def _final(caller: Caller, record: OperationRecord) -> Any:
+    policy = policy_of(caller, record)
+    rewriter = caller.runtime.rewriters.get(record.provider)
+    fields = list(policy.routes.submit.status_url_fields) if policy is not None else []
+    return views.final(record, rewriter, fields)
+
+
+WAIT_OUTPUT: dict[str, Any] = {
     "type": "object",
     "properties": {
         **views.DETAILED_PROPERTIES,
@@ -204,6 +280,26 @@ WAIT_OUTPUT = {
     },
     "required": [*views.DETAILED_PROPERTIES, "final_response", "waited_seconds"],
 }
+START_OUTPUT: dict[
+    str, Any
+] = {  # also fits a start_job task's result: wait_for_operation's, once it ended
+    "type": "object",
+    "properties": {
+        **WAIT_OUTPUT["properties"],
+        "submit_response": {
+            **views.nullable(views.ANSWER_SCHEMA),
+            "description": "The submit route's answer (status, body), as POST /p/... gives it.",
+        },
+    },
+    "required": [*views.DETAILED_PROPERTIES, "final_response"],
+}
+RESULT_OUTPUT = {
+    "type": "object",
+    "properties": {**views.DETAILED_PROPERTIES, "result": views.ANSWER_SCHEMA},
+    "required": [*views.DETAILED_PROPERTIES, "result"],
+}
+READ = {"readOnlyHint": True, "openWorldHint": False, "idempotentHint": True}
+PROVIDER_CALLS = {"readOnlyHint": False, "destructiveHint": False, "openWorldHint": True}
 
 TOOLS = {
     tool.name: tool
@@ -229,6 +325,7 @@ TOOLS = {
                 "required": ["operations", "count"],
             },
             list_operations,
+            READ,
         ),
         Tool(
             "get_operation",
@@ -242,6 +339,7 @@ TOOLS = {
                 "required": list(views.DETAILED_PROPERTIES),
             },
             get_operation,
+            READ,
         ),
         Tool(
             WAIT_TOOL,
@@ -253,12 +351,50 @@ TOOLS = {
             _object(
                 {
                     "operation_id": OPERATION_ID,
-                    "max_wait_seconds": {"type": "number", "minimum": 0},
+                    "max_wait_seconds": {"type": "number", "minimum": 0, "maximum": MAX_WAIT},
                 },
                 ["operation_id"],
             ),
             WAIT_OUTPUT,
             wait_for_operation,
+            # it may poll the provider (spending the operation's budget): not read-only
+            {**PROVIDER_CALLS, "idempotentHint": False},
+        ),
+        Tool(
+            START_TOOL,
+            "Start a provider job",
+            "Submit a job to a provider through the gateway, exactly as POST "
+            "/p/{provider}{route} with this body would: the provider's credential is added, "
+            "the idempotency key makes a retry replay the first answer instead of starting a "
+            "second job, and the operation is recorded before you get it. route is the "
+            "provider path of the submit route (default: its declared path). Returns the "
+            "operation (its operation_id is what the other tools take) and the provider's "
+            "submit answer.",
+            _object(
+                {
+                    "provider": {"type": "string", "minLength": 1, "maxLength": 200},
+                    "route": {"type": "string", "minLength": 1, "maxLength": jobs.MAX_ROUTE},
+                    "body": {"description": "The JSON body of the submission."},
+                    "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 255},
+                },
+                ["provider", "body"],
+            ),
+            START_OUTPUT,
+            start_job,
+            # a retry with the same idempotency_key is replayed; without one it is a new job
+            {**PROVIDER_CALLS, "idempotentHint": False},
+        ),
+        Tool(
+            "get_result",
+            "Get a job's result",
+            "Fetch the result of a succeeded operation through the provider's result route "
+            "(refused before success). Each fetch is counted against the policy's "
+            "max_result_fetches and audited.",
+            _object({"operation_id": OPERATION_ID}, ["operation_id"]),
+            RESULT_OUTPUT,
+            get_result,
+            # a provider call that spends the result budget
+            {**PROVIDER_CALLS, "idempotentHint": False},
         ),
     )
 }
@@ -266,7 +402,7 @@ TOOLS = {
 
 def listing(legacy_tasks: bool) -> list[dict[str, Any]]:
     """tools/list; with the 2025-11-25 tasks utility, each tool says whether it runs as a
-    task (only wait_for_operation does)."""
+    task (wait_for_operation and start_job do)."""
     described = []
     for tool in TOOLS.values():
         entry: dict[str, Any] = {
@@ -275,10 +411,10 @@ def listing(legacy_tasks: bool) -> list[dict[str, Any]]:
             "description": tool.description,
             "inputSchema": tool.input,
             "outputSchema": tool.output,
-            "annotations": {"readOnlyHint": True, "openWorldHint": False},
+            "annotations": {"title": tool.title, **tool.annotations},
         }
         if legacy_tasks:
-            support = "optional" if tool.name == WAIT_TOOL else "forbidden"
+            support = "optional" if tool.name in TASK_TOOLS else "forbidden"
             entry["execution"] = {"taskSupport": support}
         described.append(entry)
     return described

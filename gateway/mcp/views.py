@@ -116,6 +116,17 @@ FINAL_SCHEMA: dict[str, Any] = {
     },
     "required": ["status", "content_type", "body"],
 }
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "status": {"type": "integer"},
+        "content_type": STRING,
+        "body": {**STRING, "description": "The answer body as text (empty when base64)."},
+        "body_base64": {**STRING, "description": "The body, when it is not UTF-8 text."},
+        "json": {"description": "The body parsed, when it is JSON."},
+    },
+    "required": ["status", "content_type", "body"],
+}
 DETAILED_PROPERTIES: dict[str, Any] = {
     **OPERATION_PROPERTIES,
     "escalation": nullable(ESCALATION_SCHEMA),

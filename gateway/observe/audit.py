@@ -5,6 +5,12 @@ HMAC-SHA256 with a key. ``prev`` of the first line is 64 zeros. ``verify`` needs
 the file (and the key), so it runs offline. The writer appends and never rewrites; a torn
 final line left by a crash is moved aside (to ``<file>.torn-<time>``) before appending.
 Secrets never enter a line: callers pass only ids, states, numbers and fixed texts.
+
+A line is written whole or not at all: a write the disk cut short is truncated back to the
+line's start. A line the disk refused (full, over a size limit) is kept, in order, and
+written before any other once space returns (``writable``, the gateway's gate: it takes no
+new work while a line waits), so the chain never breaks and no line is lost while the
+process lives.
 """
 
 from __future__ import annotations
@@ -16,15 +22,18 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
+log = logging.getLogger("statusgate")
 GENESIS = "0" * 64
 FIELDS = (
     "seq",
@@ -54,7 +63,8 @@ class Fsync(enum.StrEnum):
 
 
 BATCH_SECONDS = 0.2
-TAIL_BYTES = 1 << 20  # longer than any line the gateway writes
+TAIL_BYTES = 1 << 20  # read back in blocks of this size, whatever a line's length
+MIN_FREE = 64 << 10  # below this much free space the gateway takes no new work
 
 
 def canonical_json(data: dict[str, Any]) -> bytes:
@@ -139,8 +149,31 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
             yield line
 
 
+def last_line(handle: BinaryIO, end: int) -> tuple[int, bytes]:
+    """Where the last line of the file's first ``end`` bytes starts, and the line (with its
+    newline when it has one). Read backwards in TAIL_BYTES blocks, so a line of any length
+    (one an older version wrote, however long) is found whole."""
+    stop = end
+    if end:
+        handle.seek(end - 1)
+        if handle.read(1) == b"\n":
+            stop = end - 1  # the line's own newline is not the one before it
+    start = stop
+    while start > 0:
+        step = min(TAIL_BYTES, start)
+        handle.seek(start - step)
+        cut = handle.read(step).rfind(b"\n")
+        if cut >= 0:
+            start = start - step + cut + 1
+            break
+        start -= step
+    handle.seek(start)
+    return start, handle.read(end - start)
+
+
 class AuditLog:
-    """Appends sealed lines to one file; ``append`` returns once the line is written."""
+    """Appends sealed lines to one file; ``append`` returns once the line is written (or,
+    refused by the disk, kept to be written first when ``writable`` finds space again)."""
 
     def __init__(
         self, path: Path, *, key: bytes | None, fsync: Fsync = Fsync.BATCH, shared: bool = False
@@ -157,6 +190,9 @@ class AuditLog:
         # an exclusive flock and first reads the chain's end another process may have moved.
         self._shared = shared
         self._size = 0
+        self._waiting: deque[dict[str, Any]] = deque()  # refused by the disk, in order
+        self._refusing = False  # logged once per spell of refusals
+        self._unsynced = False  # an fsync failed: not writable until one succeeds
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,25 +201,21 @@ class AuditLog:
             if self._shared:  # another worker may be appending: look at the end alone
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             size = handle.seek(0, os.SEEK_END)
-            start = max(0, size - TAIL_BYTES)
-            handle.seek(start)
-            tail = handle.read()
-            if tail and not tail.endswith(b"\n"):  # a crash interrupted the last write
-                cut = tail.rfind(b"\n") + 1
+            start, last = last_line(handle, size)
+            if last and not last.endswith(b"\n"):  # a crash interrupted the last write
                 aside = self.path.with_name(f"{self.path.name}.torn-{int(time.time())}")
-                aside.write_bytes(tail[cut:])
-                handle.truncate(start + cut)
-                tail = tail[:cut]
-        self._follow(tail)
+                aside.write_bytes(last)
+                handle.truncate(start)
+                _, last = last_line(handle, start)
+        self._follow(last)
         self._file = self.path.open("ab", buffering=0)
         self._size = self.path.stat().st_size
 
-    def _follow(self, tail: bytes) -> None:
-        """Continue the chain from the last complete line of ``tail``."""
-        complete = tail.splitlines()
-        if complete:
-            last = json.loads(complete[-1])
-            self._seq, self._prev = int(last["seq"]), str(last["hash"])
+    def _follow(self, last: bytes) -> None:
+        """Continue the chain from its last complete line (none: from the start)."""
+        if last.strip():
+            line = json.loads(last)
+            self._seq, self._prev = int(line["seq"]), str(line["hash"])
 
     def _catch_up(self) -> None:
         """Under the flock: if another process appended since our last write, read the
@@ -191,45 +223,148 @@ class AuditLog:
         size = os.fstat(self._file.fileno()).st_size
         if size != self._size:
             with self.path.open("rb") as handle:
-                handle.seek(max(0, size - TAIL_BYTES))
-                self._follow(handle.read(size - handle.tell()))
+                self._follow(last_line(handle, size)[1])
 
-    async def append(self, fields: dict[str, Any]) -> dict[str, Any]:
+    @property
+    def waiting(self) -> int:
+        """Lines the disk refused, not yet written (0 when the log is healthy)."""
+        return len(self._waiting)
+
+    def writable(self) -> bool:
+        """The gate before new work: every line so far is on file (else one attempt to
+        write the lines the disk refused, in order) and the disk has ``MIN_FREE`` bytes
+        left, so new work is refused before its side effects rather than its line after
+        them. One ``fstatvfs`` when healthy."""
+        if self._waiting and self._write_waiting() is not None and self._fsync is not Fsync.NEVER:
+            self._unsynced = True  # lines written late are on disk before new work
+        if self._unsynced:
+            self._sync()
+        if self._waiting or self._unsynced:
+            return False
+        if self._file is not None:
+            stats = os.fstatvfs(self._file.fileno())
+            if stats.f_bavail * stats.f_frsize < MIN_FREE:
+                self._refused(f"less than {MIN_FREE} bytes free on its disk")
+                return False
+        self._recovered(0)
+        return True
+
+    def _sync(self) -> None:
+        """fsync; a failure (ENOSPC or EIO where the disk only says so then) closes the
+        gate like a refused line until an fsync succeeds."""
+        try:
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            self._sync_failed(exc)
+        else:
+            self._unsynced = False
+
+    async def _sync_off_loop(self) -> None:
+        """``_sync`` with the fsync itself on a thread."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+        except OSError as exc:
+            self._sync_failed(exc)
+        else:
+            self._unsynced = False
+
+    def _sync_failed(self, exc: OSError) -> None:
+        self._unsynced = True
+        self._refused(f"fsync failed: {exc.strerror or exc}")
+
+    def _refused(self, problem: str) -> None:
+        if not self._refusing:
+            self._refusing = True
+            log.error(
+                "audit log %s cannot be written (%s): the gateway takes no new work until it can",
+                self.path,
+                problem,
+            )
+
+    def _recovered(self, written: int) -> None:
+        if self._refusing:
+            self._refusing = False
+            log.warning(
+                "audit log %s is writable again; %d waiting lines written", self.path, written
+            )
+
+    async def append(self, fields: dict[str, Any]) -> dict[str, Any] | None:
         """Seal and write one line (no await between seq and write, so lines never
-        interleave); with fsync ``always`` also wait until it is on disk."""
+        interleave); with fsync ``always`` also wait until it is on disk. None when the
+        disk refused it (or a line before it): it waits, in order, for ``writable``."""
         if self._file is None:
             self.open()
-        if self._shared:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
-        try:
-            if self._shared:
-                self._catch_up()
-            line = seal(fields, self._seq + 1, self._prev, self._key)
-            data = canonical_json(line) + b"\n"
-            self._file.write(data)
-            self._size = os.fstat(self._file.fileno()).st_size if self._shared else 0
-        finally:
-            if self._shared:
-                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-        self._seq, self._prev = line["seq"], line["hash"]
+        self._waiting.append(dict(fields))
+        line = self._write_waiting()
+        if line is None:
+            return None
         if self._fsync is Fsync.ALWAYS:
-            await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+            await self._sync_off_loop()
         elif self._fsync is Fsync.BATCH:
             self._dirty = True
             if self._flusher is None or self._flusher.done():
                 self._flusher = asyncio.create_task(self._flush_soon())
         return line
 
+    def _write_waiting(self) -> dict[str, Any] | None:
+        """Write waiting lines in order, each whole or not at all, until one is refused;
+        the last line written when all were, else None."""
+        written, line = 0, None
+        if self._shared:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        try:
+            if self._shared:
+                self._catch_up()
+            while self._waiting:
+                line = self._write_whole(self._waiting[0])
+                if line is None:
+                    break
+                self._waiting.popleft()
+                written += 1
+        finally:
+            if self._shared:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+        if written and not self._waiting:
+            self._recovered(written)
+        return None if self._waiting else line
+
+    def _write_whole(self, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """One line, whole or not at all: ``write`` may write less than asked on a nearly
+        full disk, and what it wrote is then cut off again. None when it was refused."""
+        line = seal(fields, self._seq + 1, self._prev, self._key)
+        data = canonical_json(line) + b"\n"
+        fd = self._file.fileno()
+        start = os.fstat(fd).st_size
+        try:
+            count = self._file.write(data)
+            problem = None if count == len(data) else f"only {count} of {len(data)} bytes written"
+        except OSError as exc:
+            count, problem = 0, exc.strerror or str(exc)
+        if problem is not None:
+            if count:
+                os.ftruncate(fd, start)  # the line's start: the file ends on a whole line
+            self._refused(problem)
+            return None
+        self._seq, self._prev = line["seq"], line["hash"]
+        self._size = start + len(data)
+        return line
+
     async def _flush_soon(self) -> None:
         await asyncio.sleep(BATCH_SECONDS)
         if self._dirty and self._file is not None:
             self._dirty = False
-            await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+            await self._sync_off_loop()
 
     async def close(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
         if self._file is not None:
-            os.fsync(self._file.fileno())
+            if not self.writable() and self._waiting:
+                log.error(
+                    "audit log %s: %d lines the disk refused are lost at shutdown",
+                    self.path,
+                    len(self._waiting),
+                )
+            self._sync()
             self._file.close()
             self._file = None

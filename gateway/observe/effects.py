@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.core.effects import Count, Effect, Line, notice_body, of_delivery
 from gateway.core.models import Clock
+from gateway.errors import AuditUnavailable
 from gateway.observe.audit import AuditLog
 from gateway.observe.context import current_request_id
 from gateway.observe.metrics import Metrics
@@ -58,6 +59,13 @@ class Effects:
             elif self.notifier is not None:
                 message_id = f"msg_{secrets.token_hex(12)}"
                 self.notifier.submit(notice_body(effect, message_id, self._clock()))
+
+    def check_audit(self) -> None:
+        """The gate before any work with side effects (a submission, a poll, an operator
+        action): AuditUnavailable while audit lines the disk refused still wait; each check
+        tries to write them, so the gate opens by itself once space returns."""
+        if self.audit is not None and not self.audit.writable():
+            raise AuditUnavailable
 
     async def delivered(self, notice: dict[str, Any], outcome: str) -> None:
         """The webhook's delivery outcome, counted and as an audit line of its own."""

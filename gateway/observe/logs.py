@@ -229,3 +229,18 @@ def request_line(fields: dict[str, Any]) -> None:
     now = time.time()
     head = {"ts": _stamp(now), "level": "info", "event": "request"}
     writer.line(orjson.dumps({**head, **values}, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def say(settings: LoggingSettings, level: int, event: str, **fields: Any) -> None:
+    """One line on stderr at once, in the configured format, without the writer thread: for
+    the lines of a process that has not started logging (or has stopped it), such as the
+    ``--workers`` supervisor or a listener that cannot bind."""
+    if level < LEVELS[settings.level]:
+        return
+    record = logging.LogRecord("statusgate", level, __file__, 0, event, None, None)
+    record.__dict__.update(fields)
+    formatter = _Json() if settings.format == "json" else _Text()
+    text = formatter.format(record)
+    if settings.format == "text":
+        text += "".join(f" {k}={_safe(v)}" for k, v in fields.items() if v is not None)
+    _write((text + "\n").encode("utf-8", "replace"))

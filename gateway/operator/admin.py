@@ -41,7 +41,7 @@ from gateway.core.models import (
 )
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.story import story
-from gateway.flow import reloading
+from gateway.flow import polls, reloading
 from gateway.flow.polls import lease_ttl
 from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
 from gateway.http import auth
@@ -190,7 +190,7 @@ def _queued(runtime: Runtime, record: OperationRecord, now: float) -> dict[str, 
         "reason": escalation.reason.value if escalation is not None else None,
         "escalated_at": rfc3339(at),
         "age_seconds": max(0.0, now - at),
-        "permitted_actions": list(escalation.permitted_actions) if escalation else [],
+        "permitted_actions": list(actions.offered(policy, record)) if policy else [],
         "status_requests_used": record.status_requests_used,
         "max_status_requests": record.max_status_requests,
         "message": text,
@@ -347,6 +347,8 @@ async def act(request: web.Request) -> web.StreamResponse:
         http_status=status,
     )
     await runtime.effects.carry_out(done)
+    if result.event in (Event.EXTENDED, Event.RESUMED):  # waiting resumed: learn the state
+        runtime.spawn(polls.after_decision(runtime, policy, result.record.operation_id))
     return web.json_response({"action": action, "record": view(result.record)})
 
 

@@ -468,14 +468,27 @@ def _provider_route() -> dict[str, Any]:
 
 def _mcp() -> dict[str, Any]:
     message = {"type": ["object", "array"], "description": "JSON-RPC 2.0 (see docs/mcp.md)"}
+    routing = [
+        ("MCP-Protocol-Version", "2026-07-28 for the stateless revision; else a session's."),
+        ("Mcp-Method", "2026-07-28: the JSON-RPC method, checked before the body is read."),
+        ("Mcp-Name", "2026-07-28: the tool name (tools/call) or task id (tasks/*)."),
+        ("Mcp-Session-Id", "The handshake era's session, issued by initialize."),
+    ]
     return {
         "tags": ["agent"],
-        "summary": "Model Context Protocol over Streamable HTTP",
+        "summary": "Model Context Protocol over Streamable HTTP (2026-07-28 and handshake era)",
         "security": AGENT_SECURITY,
+        "parameters": [
+            {"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
+            | {"description": text}
+            for name, text in routing
+        ],
         "requestBody": {"required": True, "content": {"application/json": {"schema": message}}},
         "responses": {
             "200": {"description": "The JSON-RPC answer (application/json or SSE)."},
             "202": {"description": "Notifications or responses accepted."},
+            "400": {"description": "A JSON-RPC error: malformed, header mismatch, no session."},
+            "404": {"description": "2026-07-28: method not found; else an unknown session."},
         },
     }
 

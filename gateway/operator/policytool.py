@@ -14,8 +14,11 @@ import pydantic
 
 from gateway.core import decide
 from gateway.core.models import Outcome, ProviderAnswer
+from gateway.settings.loading import DURATION_PATTERN, SIZE_PATTERN
 from gateway.settings.policy import ProviderPolicy
+from gateway.settings.units import format_duration, format_size
 
+ESCALATED = 3  # the exit status of ``policy test`` when the verdict is an escalation
 SAMPLE_NOW = 1_800_000_000.0  # any instant: the sample is classified right after submit
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -41,10 +44,34 @@ def verdict(policy: ProviderPolicy, body: bytes, status: int = 200) -> str:
     return record.outcome.value
 
 
+def exit_status(line: str) -> int:
+    """0 for a verdict the gateway acts on alone (pending or an outcome), ESCALATED for one
+    that needs a person, so a script can tell them apart."""
+    return ESCALATED if line.startswith("escalate ") else 0
+
+
 def schema(model: type[pydantic.BaseModel], title: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a settings model, as written in YAML."""
+    """The JSON Schema (draft 2020-12) of a settings model, as written in YAML: durations and
+    sizes have their defaults spelled as ``check`` reads them ("5s", "8MiB")."""
     generated = model.model_json_schema(by_alias=True, mode="validation")
-    return {"$schema": DRAFT, "title": title, **generated}
+    return {"$schema": DRAFT, **_written_defaults(generated), "title": title}
+
+
+def _written_defaults(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_written_defaults(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _written_defaults(value) for key, value in node.items()}
+    if "$ref" in out and isinstance(out.get("default"), dict):
+        del out["default"]  # the referenced object lists each field's default, as written
+    default = out.get("default")
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        if out.get("pattern") == DURATION_PATTERN:
+            out["default"] = format_duration(float(default))
+        elif out.get("pattern") == SIZE_PATTERN:
+            out["default"] = format_size(int(default))
+    return out
 
 
 def dumps(document: dict[str, Any]) -> str:

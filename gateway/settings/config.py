@@ -28,9 +28,9 @@ from gateway.settings.loading import (
     interpolate,
     load_env,
     read_yaml,
-    validate,
+    validate_all,
 )
-from gateway.settings.policy import ProviderPolicy, load_policies
+from gateway.settings.policy import ProviderPolicy, read_policies
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -66,19 +66,27 @@ TokenHashes = Annotated[
 
 class Listen(Strict):
     host: str = "127.0.0.1"
+    """The address to listen on."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    """The TCP port (0: any free port)."""
 
 
 class AuditSettings(Strict):
     path: str | None = None
+    """The audit log file (JSON lines, hash-chained), relative to this file."""
     hmac_key_env: str | None = None
+    """An environment variable holding an HMAC key for the chain."""
     fsync: Literal["always", "batch", "never"] = "batch"
+    """When lines reach the disk: always, batch (within 200 ms) or never."""
 
 
 class Account(Strict):
     id: str
+    """The account's name in records, logs and metrics."""
     token_sha256: TokenHashes
+    """sha256 hex digests of the account's agent tokens (statusgate token hash)."""
     providers: list[str] = ["*"]
+    """Providers this account may use, or "*" for all."""
 
     def allows(self, provider: str) -> bool:
         return "*" in self.providers or provider in self.providers
@@ -86,23 +94,35 @@ class Account(Strict):
 
 class Operator(Strict):
     id: str
+    """The operator's name in audit lines."""
     token_sha256: TokenHashes
+    """sha256 hex digests of the operator's tokens."""
 
 
 class Limits(Strict):
     max_request_body: Size = 1024 * 1024
+    """The largest agent request body ("1MiB")."""
     max_response_body: Size = 8 * 1024 * 1024
+    """The largest provider answer body ("8MiB")."""
     upstream_timeout: Duration = 30.0
-    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0  # a whole request body, from its start
-    cache_bytes: Size = DEFAULT_CACHE_BYTES  # records cached in memory, final bodies included
+    """How long one provider call may take."""
+    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    """How long a whole request body may take to arrive."""
+    cache_bytes: Size = DEFAULT_CACHE_BYTES
+    """The SQLite store's record cache."""
 
 
 class EscalationSettings(Strict):
     webhook_url: str | None = None
-    webhook_secret_env: str | None = None  # sign deliveries (Standard Webhooks), key from env
+    """POSTed on every escalation and decision (optional)."""
+    webhook_secret_env: str | None = None
+    """An environment variable with a whsec_ secret to sign deliveries."""
     webhook_timeout: Duration = 5.0
+    """How long one delivery attempt may take."""
     webhook_attempts: Annotated[int, Field(ge=1, le=10)] = 4
+    """Delivery attempts before a notice is given up."""
     webhook_backoff: Duration = 1.0
+    """The first wait between attempts (doubling)."""
 
     @pydantic.field_validator("webhook_url")
     @classmethod
@@ -112,21 +132,34 @@ class EscalationSettings(Strict):
 
 class LoggingSettings(Strict):
     format: Literal["json", "text"] = "json"
+    """json (one object per line) or text, on stderr."""
     level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe level logged."""
 
 
 class GatewayFile(Strict):
     listen: Listen = Listen()
-    admin_listen: Listen | None = None  # operator API, console and metrics on their own port
+    """Where agents connect (/p/..., /mcp)."""
+    admin_listen: Listen | None = None
+    """If set, /admin, /console and /metrics are served only here."""
     logging: LoggingSettings = LoggingSettings()
+    """Log format and level."""
     public_base_url: str = "http://127.0.0.1:8080"
+    """The gateway's URL as agents see it, for rewritten provider URLs."""
     store: str = "sqlite:///var/statusgate.db"
+    """sqlite:///path, memory://, redis://host:6379/0 or redis+cluster://h1,h2."""
     policies_dir: str = "policies"
+    """The folder of policy files, relative to this file."""
     audit: AuditSettings = AuditSettings()
+    """The audit log."""
     accounts: list[Account] = []
+    """The tenants whose agents may call the gateway."""
     operators: list[Operator] = []
+    """The people who may decide escalations."""
     limits: Limits = Limits()
+    """Sizes and timeouts."""
     escalation: EscalationSettings = EscalationSettings()
+    """Webhooks for escalations and decisions."""
 
     @pydantic.field_validator("public_base_url")
     @classmethod
@@ -155,10 +188,7 @@ class Settings:
     @property
     def store_url(self) -> str:
         """The store URL with a relative sqlite path resolved against the config folder."""
-        url = self.file.store
-        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-            return "sqlite:///" + str(self.base_dir / url.removeprefix("sqlite:///"))
-        return url
+        return resolved_store_url(self.file.store, self.base_dir)
 
     def account_for(self, token_hash: str) -> Account | None:
         return _match(self.file.accounts, token_hash)
@@ -177,6 +207,21 @@ def _match(holders: list[H], token_hash: str) -> H | None:
     return found
 
 
+def resolved_store_url(url: str, base_dir: Path) -> str:
+    """A relative sqlite path resolved against the config folder; other URLs as written."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        return "sqlite:///" + str(base_dir / url.removeprefix("sqlite:///"))
+    return url
+
+
+def written_store_url(path: Path, env: Mapping[str, str] | None = None) -> str | None:
+    """The store URL of a config file that may have other problems (for ``check``)."""
+    gateway, problems = _read_gateway_file(path, load_env() if env is None else env)
+    if gateway is None or any(": store: " in line for line in problems):
+        return None
+    return resolved_store_url(gateway.store, path.parent.resolve())
+
+
 def audit_path(gateway: GatewayFile, base_dir: Path) -> Path | None:
     """The audit file, resolved against the config file's folder; None if not configured."""
     path = gateway.audit.path
@@ -185,41 +230,41 @@ def audit_path(gateway: GatewayFile, base_dir: Path) -> Path | None:
 
 def load_gateway_file(path: Path, env: Mapping[str, str] | None = None) -> GatewayFile:
     """The gateway config alone, without its policies (enough for the audit tools)."""
-    env = load_env() if env is None else env
-    shown = str(path)
-    data, problems = interpolate(read_yaml(path, shown), shown, env)
-    try:
-        gateway = validate(GatewayFile, data, shown)
-    except ConfigError as exc:
-        raise ConfigError(problems + exc.problems) from None
-    if problems:
+    gateway, problems = _read_gateway_file(path, load_env() if env is None else env)
+    if gateway is None or problems:
         raise ConfigError(problems)
     return gateway
+
+
+def _read_gateway_file(path: Path, env: Mapping[str, str]) -> tuple[GatewayFile | None, list[str]]:
+    """The gateway config (with invalid fields at their defaults, so the later checks can
+    run) and every problem found in it."""
+    shown = str(path)
+    try:
+        raw = read_yaml(path, shown)
+    except ConfigError as exc:
+        return None, exc.problems
+    data, problems = interpolate(raw, shown, env, folder=path.parent)
+    gateway, invalid = validate_all(GatewayFile, data, shown)
+    return gateway, problems + invalid
 
 
 def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     """Read the gateway config and every policy; ConfigError lists all problems found."""
     env = load_env() if env is None else env
     shown = str(path)
-    problems: list[str] = []
-    gateway: GatewayFile | None = None
-    try:
-        gateway = load_gateway_file(path, env)
-        folder = gateway.policies_dir
-    except ConfigError as exc:  # keep going: the policies are checked all the same
-        problems += exc.problems
-        folder = _raw_policies_dir(path)
+    gateway, problems = _read_gateway_file(path, env)
+    # keep going whatever was found: the policies are checked all the same
+    folder = gateway.policies_dir if gateway is not None and not problems else None
+    folder = folder or _raw_policies_dir(path)
     base_dir = path.parent.resolve()
     policies_dir = (base_dir / folder).resolve()
     shown_dir = os.path.normpath(Path(path.parent, folder))
-    policies: Mapping[str, ProviderPolicy] = {}
-    try:
-        policies = load_policies(policies_dir, shown_dir, env)
-    except ConfigError as exc:
-        problems += exc.problems
-    if gateway is None or problems:
+    policies, claimed, invalid = read_policies(policies_dir, shown_dir, env)
+    problems += invalid
+    if gateway is None:
         raise ConfigError(problems)
-    problems = _account_problems(gateway, policies, shown)
+    problems += _account_problems(gateway, {*policies, *claimed}, shown)
     key_env = gateway.audit.hmac_key_env
     if key_env is not None and not env.get(key_env):
         problems.append(f"{shown}: audit.hmac_key_env: environment variable {key_env} is not set")
@@ -255,9 +300,7 @@ def _raw_policies_dir(path: Path) -> str:
     return value if isinstance(value, str) and "${" not in value else "policies"
 
 
-def _account_problems(
-    gateway: GatewayFile, policies: Mapping[str, ProviderPolicy], shown: str
-) -> list[str]:
+def _account_problems(gateway: GatewayFile, policies: set[str], shown: str) -> list[str]:
     problems = []
     for i, account in enumerate(gateway.accounts):
         for j, name in enumerate(account.providers):

@@ -17,7 +17,16 @@ import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from gateway.errors import ConfigError
-from gateway.settings.loading import Duration, Strict, http_url, interpolate, read_yaml, validate
+from gateway.settings.loading import (
+    Duration,
+    Strict,
+    field_of,
+    http_url,
+    interpolate,
+    read_yaml,
+    related,
+    validate_all,
+)
 
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -53,17 +62,26 @@ PositiveInt = Annotated[int, Field(ge=1)]
 
 class AwsSigV4(Strict):
     service: str
+    """The AWS service name in the signature (transcribe, s3...)."""
     region: str
+    """The AWS region in the signature (us-east-1)."""
     access_key_id: str = Field(repr=False)
+    """The access key id, usually ${AWS_ACCESS_KEY_ID}."""
     secret_access_key: str = Field(repr=False)
+    """The secret access key, usually ${AWS_SECRET_ACCESS_KEY} or ${file:/path}."""
     session_token: str | None = Field(default=None, repr=False)
+    """A session token for temporary credentials, if any."""
 
 
 class OAuth2ClientCredentials(Strict):
     token_url: str
+    """The token endpoint (http or https URL)."""
     client_id: str = Field(repr=False)
+    """The OAuth2 client id."""
     client_secret: str = Field(repr=False)
+    """The OAuth2 client secret, from ${ENV} or ${file:/path}."""
     scope: str | None = None
+    """The scope asked for, if the provider wants one."""
 
     @pydantic.field_validator("token_url")
     @classmethod
@@ -79,10 +97,15 @@ class Credential(Strict):
     header}. Which one is checked by cross_check, so the message names the fields."""
 
     header: HeaderName | None = None
+    """The request header that carries the credential (Authorization)."""
     query: str | None = None
+    """The query parameter that carries the credential (an API key in the URL)."""
     value: str | None = Field(default=None, repr=False)
+    """The header or query value, e.g. "Bearer ${ACME_API_KEY}"; never shown to agents."""
     aws_sigv4: AwsSigV4 | None = None
+    """Sign every provider request with AWS Signature Version 4."""
     oauth2_client_credentials: OAuth2ClientCredentials | None = None
+    """Fetch, cache and renew an OAuth2 client-credentials token."""
 
     @property
     def kind(self) -> CredentialKind:
@@ -143,21 +166,29 @@ class Credential(Strict):
 
 class JobIdSource(Strict):
     source: Literal["body", "location", "header", "request"] = Field(alias="from")
-    path: str | None = None  # body and request: a dotted path in the JSON body
-    name: HeaderName | None = None  # header: the answer header that carries the id
+    """Where the provider's job id is: body, location, header or request."""
+    path: str | None = None
+    """body and request: a dotted path in the JSON body (id, data.job.id)."""
+    name: HeaderName | None = None
+    """header: the answer header that carries the id."""
 
 
 class Idempotency(Strict):
     required: bool = False
+    """Refuse submits without an Idempotency-Key header."""
     forward_header: HeaderName | None = None
+    """Send a per-account derived key to the provider in this header."""
     retention: Duration = 86400.0
-    from_body: str | None = None  # the request body field holding the key, if no header
+    """How long a key is remembered, as a duration ("24h")."""
+    from_body: str | None = None
+    """The request body field holding the key when there is no header."""
 
 
 class RouteMatch(Strict):
     """What else than method and path a request must carry to be this route."""
 
     headers: dict[str, str] = {}
+    """Headers a request must carry, with exactly these values."""
 
     def accepts(self, headers: Mapping[str, str]) -> bool:
         """Every listed header present with exactly this value (names case-insensitive)."""
@@ -166,41 +197,63 @@ class RouteMatch(Strict):
 
 class SubmitRoute(Strict):
     method: Method = "POST"
+    """The HTTP method of the submit call."""
     path: RoutePath
+    """The provider path agents call to submit (/v1/extractions)."""
     job_id: JobIdSource
+    """Where the job id is in the provider's answer."""
     status_url_fields: list[str] = []
+    """JSON body fields whose URLs are rewritten to the gateway."""
     status_url_headers: list[HeaderName] = []
+    """Answer headers rewritten like Location (Operation-Location)."""
     idempotency: Idempotency = Idempotency()
+    """Idempotency keys of submits."""
     match: RouteMatch | None = None
+    """More than method and path that a request must carry to be this route."""
 
 
 class Route(Strict):
     method: Method = "GET"
+    """The HTTP method of the call."""
     path: RoutePath
-    query_params: list[str] = []  # agent query parameters forwarded; all others are dropped
+    """The provider path, with {job_id} (or {job_id*}, or {final.<field>} on result)."""
+    query_params: list[str] = []
+    """Agent query parameters forwarded; all others are dropped."""
     match: RouteMatch | None = None
-    job_id: JobIdSource | None = None  # {from: request, path: P}: the id in the JSON body
+    """More than method and path that a request must carry to be this route."""
+    job_id: JobIdSource | None = None
+    """{from: request, path: P}: the job id is in the request's JSON body."""
 
 
 class Passthrough(Strict):
     """A provider endpoint around a job (upload, listing, download): forwarded, not tracked."""
 
     method: Method = "GET"
+    """The HTTP method of the call."""
     path: RoutePath
+    """The provider path; placeholders match one segment each."""
     match: RouteMatch | None = None
+    """More than method and path that a request must carry to be this route."""
 
 
 class Routes(Strict):
     submit: SubmitRoute
+    """The call that starts a job."""
     status: Route
+    """The status call agents poll; the gateway paces it."""
     result: Route | None = None
+    """An optional result call, counted against polling.max_result_fetches."""
     cancel: Route | None = None
+    """An optional cancel call, sent only on an operator's decision."""
     passthrough: list[Passthrough] = []
+    """Calls around a job (uploads, downloads): forwarded and audited, not tracked."""
 
 
 class RequiredField(Strict):
     path: str
+    """A dotted path in the success answer."""
     allow_null: bool = False
+    """Present is enough; null is allowed."""
 
 
 StateValue = str | bool | int | float | None  # JSON scalars; None: the field is absent
@@ -208,15 +261,25 @@ StateValue = str | bool | int | float | None  # JSON scalars; None: the field is
 
 class States(Strict):
     field: str
+    """The dotted path of the state in the status JSON."""
     pending: list[StateValue]
+    """Values that mean the job is still running."""
     success: list[StateValue]
+    """Values that mean the job succeeded."""
     failure: list[StateValue] = []
+    """Values that mean the job failed."""
     cancelled: list[StateValue] = []
+    """Values that mean the job was cancelled."""
     expired: list[StateValue] = []
+    """Values that mean the job expired; any value in no class escalates unknown_state."""
     success_requires: list[str | RequiredField] = []
-    failure_if_present: list[str] = []  # a success answer carrying any of these failed
+    """Dotted paths that must be present and non-null on success."""
+    failure_if_present: list[str] = []
+    """A success answer carrying any of these paths failed."""
     error_field: str | None = None
+    """The dotted path of the error kept on failure."""
     expires_at_field: str | None = None
+    """The dotted path of an expiry instant; pending after it is a contradiction."""
 
     def required(self) -> list[RequiredField]:
         """``success_requires`` with plain strings read as ``{path: P}`` (null not allowed)."""
@@ -228,12 +291,16 @@ class States(Strict):
 
 class Hints(Strict):
     poll_after_seconds: str | None = None
+    """The dotted path of the provider's "poll again in N seconds" hint."""
     next_check_at: str | None = None
+    """The dotted path of the provider's "poll again at T" hint."""
 
 
 class Jitter(Strict):
     min: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """The smallest fraction of the raw delay used (0-1)."""
     max: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """The largest fraction of the raw delay used (0-1)."""
 
 
 def _rate(value: object) -> float | None:
@@ -259,42 +326,69 @@ Rate = Annotated[
 
 class Polling(Strict):
     base_delay: Duration = 5.0
+    """The first delay of the backoff, a duration ("5s")."""
     max_delay: Duration = 120.0
+    """The longest delay between polls."""
     jitter: Jitter = Jitter()
+    """The random fraction of each delay."""
     deadline: Duration = 2400.0
+    """How long an operation may wait in all before it escalates."""
     max_status_requests: PositiveInt = 12
+    """Status requests forwarded per operation before it escalates."""
     max_transport_failures: Annotated[int, Field(ge=0)] = 3
+    """5xx answers, connection errors and timeouts before it escalates."""
     max_rate_limited: Annotated[int, Field(ge=0)] = 3
+    """Provider 429 answers before it escalates."""
     rate_limited_multiplier: Annotated[float, Field(ge=1)] = 4.0
+    """A 429 without Retry-After multiplies the delay by this."""
     not_found_grace: Duration = 30.0
+    """A 404 this soon after submit means "not visible yet"."""
     final_poll_margin: Duration = 1.0
+    """The last poll is placed this long before the deadline."""
     max_hold: Duration = 60.0
-    provider_rate: Rate = None  # status calls per second to this provider, all replicas
-    # too-early status calls: 429, held for the next poll, or the last answer replayed
+    """The longest Prefer: wait (or early_calls: hold) the gateway honours."""
+    provider_rate: Rate = None
+    """A ceiling on status calls to this provider across all replicas ("20/s")."""
     early_calls: Literal["refuse", "hold", "replay"] = "refuse"
+    """A call that comes too early: refuse (429), hold it for the next poll, or replay the
+    provider's last answer (SPEC 20)."""
     max_result_fetches: Annotated[int, Field(ge=0)] = 10
+    """Result calls forwarded per operation."""
 
 
 class Extension(Strict):
     time: Duration = 1800.0
+    """The most time operators may add over an operation's life."""
     requests: Annotated[int, Field(ge=0)] = 8
+    """The most status requests operators may add over an operation's life."""
 
 
 class EscalationPolicy(Strict):
     max_extension: Extension = Extension()
-    cancel_checks: PositiveInt = 5  # status requests granted after the provider accepts a cancel
+    """What extend may add, in all, over an operation's life."""
+    cancel_checks: PositiveInt = 5
+    """Status requests granted after the provider accepts a cancel."""
 
 
 class ProviderPolicy(Strict):
     provider: str
+    """The provider's name, [a-z0-9-]+: the URL segment agents use (/p/NAME)."""
     upstream: str
+    """The only origin contacted for this provider (https://api.acme.example)."""
     credential: Credential
+    """The credential the gateway adds to every provider request."""
     routes: Routes
+    """The provider calls agents may make through the gateway."""
     states: States
+    """The state table that classifies status answers."""
     hints: Hints = Hints()
+    """Where the provider's own timing hints are."""
     polling: Polling = Polling()
+    """The schedule and budgets of status calls."""
     escalation: EscalationPolicy = EscalationPolicy()
+    """What operators may grant when waiting has ended."""
     retention: Duration = 86400.0
+    """How long finished and escalated records are kept."""
 
     @pydantic.field_validator("provider")
     @classmethod
@@ -506,13 +600,17 @@ def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
 def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolicy:
     """Read, interpolate and validate one policy file."""
     raw = read_yaml(path, shown)
-    data, problems = interpolate(raw, shown, env)
-    try:
-        policy = validate(ProviderPolicy, data, shown)
-    except ConfigError as exc:
-        raise ConfigError(problems + exc.problems) from None
-    problems += [f"{shown}: {where}: {message}" for where, message in cross_check(policy)]
-    if problems:
+    data, problems = interpolate(raw, shown, env, folder=path.parent)
+    policy, invalid = validate_all(ProviderPolicy, data, shown)
+    problems += invalid
+    if policy is not None:  # the cross-field rules too, except about fields already reported
+        reported = [field_of(line, shown) for line in invalid]
+        problems += [
+            f"{shown}: {where}: {message}"
+            for where, message in cross_check(policy)
+            if not any(related(where, field) for field in reported)
+        ]
+    if problems or policy is None:
         raise ConfigError(problems)
     return policy
 
@@ -521,20 +619,40 @@ def load_policies(
     folder: Path, shown_folder: str, env: Mapping[str, str]
 ) -> dict[str, ProviderPolicy]:
     """Every ``*.yaml`` in ``folder`` by provider name; all problems of all files at once."""
+    policies, _, problems = read_policies(folder, shown_folder, env)
+    if problems:
+        raise ConfigError(problems)
+    return policies
+
+
+def read_policies(
+    folder: Path, shown_folder: str, env: Mapping[str, str]
+) -> tuple[dict[str, ProviderPolicy], set[str], list[str]]:
+    """The valid policies, the provider names the invalid ones claim, and every problem."""
     policies: dict[str, ProviderPolicy] = {}
+    claimed: set[str] = set()
     problems: list[str] = []
     if not folder.is_dir():
-        raise ConfigError([f"{shown_folder}: policies_dir: is not a folder"])
+        return {}, set(), [f"{shown_folder}: policies_dir: is not a folder"]
     for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
         shown = f"{shown_folder}/{path.name}"
         try:
             policy = load_policy(path, shown, env)
         except ConfigError as exc:
             problems.extend(exc.problems)
+            claimed.add(_claimed_name(path))
             continue
         if policy.provider in policies:
             problems.append(f"{shown}: provider: {policy.provider!r} is defined twice")
         policies[policy.provider] = policy
-    if problems:
-        raise ConfigError(problems)
-    return policies
+    return policies, claimed, problems
+
+
+def _claimed_name(path: Path) -> str:
+    """The ``provider`` an invalid file names, so accounts naming it are not reported too."""
+    try:
+        raw = read_yaml(path, str(path))
+    except ConfigError:
+        return path.stem
+    name = raw.get("provider")
+    return name if isinstance(name, str) else path.stem

@@ -46,6 +46,15 @@ def format_duration(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
+def format_size(size: int) -> str:
+    """The shortest exact spelling of ``size`` bytes in binary units parse_size reads."""
+    for unit in ("GiB", "MiB", "KiB"):
+        count = size / _SIZE_UNITS[unit]
+        if count >= 1 and count == int(count):
+            return f"{int(count)}{unit}"
+    return f"{size}B"
+
+
 @functools.lru_cache(maxsize=4096)
 def rfc3339(instant: float, *, millis: bool = False) -> str:
     """An instant as RFC 3339 UTC with a ``Z``; milliseconds when asked. Cached: the same

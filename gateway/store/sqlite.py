@@ -44,6 +44,9 @@ Work = Callable[[sqlite3.Connection], Any]
 Job = tuple[str, str, str]
 RECORD_OVERHEAD = 1024  # bytes a cached record and its index entries cost, body aside (measured)
 RECENT_WRITES = 4096  # writes remembered so a read that raced one is not cached
+MIN_FREE = 64 << 10  # below this much free space on the file's disk the store is not ready
+PROBE_KEY = "statusgate readiness probe"
+PROBE_BYTES = 4096  # the readiness probe's write: about one record's pages
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS operations (
@@ -543,8 +546,23 @@ class SQLiteStore(Store):
 
     # -- life ---------------------------------------------------------------------------
     async def ping(self) -> None:
-        """Ready means writable: the write lock can be taken within the busy timeout."""
-        await self._write("ping", lambda conn: conn.execute("SELECT 1"))
+        """Ready means writable: the file's disk has ``MIN_FREE`` bytes left, the write lock
+        can be taken within the busy timeout, and a write that needs room commits (a probe
+        row written and deleted in one transaction). A full disk fails every write with
+        "database or disk is full" while a bare lock still succeeds."""
+        self._check_room()
+        await self._write("ping", _probe)
+
+    def _check_room(self) -> None:
+        if self._path == ":memory:":
+            return
+        try:
+            stats = os.statvfs(Path(self._path).parent)
+        except OSError:
+            return  # the write below says what is wrong
+        if stats.f_bavail * stats.f_frsize < MIN_FREE:
+            message = f"sqlite ping: {self._path}: less than {MIN_FREE} bytes free on its disk"
+            raise StoreError(message, operation="ping")
 
     async def close(self) -> None:
         self._closed = True
@@ -571,6 +589,14 @@ OVERDUE = (
     " AND json_extract(data, '$.deadline_at') <= ?"
     " ORDER BY json_extract(data, '$.deadline_at') LIMIT ?"
 )
+
+
+def _probe(conn: sqlite3.Connection) -> None:
+    """A write that needs room, leaving nothing behind (an idempotency key never has this
+    form: theirs are ``account\\nprovider\\nkey``)."""
+    sql = "INSERT OR REPLACE INTO idempotency (key, expires_at, data) VALUES (?, 0, ?)"
+    conn.execute(sql, (PROBE_KEY, "0" * PROBE_BYTES))
+    conn.execute("DELETE FROM idempotency WHERE key = ?", (PROBE_KEY,))
 
 
 def _fail(pending: _Pending, exc: BaseException) -> None:

@@ -48,6 +48,7 @@ def test_first_poll_uses_attempt_zero_backoff(policy: ProviderPolicy) -> None:
 
 
 def test_submit_guidance_sets_the_first_poll(policy: ProviderPolicy) -> None:
+    """A poll hint in the submit answer sets the first permitted poll and its source."""
     record = opened(policy, b'{"id": "j", "state": "queued", "poll_after_seconds": 12}')
     assert record.next_poll_at == NOW + 12
     assert record.delay_source == "provider_poll_hint"
@@ -72,6 +73,8 @@ def test_admit_checks_in_spec_order(policy: ProviderPolicy) -> None:
 
 
 def test_reserve_spends_before_sending_and_folds_refusals(policy: ProviderPolicy) -> None:
+    """Reserving a poll spends one status request before sending and folds the early refusals
+    into the record."""
     record = decide.reserve(opened(policy), NOW + 2, refusals=5)
     assert record.status_requests_used == 1
     assert record.early_refusals == 5
@@ -79,6 +82,8 @@ def test_reserve_spends_before_sending_and_folds_refusals(policy: ProviderPolicy
 
 
 def test_transport_failures_count_and_escalate_past_the_maximum(policy: ProviderPolicy) -> None:
+    """Transport failures are counted one by one and escalate provider_failure past
+    max_transport_failures."""
     record = opened(policy)
     for i in range(3):
         decision = decide.classify(
@@ -93,12 +98,14 @@ def test_transport_failures_count_and_escalate_past_the_maximum(policy: Provider
 
 
 def test_unexpected_status_is_an_integration_failure(policy: ProviderPolicy) -> None:
+    """A status code the rules do not expect escalates integration_failure."""
     for status in (301, 400, 409, 410, 422):
         decision = decide.classify(policy, opened(policy), ProviderAnswer(status), NOW, 0.5)
         assert decision.record.escalation.reason is Reason.INTEGRATION_FAILURE  # type: ignore[union-attr]
 
 
 def test_hint_rejected_is_recorded_on_the_plan(policy: ProviderPolicy) -> None:
+    """A junk poll hint is rejected, noted on the plan, and local backoff is used instead."""
     body = b'{"state": "running", "poll_after_seconds": -3}'
     decision = decide.classify(policy, opened(policy), ProviderAnswer(200, body), NOW, 1.0)
     assert decision.plan is not None and decision.plan.hint_rejected

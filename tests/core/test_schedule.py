@@ -114,6 +114,7 @@ def test_retry_after_is_a_minimum_on_429_and_503() -> None:
 
 
 def test_429_without_retry_after_multiplies_backoff() -> None:
+    """A 429 without Retry-After multiplies the backoff by rate_limited_multiplier."""
     assert _plan(AnswerKind.THROTTLED, Guidance()).next_poll_at == NOW + 40
 
 

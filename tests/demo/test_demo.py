@@ -6,6 +6,8 @@ from gateway.demo.walkthrough import fleet, show
 
 
 async def test_demo_show_refuses_loops_and_escalates() -> None:
+    """The demo show refuses most looping calls, escalates budget and unknown-state jobs and
+    never prints the provider key."""
     lines = await show()
     text = "\n".join(lines)
     summary = next(line for line in lines if line.startswith("Agents made"))
@@ -17,6 +19,8 @@ async def test_demo_show_refuses_loops_and_escalates() -> None:
 
 
 async def test_fleet_scene_shows_the_gateway_shielding_the_provider() -> None:
+    """Through the gateway a fleet makes a third of the provider calls it makes directly, under
+    the provider's rate ceiling."""
     lines = await fleet(agents=8, rate="5/s", finish_after=1.0)
     direct = next(line for line in lines if line.startswith("straight to provider")).split()
     gated = next(line for line in lines if line.startswith("through Statusgate")).split()

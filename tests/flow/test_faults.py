@@ -52,6 +52,8 @@ async def faulty(make_harness: Any) -> Harness:
 async def test_fault_ends_as_the_table_says(
     faulty: Harness, name: str, step: dict[str, Any], status: int, slug: str
 ) -> None:
+    """Each provider fault (hang, reset, bad body, gzip bomb, redirect) ends as its row says,
+    within the timeout, spending one status request and never passing a Location on."""
     job = (await (await faulty.submit([step], key="fault")).json())["id"]
     started = time.perf_counter()
     response = await faulty.poll_when_due(job)

@@ -13,7 +13,7 @@ import aiohttp
 from gateway.flow.runtime import RUNTIME
 from gateway.http.prefer import prefer_wait
 
-from conftest import AGENT_TOKEN, Harness, real_time_harness
+from conftest import AGENT_TOKEN, FakeClock, Harness, real_time_harness
 
 
 def held(wait: int | str) -> dict[str, str]:
@@ -152,3 +152,27 @@ async def test_held_calls_are_answered_at_shutdown(tmp_path: Path) -> None:
             assert answer.status == 429
             assert answer.headers["Preference-Applied"] == "wait=50"
             assert "Retry-After" in answer.headers
+
+
+async def test_early_call_held_past_an_early_wake_up_gets_the_poll(
+    make_harness: Any, clock: FakeClock
+) -> None:
+    """With ``early_calls: hold``, a held call whose timer fires a few milliseconds before
+    the next permitted poll waits again and answers with that poll, never 429 too-early."""
+    on_time = clock.sleep
+
+    async def early(seconds: float) -> None:  # timer and clock granularity, under load
+        await on_time(max(0.0, seconds - 0.003))
+
+    clock.sleep = early  # type: ignore[method-assign]
+    polling = {"early_calls": "hold", "jitter": {"min": 1, "max": 1}}
+    harness: Harness = await make_harness(policy_changes={"demo-jobs": {"polling": polling}})
+    job = await job_of(await harness.submit([{"state": "running"}]))
+    for polls in (1, 2):
+        due = (await harness.record(job)).next_poll_at
+        assert harness.clock.now < due
+        answer = await harness.poll(job)  # too early: held until the next poll
+        assert answer.status == 200, await answer.text()
+        assert (await answer.json())["state"] == "running"
+        assert harness.clock.now >= due
+        assert len(harness.provider_calls(job)) == polls

@@ -95,4 +95,7 @@ async def scenario(script: list[dict[str, Any]], gaps: list[float]) -> None:
 def test_provider_never_polled_early_late_or_over_budget(
     script: list[dict[str, Any]], gaps: list[float]
 ) -> None:
+    """Whatever the provider answers and however agents time their calls, the provider is
+    never polled before next_poll_at, after the deadline or over the budget, and a final
+    outcome never changes."""
     asyncio.run(scenario(script, gaps))

@@ -18,6 +18,8 @@ def request_bytes(path: str, *headers: str) -> bytes:
 async def test_path_traversal_and_encoded_slashes_never_reach_the_provider(
     harness: Harness,
 ) -> None:
+    """Dot segments, encoded slashes and NUL bytes in a path are refused and never reach the
+    provider."""
     job = (await (await harness.submit([{"state": "running"}])).json())["id"]
     for path in (
         f"/p/demo-jobs/v1/jobs/{job}/../../../_demo/log",
@@ -37,6 +39,8 @@ async def test_path_traversal_and_encoded_slashes_never_reach_the_provider(
 
 
 async def test_header_injection_and_oversize_headers_are_refused(harness: Harness) -> None:
+    """A bare CR in a header, one huge header and too many headers are refused before any
+    provider call."""
     job = (await (await harness.submit([{"state": "running"}])).json())["id"]
     path = f"/p/demo-jobs/v1/jobs/{job}"
     injected = request_bytes(path, "X-Note: a\rX-Injected: yes")
@@ -49,6 +53,7 @@ async def test_header_injection_and_oversize_headers_are_refused(harness: Harnes
 
 
 async def test_spoofed_forwarding_headers_are_not_trusted_or_forwarded(harness: Harness) -> None:
+    """Forwarding headers from the agent are neither trusted nor sent to the provider."""
     headers = {"X-Forwarded-For": "10.0.0.1", "Forwarded": "for=10.0.0.1", "X-Real-IP": "1.2.3.4"}
     response = await harness.client.post(
         "/p/demo-jobs/v1/jobs",
@@ -77,6 +82,7 @@ async def test_thousands_of_unknown_tokens(harness: Harness) -> None:
 
 
 async def test_oversize_body_and_bad_json_on_submit(harness: Harness) -> None:
+    """Oversize submit bodies, sized or chunked, are 413 and nothing reaches the provider."""
     big = await harness.client.post(
         "/p/demo-jobs/v1/jobs",
         data=b"x" * 200_000,

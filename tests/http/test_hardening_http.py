@@ -100,6 +100,8 @@ async def test_overdue_operation_is_escalated_with_nobody_asking(
 async def test_an_operation_whose_poll_is_in_flight_waits_for_the_next_sweep(
     harness: Harness,
 ) -> None:
+    """The deadline sweeper leaves an operation whose poll holds the lease and escalates it
+    once the lease is released."""
     runtime = harness.client.app[RUNTIME]
     record = await submitted(harness)
     harness.clock.now = record.deadline_at + 1
@@ -111,6 +113,7 @@ async def test_an_operation_whose_poll_is_in_flight_waits_for_the_next_sweep(
 
 
 async def test_providers_no_longer_configured_are_left_alone(harness: Harness) -> None:
+    """The sweeper never touches records of a provider that is no longer configured."""
     runtime = harness.client.app[RUNTIME]
     retired = pending_record(provider="retired", deadline_at=harness.clock.now - 60)
     await runtime.store.create(retired)

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from mcp_wire import EXTENSION, Rpc, submitted
 
 from gateway import __version__
 from gateway.flow.runtime import RUNTIME
@@ -26,79 +27,6 @@ from conftest import (
     permitted_polls,
     real_time_harness,
 )
-
-SCRIPT = [{"state": "running", "until": 10}, {"state": "succeeded"}]
-EXTENSION = "io.modelcontextprotocol/tasks"
-
-
-class Rpc:
-    """A raw JSON-RPC client of /mcp over aiohttp: one session, numbered requests."""
-
-    def __init__(self, client: Any, token: str = AGENT_TOKEN) -> None:
-        self.client = client
-        self.token = token
-        self.session: str | None = None
-        self.version = "2025-11-25"
-        self.next_id = 0
-
-    def headers(self, **extra: str) -> dict[str, str]:
-        headers = {
-            "Authorization": f"Bearer {self.token}",
-            "Accept": "application/json, text/event-stream",
-            "Content-Type": "application/json",
-        }
-        if self.session is not None:
-            headers["Mcp-Session-Id"] = self.session
-            headers["MCP-Protocol-Version"] = self.version
-        return {**headers, **extra}
-
-    async def post(self, payload: Any, **headers: str) -> Any:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        return await self.client.post("/mcp", data=data, headers=self.headers(**headers))
-
-    async def open(self, version: str = "2025-11-25", **capabilities: Any) -> dict[str, Any]:
-        params = {
-            "protocolVersion": version,
-            "capabilities": capabilities,
-            "clientInfo": {"name": "raw", "version": "0"},
-        }
-        response = await self.post(
-            {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
-        )
-        assert response.status == 200, await response.text()
-        self.session = response.headers["Mcp-Session-Id"]
-        answer: dict[str, Any] = await response.json()
-        self.version = answer["result"]["protocolVersion"]
-        note = await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        assert note.status == 202 and await note.read() == b""
-        return answer
-
-    async def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.next_id += 1
-        message: dict[str, Any] = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
-        if params is not None:
-            message["params"] = params
-        response = await self.post(message)
-        assert response.status == 200, await response.text()
-        assert response.content_type == "application/json"
-        answer: dict[str, Any] = await response.json()
-        assert answer["id"] == self.next_id
-        return answer
-
-    async def tool(self, name: str, **arguments: Any) -> dict[str, Any]:
-        answer = await self.call("tools/call", {"name": name, "arguments": arguments})
-        result: dict[str, Any] = answer["result"]
-        return result
-
-
-async def submitted(
-    harness: Harness, script: list[dict[str, Any]] = SCRIPT, key: str = "k1"
-) -> str:
-    """Submit a demo job; its operation id."""
-    response = await harness.submit(script, key=key)
-    assert response.status == 202
-    return str(response.headers["Statusgate-Operation"])
-
 
 # -- the official SDK against a real gateway process ------------------------------------------
 
@@ -145,6 +73,8 @@ async def test_sdk_client_lists_and_calls_every_tool(
             "list_operations",
             "get_operation",
             "wait_for_operation",
+            "start_job",
+            "get_result",
         }
         assert all(t.output_schema for t in listed.tools)
         found = await session.call_tool("list_operations", {"provider": "demo-jobs"})
@@ -184,6 +114,8 @@ async def test_task_polled_to_completion_makes_no_early_provider_call(harness: H
         "list_operations": "forbidden",
         "get_operation": "forbidden",
         "wait_for_operation": "optional",
+        "start_job": "optional",
+        "get_result": "forbidden",
     }
     not_a_task = {"name": "get_operation", "arguments": {"operation_id": operation_id}}
     refused = await rpc.call("tools/call", {**not_a_task, "task": {}})
@@ -280,7 +212,7 @@ async def _record(harness: Harness, operation_id: str) -> Any:
 async def test_extension_tasks_inline_the_result(harness: Harness) -> None:
     """With the io.modelcontextprotocol/tasks extension declared on the request, a wait is a
     task (resultType "task", pollIntervalMs); tasks/get carries the final result inline, and
-    tasks/cancel is only acknowledged: the operation goes on."""
+    tasks/cancel is refused as approval-required: the operation goes on."""
     operation_id = await submitted(harness)
     rpc = Rpc(harness.client)
     await rpc.open()
@@ -294,7 +226,8 @@ async def test_extension_tasks_inline_the_result(harness: Harness) -> None:
     assert task["status"] == "working" and task["pollIntervalMs"] >= 250
     assert "ttlMs" in task and "task" not in task
     cancelled = await rpc.call("tasks/cancel", {"taskId": operation_id, "_meta": meta})
-    assert cancelled["result"] == {"resultType": "complete"}
+    assert cancelled["error"]["code"] == -30403
+    assert cancelled["error"]["data"]["type"] == "/problems/approval-required"
     assert (await _record(harness, operation_id)).outcome.value == "pending"
     got: dict[str, Any] = {}
     for _ in range(30):
@@ -475,7 +408,7 @@ async def test_sse_for_clients_that_take_only_sse_and_origin_checked(harness: Ha
     text = await response.text()
     assert text.startswith("event: message\ndata: ")
     event = json.loads(text.split("data: ", 1)[1])
-    assert event["id"] == 9 and len(event["result"]["tools"]) == 3
+    assert event["id"] == 9 and len(event["result"]["tools"]) == 5
     foreign = await rpc.post(
         {"jsonrpc": "2.0", "id": 1, "method": "ping"}, Origin="http://evil.test"
     )

@@ -39,6 +39,8 @@ async def session(harness: Harness) -> str:
 async def test_gateway_writes_a_chain_that_verifies(
     harness: Harness, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A session's audit lines are numbered without gaps, carry the chain fields and verify as
+    intact."""
     await session(harness)
     lines = harness.audit_lines()
     assert [line["seq"] for line in lines] == list(range(1, len(lines) + 1))
@@ -65,6 +67,7 @@ async def test_refusals_are_aggregated_per_poll_window(harness: Harness) -> None
 
 
 async def test_lines_are_written_before_the_answer(harness: Harness) -> None:
+    """An answer is given only after its audit line is in the file."""
     job = (await (await harness.submit([{"state": "running"}])).json())["id"]
     assert harness.audit_lines()[-1]["event"] == "submitted"
     await harness.poll_when_due(job)
@@ -139,6 +142,8 @@ CORRUPTIONS: list[tuple[str, Any, int]] = [
 def test_verify_names_file_and_first_bad_seq(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], what: str, corrupt: Any, seq: int
 ) -> None:
+    """Each kind of tampering makes verify exit 1 naming the file and the first bad sequence
+    number."""
     path = sample(tmp_path)
     path.write_bytes(b"".join(corrupt(lines_of(path))))
     code, out = run(["audit", "verify", str(path)], capsys)
@@ -159,6 +164,7 @@ def test_any_single_flipped_bit_is_caught(tmp_path: Path) -> None:
 
 
 def test_wrong_key_fails_at_the_first_line(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An HMAC chain verifies with its key only: a wrong key or none fails at the first line."""
     path = sample(tmp_path, key=b"right-key")
     monkeypatch.setenv("AUDIT_KEY", "right-key")
     assert run(["audit", "verify", str(path), "--key-env", "AUDIT_KEY"], capsys)[0] == 0
@@ -169,6 +175,8 @@ def test_wrong_key_fails_at_the_first_line(tmp_path: Path, capsys, monkeypatch) 
 
 
 def test_torn_final_line_is_reported_as_such(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A torn final line is reported as an interrupted write and the chain before it stays
+    intact."""
     path = sample(tmp_path)
     with path.open("ab") as handle:
         handle.write(b'{"seq": 7, "event": "pol')
@@ -178,6 +186,8 @@ def test_torn_final_line_is_reported_as_such(tmp_path: Path, capsys) -> None:  #
 
 
 def test_writer_moves_a_torn_tail_aside_and_continues_the_chain(tmp_path: Path) -> None:
+    """On open the writer moves a torn tail aside and continues the chain from the last whole
+    line."""
     path = sample(tmp_path)
     with path.open("ab") as handle:
         handle.write(b'{"seq": 7, "ev')
@@ -198,6 +208,7 @@ def test_writer_moves_a_torn_tail_aside_and_continues_the_chain(tmp_path: Path) 
 
 
 async def test_hmac_chain_from_the_gateway(make_harness: Any, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A gateway with hmac_key_env writes a chain that verifies with that key only."""
     monkeypatch.setenv("STATUSGATE_AUDIT_KEY", "k3y")
     harness = await make_harness(
         config_changes={"audit": {"path": "audit.jsonl", "hmac_key_env": "STATUSGATE_AUDIT_KEY"}}

@@ -6,6 +6,8 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.flow.runtime import RUNTIME
+
 from conftest import Harness
 
 
@@ -25,6 +27,7 @@ def value(samples: dict, name: str, **labels: str) -> float:  # type: ignore[typ
 
 
 async def test_metrics_after_a_scripted_mix(harness: Harness) -> None:
+    """After a scripted mix of jobs every SPEC 9 metric has the expected counts."""
     ok = (
         await (
             await harness.submit(
@@ -106,6 +109,7 @@ async def test_metrics_after_a_scripted_mix(harness: Harness) -> None:
 
 
 async def test_store_errors_are_counted(make_harness, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A store call that fails is counted in statusgate_store_errors_total by operation."""
     import sqlite3
 
     db = tmp_path / "m.db"
@@ -120,3 +124,14 @@ async def test_store_errors_are_counted(make_harness, tmp_path) -> None:  # type
         blocker.close()
     s = await scrape(harness)
     assert value(s, "statusgate_store_errors_total", operation="claim_idempotency") == 1
+
+
+async def test_no_created_series_and_a_bounded_scrape_at_start(harness: Harness) -> None:
+    """A fresh gateway exports no ``_created`` series, and its whole scrape stays at the
+    size of the series SPEC 13 asks for from the start (it was 4,170, half ``_created``)."""
+    response = await harness.client.get("/metrics")
+    text = await response.text()
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert not [line for line in series if "_created" in line.split("{")[0]]
+    providers = len(harness.client.app[RUNTIME].settings.policies)
+    assert len(series) <= 320 * providers + 100, (providers, len(series))  # 8 policies: 2,561

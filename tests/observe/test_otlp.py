@@ -161,6 +161,8 @@ def test_kept_attribute_blocks_never_answer_for_other_values(
 
 
 def test_the_endpoint_comes_from_the_standard_variables() -> None:
+    """The OTLP endpoint, headers, timeout and compression come from the standard
+    OTEL_EXPORTER_OTLP_* variables, the traces-specific ones first."""
     base = export.Endpoint.from_env(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
@@ -257,6 +259,7 @@ async def collector() -> AsyncIterator[tuple[Exported, str]]:
 async def test_an_export_is_tried_again_when_the_collector_is_busy(
     collector: tuple[Exported, str],
 ) -> None:
+    """A busy collector's answer is tried again and the retry goes through."""
     got, url = collector
     endpoint = export.Endpoint.from_env(
         {
@@ -279,12 +282,15 @@ async def test_an_export_is_tried_again_when_the_collector_is_busy(
 
 
 async def test_an_unreachable_collector_is_a_reason_not_an_exception() -> None:
+    """An unreachable collector gives a reason to log, never an exception."""
     endpoint = export.Endpoint.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     problem = await asyncio.to_thread(endpoint.post, b"spans", retry=False)
     assert problem is not None and "unreachable (ConnectionRefusedError)" in problem
 
 
 def test_the_sampler_decides_roots_once_when_it_can() -> None:
+    """Always-on and always-off samplers decide root spans once; a ratio sampler decides per
+    span."""
     on = "ParentBased{root:AlwaysOnSampler,remoteParentSampled:AlwaysOnSampler}"
     assert tracing._static_root_decision(on) is True
     assert tracing._static_root_decision("AlwaysOffSampler") is False
@@ -292,6 +298,7 @@ def test_the_sampler_decides_roots_once_when_it_can() -> None:
 
 
 def test_otel_sdk_disabled_turns_tracing_off() -> None:
+    """OTEL_SDK_DISABLED=true turns tracing off even with an endpoint set, and says so."""
     env = {"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     assert tracing.setup(env) == "tracing off: OTEL_SDK_DISABLED is true"
     assert not tracing.enabled()

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.flow.runtime import RUNTIME
 
-from conftest import Harness
+from conftest import OPERATOR_TOKEN, Harness
 
 
 class Receiver:
@@ -71,12 +71,39 @@ async def test_one_post_per_escalation(make_harness: Any, receiver: tuple[Receiv
     assert len(the_receiver.received) == 2
     first = the_receiver.received[0]
     assert first["reason"] == "unknown_state"
-    assert first["permitted_actions"] == ["resume", "abandon"]
+    assert first["permitted_actions"] == ["abandon"]  # resume only once the policy changed
     assert first["message"].startswith("External job needs a decision")
     assert first["operation_id"].startswith("op_")
     notified = [line for line in harness.audit_lines() if line["event"] == "notified"]
     assert len(notified) == 2
     assert notified[0]["detail"].startswith("delivered (attempt 1")
+
+
+async def test_an_extend_is_followed_by_the_state_the_gateway_found(
+    make_harness: Any, receiver: tuple[Receiver, str]
+) -> None:
+    """SPEC 20: after an operator's extend the gateway polls once by itself and notifies
+    ``operation.updated`` with the provider state it found, after ``operation.decided``."""
+    the_receiver, url = receiver
+    harness: Harness = await make_harness(config_changes=hook(url))
+    job = (await (await harness.submit([{"state": "running"}], key="x")).json())["id"]
+    harness.clock.advance(601)
+    escalated = await harness.poll(job)
+    operation = escalated.headers["Statusgate-Operation"]
+    extend = await harness.client.post(
+        f"/admin/operations/{operation}/extend",
+        json={"time": "5m"},
+        headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+    )
+    assert extend.status == 200
+    runtime = harness.client.app[RUNTIME]
+    while runtime.background:
+        await asyncio.gather(*runtime.background)
+    await drain(harness)
+    kinds = [notice["type"] for notice in the_receiver.received]
+    assert kinds == ["operation.escalated", "operation.decided", "operation.updated"]
+    updated = the_receiver.received[-1]
+    assert updated["outcome"] == "pending" and updated["provider_state"] == "running"
 
 
 async def test_dead_receiver_is_retried_then_given_up_and_audited(make_harness: Any) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
-from gateway.core import decide
-from gateway.core.escalation import message, suggested_extension
+from gateway.core import actions, decide
+from gateway.core.escalation import message, problem_members, suggested_extension
 from gateway.core.models import Reason
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.policy import load_policy
@@ -25,6 +26,8 @@ OPS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
 def test_each_reason_offers_exactly_its_permitted_actions() -> None:
+    """Each escalation reason permits exactly its bounded actions, with cancel only where the
+    policy has a cancel route."""
     with_cancel = load_policy(ROOT / "policies/demo-jobs.yaml", "d", {"DEMO_API_KEY": "k"})
     without = load_policy(ROOT / "policies/azure-read.yaml", "a", {"DEMO_API_KEY": "k"})
     expected = {
@@ -38,10 +41,10 @@ def test_each_reason_offers_exactly_its_permitted_actions() -> None:
     }
     assert set(expected) == set(Reason)
     fresh = pending_record()
-    for reason, actions in expected.items():
-        assert decide.permitted_actions(reason, with_cancel, fresh) == actions
+    for reason, permitted in expected.items():
+        assert decide.permitted_actions(reason, with_cancel, fresh) == permitted
         assert decide.permitted_actions(reason, without, fresh) == tuple(
-            a for a in actions if a != "cancel_at_provider"
+            a for a in permitted if a != "cancel_at_provider"
         )
 
 
@@ -66,6 +69,26 @@ def test_offered_actions_are_only_those_that_can_succeed() -> None:
     assert "extend by 1 minute with 1 additional checks" in message(escalated, policy)
 
 
+def test_resume_is_offered_only_once_the_policy_or_credential_changed() -> None:
+    """actions.offered leaves out a resume that could only be refused: an unknown state under
+    the same policy offers abandon alone, under a changed policy resume too; a credential
+    escalation needs a changed credential."""
+    policy = load_policy(ROOT / "policies/demo-jobs.yaml", "d", {"DEMO_API_KEY": "k"})
+    record = pending_record(
+        policy_fingerprint=policy.fingerprint,
+        credential_fingerprint=policy.credential_fingerprint,
+    )
+    unknown = decide.escalate(policy, record, Reason.UNKNOWN_STATE, 0.0, "d").record
+    assert actions.offered(policy, unknown) == ("abandon",)
+    changed = policy.model_copy(update={"retention": policy.retention + 1})
+    assert actions.offered(changed, unknown) == ("resume", "abandon")
+    denied = decide.escalate(policy, record, Reason.AUTHORIZATION_DENIED, 0.0, "d").record
+    assert actions.offered(changed, denied) == ("abandon",)
+    rotated = load_policy(ROOT / "policies/demo-jobs.yaml", "d", {"DEMO_API_KEY": "k2"})
+    assert actions.offered(rotated, denied) == ("resume", "abandon")
+    assert actions.offered(policy, record) == ()
+
+
 async def escalate_budget(harness: Harness, key: str = "key-1") -> tuple[str, str]:
     response = await harness.submit([{"state": "running"}], key=key)
     job, operation = (await response.json())["id"], response.headers["Statusgate-Operation"]
@@ -75,6 +98,13 @@ async def escalate_budget(harness: Harness, key: str = "key-1") -> tuple[str, st
     return job, operation
 
 
+async def background(harness: Harness) -> None:
+    """Wait for the gateway's background work (its poll after an operator's decision)."""
+    runtime = harness.client.app[RUNTIME]
+    while runtime.background:
+        await asyncio.gather(*runtime.background)
+
+
 async def act(harness: Harness, operation: str, action: str, body: Any = None, **kw: Any) -> Any:
     return await harness.client.post(
         f"/admin/operations/{operation}/{action}", json=body or {}, headers=kw.get("headers", OPS)
@@ -82,6 +112,7 @@ async def act(harness: Harness, operation: str, action: str, body: Any = None, *
 
 
 async def test_agent_tokens_and_strangers_are_refused(harness: Harness) -> None:
+    """Agent tokens get 403 forbidden and requests without a token 401 on every admin route."""
     _, operation = await escalate_budget(harness)
     agent = {"Authorization": f"Bearer {AGENT_TOKEN}"}
     for path in ("/admin/operations", f"/admin/operations/{operation}"):
@@ -94,6 +125,8 @@ async def test_agent_tokens_and_strangers_are_refused(harness: Harness) -> None:
 
 
 async def test_list_and_show(harness: Harness) -> None:
+    """The operations list filters by outcome and one operation's view carries its record,
+    escalation and story."""
     job, operation = await escalate_budget(harness)
     listed = await harness.client.get("/admin/operations?outcome=escalated", headers=OPS)
     assert [o["operation_id"] for o in (await listed.json())["operations"]] == [operation]
@@ -113,6 +146,8 @@ async def test_list_and_show(harness: Harness) -> None:
 async def test_extend_within_bounds_reactivates_and_the_next_poll_goes_out(
     harness: Harness,
 ) -> None:
+    """An extension within the policy's bounds makes the operation pending and lets the next
+    poll reach the provider."""
     job, operation = await escalate_budget(harness)
     response = await act(
         harness, operation, "extend", {"time": "15m", "requests": 4, "reason": "big file"}
@@ -122,8 +157,11 @@ async def test_extend_within_bounds_reactivates_and_the_next_poll_goes_out(
     assert record.outcome == "pending"
     assert record.delay_source == "manual_extension"
     assert record.deadline_at == harness.clock.now + 900
-    polled = await harness.poll(job)
-    assert polled.status == 200
+    await background(harness)  # the gateway's own poll after the decision (SPEC 20)
+    assert len(harness.provider_calls(job)) == 1
+    polled = await harness.poll(job)  # the agent learns the state without another call
+    assert polled.status in (200, 429)
+    assert polled.headers["Statusgate-Outcome"] == "pending"
     assert len(harness.provider_calls(job)) == 1
     extended = [line for line in harness.audit_lines() if line["event"] == "extended"]
     assert extended[0]["actor"] == "alice"
@@ -131,6 +169,7 @@ async def test_extend_within_bounds_reactivates_and_the_next_poll_goes_out(
 
 
 async def test_extend_over_bounds_is_refused_naming_the_limit(harness: Harness) -> None:
+    """An extension over max_extension is a 409 that names the limit and changes nothing."""
     _, operation = await escalate_budget(harness)
     over = await act(harness, operation, "extend", {"time": "31m", "requests": 1})
     assert over.status == 409
@@ -149,6 +188,7 @@ async def test_extend_over_bounds_is_refused_naming_the_limit(harness: Harness) 
 
 
 async def test_actions_not_permitted_for_the_reason_are_refused(harness: Harness) -> None:
+    """Actions the escalation reason does not permit are refused with 409 naming the reason."""
     job = (await (await harness.submit([{"state": "paused"}])).json())["id"]
     await harness.poll_when_due(job)
     operation = (await harness.record(job)).operation_id
@@ -207,6 +247,8 @@ async def test_resume_after_authorization_denied_needs_a_new_credential(
 
 
 async def test_abandon_and_cancel_at_provider(harness: Harness) -> None:
+    """Cancel sends the provider's cancel route once and keeps waiting; abandon ends waiting for
+    good."""
     job, operation = await escalate_budget(harness)
     cancelled = await act(harness, operation, "cancel", {"reason": "not needed"})
     assert cancelled.status == 200, await cancelled.text()
@@ -229,6 +271,7 @@ async def test_abandon_and_cancel_at_provider(harness: Harness) -> None:
 
 
 async def test_bad_action_bodies(harness: Harness) -> None:
+    """Malformed action bodies are 400 and unknown actions 404."""
     _, operation = await escalate_budget(harness)
     for body in ({"time": "soon"}, {"requests": "4"}, {"requests": True}):
         response = await act(harness, operation, "extend", body)
@@ -404,3 +447,36 @@ async def test_show_tells_what_extension_is_left(harness: Harness) -> None:
     assert (await act(harness, spent, "extend", {"time": "30m", "requests": 8})).status == 200
     shown = await (await harness.client.get(f"/admin/operations/{spent}", headers=OPS)).json()
     assert shown["extension_left"] is None
+
+
+async def test_after_extend_the_gateway_polls_once_by_itself(harness: Harness) -> None:
+    """SPEC 20: an extend makes the gateway poll the provider once at the next permitted
+    instant, spending one request of the new budget, with the usual audit line; an agent
+    last told 409 then reads the new state without a provider call of its own."""
+    job, operation = await escalate_budget(harness)
+    before = len(harness.provider_calls(job))
+    assert (await act(harness, operation, "extend", {"time": "5m"})).status == 200
+    await background(harness)
+    assert len(harness.provider_calls(job)) == before + 1
+    record = await harness.record(job)
+    assert record.outcome == "pending" and record.last_known_state == "running"
+    polled = [line for line in harness.audit_lines() if line["event"] == "polled"]
+    assert polled[-1]["actor"] == "gateway"
+    answer = await harness.poll(job)
+    assert answer.headers["Statusgate-Provider-State"] == "running"
+    assert len(harness.provider_calls(job)) == before + 1
+
+
+async def test_resume_is_offered_only_once_the_policy_changed(harness: Harness) -> None:
+    """SPEC 20: an action that can only be refused is not offered: an unknown_state
+    escalation offers abandon alone until the policy changes, then resume too."""
+    runtime = harness.client.app[RUNTIME]
+    record = pending_record()
+    policy = runtime.settings.policies[record.provider]
+    escalated = decide.escalate(policy, record, Reason.UNKNOWN_STATE, 0.0, "state 'odd'").record
+    members = problem_members(escalated, policy)
+    assert members["permitted_actions"] == ["abandon"]
+    assert "resume" not in message(escalated, policy)
+    polling = policy.polling.model_copy(update={"max_delay": policy.polling.max_delay + 1})
+    changed = policy.model_copy(update={"polling": polling})
+    assert problem_members(escalated, changed)["permitted_actions"] == ["resume", "abandon"]

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from gateway.flow.runtime import RUNTIME
 from gateway.operator import console
 
-from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, Harness
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PROVIDER_KEY, Harness
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -162,7 +164,7 @@ async def test_console_names_no_external_host_in_any_asset(harness: Harness) -> 
     them, and no served HTML, CSS or JS contains an http(s):// URL or inline script/style."""
     page = await (await harness.client.get("/console")).text()
     referenced = set(re.findall(r'(?:src|href)="([^"#]+)"', page))
-    assert referenced == {"/console/console.css", "/console/console.js", "/console/favicon.png"}
+    assert referenced == {"/console/console.css", "/console/console.js", "/console/logo.png"}
     shipped = {p.name for p in Path(console.__file__).parent.iterdir() if p.suffix != ".py"}
     shipped.discard("__pycache__")
     assert shipped == set(console.ASSETS)
@@ -345,10 +347,11 @@ async def test_extend_end_to_end(harness: Harness, open_console: Any) -> None:
     record = (await show(harness, operation))["record"]
     assert record["outcome"] == "pending"
     assert (record["extended_seconds"], record["extended_requests"]) == (600, 3)
-    assert record["delay_source"] == "manual_extension"
     line = next(x for x in harness.audit_lines() if x["event"] == "extended")
     assert (line["actor"], line["detail"]) == ("alice", "+10m, +3 requests: big file")
-    await expect(ui.page.locator("#op-story li").last).to_contain_text("extended by alice")
+    assert line["delay_source"] == "manual_extension"
+    story = ui.page.locator("#op-story li", has_text="extended by alice")
+    await expect(story).to_have_count(1)
     assert ui.errors == []
 
 
@@ -396,21 +399,34 @@ async def test_a_refused_action_shows_the_problem_detail(
     assert ui.unexpected_errors() == []
 
 
-async def test_resume_is_offered_only_where_the_escalation_permits_it(
-    harness: Harness, open_console: Any
+async def test_resume_is_offered_only_once_it_can_succeed(
+    harness: Harness, open_console: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unknown provider state permits Resume and Abandon only."""
+    """An unknown provider state permits Resume and Abandon, but Resume is offered only once
+    the policy differs from the one in force at the escalation (before, it could only be
+    refused); Extend and Cancel at provider never."""
     job = (await (await harness.submit([{"state": "paused"}])).json())["id"]
     assert (await harness.poll_when_due(job)).status == 409
     operation = (await harness.record(job)).operation_id
     ui = await open_console()
     await ui.sign_in()
     await ui.page.goto(f"{ui.base}/console#/operation/{operation}")
-    await expect(ui.button("Resume")).to_be_visible()
     await expect(ui.button("Abandon")).to_be_visible()
-    for name in ("Extend", "Cancel at provider"):
+    for name in ("Resume", "Extend", "Cancel at provider"):
         await expect(ui.button(name)).to_have_count(0)
     await expect(ui.page.locator("#op-reason")).to_have_text("unknown_state")
+    await expect(ui.page.locator("#op-detail")).to_contain_text('state "paused" is not in')
+    config = harness.client.app[RUNTIME].settings.path
+    policy = config.parent / "policies" / "demo-jobs.yaml"
+    data = yaml.safe_load(policy.read_text())
+    data["states"]["pending"].append("paused")
+    policy.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("DEMO_API_KEY", PROVIDER_KEY)
+    reloaded = await harness.client.post("/admin/reload", headers=OPS)
+    assert reloaded.status == 200, await reloaded.text()
+    await ui.page.reload()
+    await expect(ui.button("Resume")).to_be_visible()
+    await expect(ui.button("Abandon")).to_be_visible()
     assert ui.errors == []
 
 
@@ -463,6 +479,39 @@ async def test_keyboard_only_on_a_narrow_screen(harness: Harness, open_console: 
     assert ui.errors == []
 
 
+async def test_queue_rows_are_compact_and_decisions_above_the_fold(
+    harness: Harness, open_console: Any
+) -> None:
+    """A queue row is a few lines (the cause in one line, the whole message on demand), at
+    1280 and at 390 px; on a 390 x 844 phone the decision buttons are on the first screen,
+    and an action's refusal is said once ("Refused: ...", never "Refused: Refused:")."""
+    operation = await escalate(harness, "k1")
+    for width, height, most in ((1280, 800, 110), (390, 844, 230)):
+        ui = await open_console(width=width, height=height)
+        await ui.sign_in()
+        row = ui.page.locator("#queue-rows tr").first
+        await expect(row).to_contain_text("the deadline has passed")
+        await expect(row.locator("pre")).to_be_hidden()
+        box = await row.bounding_box()
+        assert box is not None and box["height"] <= most, (width, box)
+        await row.get_by_text("Message", exact=True).click()
+        await expect(row.locator("pre")).to_be_visible()
+        assert await no_sideways_scroll(ui)
+    phone = await open_console(width=390, height=844)
+    await phone.sign_in()
+    await phone.page.goto(f"{phone.base}/console#/operation/{operation}")
+    for name in ("Extend", "Cancel at provider", "Abandon"):
+        box = await phone.button(name).bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 844, (name, box)
+    await phone.button("Extend").click()
+    await phone.page.get_by_label("Time", exact=True).fill("31m")
+    await phone.page.get_by_label("Reason", exact=True).fill("more")
+    await phone.button("Confirm").click()
+    alert = phone.page.locator("#action-error")
+    await expect(alert).to_contain_text("Refused: over the policy's")
+    assert "Refused: Refused:" not in await alert.inner_text()
+
+
 # -- screenshots (docs/console-*.png), only when asked ----------------------------------------
 
 
@@ -506,4 +555,7 @@ async def test_screenshots(harness: Harness, open_console: Any, tmp_path: Path) 
     await narrow.page.get_by_role("link", name=first).click()
     await expect(narrow.button("Extend")).to_be_visible()
     await narrow.page.screenshot(path=str(docs / "console-operation-narrow.png"), full_page=True)
+    await narrow.page.screenshot(path=str(tmp_path / "operation-narrow-first-screen.png"))
+    await narrow.page.locator("#nav-queue").click()
+    await narrow.page.screenshot(path=str(tmp_path / "queue-narrow-first-screen.png"))
     assert ui.errors == [] and narrow.errors == []

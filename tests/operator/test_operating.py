@@ -314,7 +314,8 @@ def test_version_check_collects_every_problem_and_env_defaults(tmp_path: Path) -
 async def test_a_second_start_on_a_taken_port_is_one_line(
     tmp_path: Path, upstream: tuple[DemoProvider, str], gateways: list[Served]
 ) -> None:
-    """The port is named in one line on stderr, exit 1, no traceback."""
+    """The port is named in one line on stderr (JSON, as the log format says), exit 1, no
+    traceback; the running gateway's own start-up lines on stderr are JSON too."""
     _, url = upstream
     first = await Served(tmp_path / "a", url, tmp_path / "a.db").up()
     gateways.append(first)
@@ -324,9 +325,14 @@ async def test_a_second_start_on_a_taken_port_is_one_line(
     stderr = process.stderr.read().decode() if process.stderr else ""
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1, stderr
-    assert lines[0].startswith(
+    line = json.loads(lines[0])
+    assert line["level"] == "error"
+    assert line["event"].startswith(
         f"statusgate serve: cannot listen on 127.0.0.1:{first.port} (agent):"
     )
+    started = [json.loads(line) for line in first.stop().splitlines() if line.strip()]
+    listening = [line for line in started if line.get("listener") == "agent"]
+    assert listening and listening[0]["url"] == f"http://127.0.0.1:{first.port}"
 
 
 def test_make_run_on_a_taken_port_says_so_and_starts_nothing() -> None:
@@ -396,7 +402,34 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
         env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY},
     )
     assert refused.returncode == 1
-    assert refused.stderr.decode().strip() == (
+    assert json.loads(refused.stderr.decode())["event"] == (
         "statusgate serve: --workers 2 needs a Redis store (store: redis://...); "
         "the sqlite store is owned by one process"
     )
+
+
+async def test_a_mounted_secret_file_is_read_again_on_reload_and_never_logged(
+    tmp_path: Path, upstream: tuple[DemoProvider, str], gateways: list[Served]
+) -> None:
+    """``${file:/path}`` in a policy: a rotated secret file is used after POST /admin/reload
+    (a wrong key before it, the right one after), and neither value reaches the log."""
+    _, url = upstream
+    secret = tmp_path / "demo-key"
+    secret.write_text("wrong-key-7d1c\n")
+    credential = {"header": "Authorization", "value": f"Bearer ${{file:{secret}}}"}
+    served = await Served(
+        tmp_path, url, tmp_path / "g.db", policy_changes={"demo-jobs": {"credential": credential}}
+    ).up()
+    gateways.append(served)
+    base = f"http://127.0.0.1:{served.port}"
+    async with aiohttp.ClientSession() as http:
+        refused = await submit(http, base, **{"Idempotency-Key": "a"})
+        assert refused.status == 502, await refused.text()
+        secret.write_text(PROVIDER_KEY + "\n")
+        async with http.post(f"{base}/admin/reload", headers=OPS) as reloaded:
+            assert reloaded.status == 200, await reloaded.text()
+        accepted = await submit(http, base, **{"Idempotency-Key": "b"})
+        assert accepted.status == 202, await accepted.text()
+    stderr = served.stop()
+    assert "wrong-key-7d1c" not in stderr and PROVIDER_KEY not in stderr
+    assert "wrong-key-7d1c" not in (tmp_path / "audit.jsonl").read_text()

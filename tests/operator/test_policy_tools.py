@@ -42,12 +42,13 @@ def statusgate(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[by
 def test_policy_test_classifies_a_sample_answer(
     tmp_path: Path, body: dict[str, object], status: int, expected: str
 ) -> None:
-    """One line per sample, the same verdict a live status answer would get."""
+    """One line per sample, the same verdict a live status answer would get; the exit status
+    is 3 when the verdict is an escalation, 0 otherwise."""
     sample = tmp_path / "sample.json"
     sample.write_text(json.dumps(body))
     args = ["policy", "test", "--config", str(CONFIG), "--status", str(status), "demo-jobs"]
     done = statusgate(*args, str(sample))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == (3 if expected.startswith("escalate") else 0), done.stderr
     assert done.stdout.decode().startswith(expected)
     assert done.stdout.decode().count("\n") == 1
 
@@ -78,3 +79,25 @@ def test_shipped_files_validate_against_the_schemas() -> None:
     jsonschema.validate(yaml.safe_load(CONFIG.read_text()), config_schema)
     broken = {**yaml.safe_load((ROOT / "policies/demo-jobs.yaml").read_text()), "pollng": {}}
     assert list(validator.iter_errors(broken))
+
+
+def test_schemas_describe_every_field_with_defaults_check_accepts() -> None:
+    """Every property of both schemas has a description, and every duration or size default
+    is written as check reads it ("5s", not 5.0)."""
+    from gateway.settings.units import parse_duration, parse_size
+
+    for kind in ("policy", "config"):
+        document = json.loads(statusgate("schema", kind).stdout)
+        models = [document, *document["$defs"].values()]
+        for model in models:
+            for name, prop in model.get("properties", {}).items():
+                assert prop.get("description"), (kind, name)
+                pattern, default = prop.get("pattern", ""), prop.get("default")
+                if default is not None and pattern.endswith("(ms|s|m|h|d)$"):
+                    parse_duration(default)
+                if default is not None and "MiB" in pattern:
+                    parse_size(default)
+        polling = document["$defs"].get("Polling", {}).get("properties", {})
+        if polling:
+            assert polling["base_delay"]["default"] == "5s"
+            assert polling["deadline"]["default"] == "40m"

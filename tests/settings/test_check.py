@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gateway.cli import main
+from gateway.errors import ConfigError
 
 from conftest import ROOT, merge, write_config
 
@@ -65,6 +66,8 @@ def test_invalid_policy_is_rejected_with_file_and_field(
     field: str,
     message: str,
 ) -> None:
+    """Each invalid policy case fails check with a file: field: message line and no traceback or
+    secret."""
     config = write_config(tmp_path, "https://api.example.com", policy_changes={"demo-jobs": change})
     code, out, err = run_check(config, capsys)
     assert code == 1
@@ -81,6 +84,8 @@ def test_invalid_policy_is_rejected_with_file_and_field(
 def test_missing_required_field_and_bad_yaml(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A missing required section and a YAML syntax error are both reported in one run, each
+    naming its file."""
     config = write_config(tmp_path, "https://api.example.com")
     policy = tmp_path / "policies/demo-jobs.yaml"
     data = yaml.safe_load(policy.read_text())
@@ -119,6 +124,7 @@ def test_invalid_gateway_config(
     field: str,
     message: str,
 ) -> None:
+    """Each invalid gateway config case fails check naming the config file and the field."""
     config = write_config(tmp_path, "https://api.example.com")
     data = merge(yaml.safe_load(config.read_text()), change)
     if "accounts" in change:
@@ -147,9 +153,167 @@ def test_check_as_a_real_command_prints_no_traceback(tmp_path: Path) -> None:
 
 
 def test_token_hash(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """token hash prints the sha256 hex digest the shipped config stores for the demo agent
+    token."""
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO("demo-agent-token\n"))
     assert main(["token", "hash"]) == 0
     digest = capsys.readouterr().out.strip()
     assert digest in (ROOT / "config/gateway.yaml").read_text()
+
+
+def test_every_problem_of_every_phase_in_one_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run reports field errors, cross-field rules, missing variables, accounts and the
+    store together, not one phase at a time."""
+    change = {
+        "credential": {"header": "Authorization", "value": "Bearer ${NOT_SET_ANYWHERE}"},
+        "polling": {"max_status_requests": "12", "base_delay": "60s", "max_delay": "30s"},
+        "routes": {"status": {"path": "/v1/jobs/latest"}},
+    }
+    config = write_config(
+        tmp_path,
+        "https://api.example.com",
+        policy_changes={"demo-jobs": change},
+        config_changes={"store": "mongodb://x", "limits": {"upstream_timeout": "30"}},
+    )
+    data = yaml.safe_load(config.read_text())
+    data["accounts"][0]["providers"] = ["nope"]
+    data["operators"][0]["token_sha256"] = "abc"  # invalid, so this operator is left out
+    config.write_text(yaml.safe_dump(data))
+    code, _, err = run_check(config, capsys)
+    assert code == 1
+    assert f"{config}: operators[0].token_sha256: must be a lowercase sha256" in err
+    policy = f"{tmp_path}/policies/demo-jobs.yaml"
+    for expected in (
+        f"{policy}: credential.value: environment variable NOT_SET_ANYWHERE is not set",
+        f"{policy}: polling.max_status_requests: ",
+        f"{policy}: polling.base_delay: must not be greater than polling.max_delay",
+        f"{policy}: routes.status.path: must contain {{job_id}}",
+        f"{config}: limits.upstream_timeout: ",
+        f"{config}: accounts[0].providers[0]: no policy for 'nope'",
+        f"{config}: store: scheme 'mongodb'",
+    ):
+        assert expected in err, (expected, err)
+
+
+def test_cross_checks_skip_fields_already_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A field that failed validation is not reported again by a cross-field rule that saw
+    its default instead."""
+    change = {"polling": {"base_delay": "lots", "max_delay": "1s"}}
+    config = write_config(tmp_path, "https://x.example", policy_changes={"demo-jobs": change})
+    code, _, err = run_check(config, capsys)
+    assert code == 1
+    lines = [line for line in err.splitlines() if "polling.base_delay" in line]
+    assert len(lines) == 1 and 'duration like "5s"' in lines[0], err
+
+
+@pytest.mark.parametrize(
+    ("value", "env", "message"),
+    [
+        ("Bearer $DEMO_API_KEY", {}, "$DEMO_API_KEY is sent as written: write ${DEMO_API_KEY}"),
+        ("Bearer ${EMPTY_KEY}", {"EMPTY_KEY": ""}, "environment variable EMPTY_KEY is empty"),
+    ],
+)
+def test_bare_and_empty_variables_are_problems(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    value: str,
+    env: dict[str, str],
+    message: str,
+) -> None:
+    """A credential that would be sent as the literal text "Bearer $KEY", or as "Bearer ",
+    fails check naming the field and the variable."""
+    for name, setting in env.items():
+        monkeypatch.setenv(name, setting)
+    change = {"credential": {"header": "Authorization", "value": value}}
+    config = write_config(tmp_path, "https://x.example", policy_changes={"demo-jobs": change})
+    code, _, err = run_check(config, capsys)
+    assert code == 1
+    assert f"{tmp_path}/policies/demo-jobs.yaml: credential.value: {message}" in err, err
+    assert "secret-value-never-printed" not in err
+
+
+def test_double_dollar_is_a_literal_dollar(tmp_path: Path) -> None:
+    """``$$`` writes one ``$`` and is not read as a variable."""
+    from gateway.settings.loading import interpolate
+
+    data, problems = interpolate({"a": "pa$$word $${HOME}"}, "f.yaml", {})
+    assert problems == [] and data == {"a": "pa$word ${HOME}"}
+
+
+def test_yaml_errors_keep_line_column_and_caret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A YAML syntax error names line and column and shows the line with a caret under it."""
+    config = write_config(tmp_path, "https://x.example")
+    (tmp_path / "policies/broken.yaml").write_text("provider: demo\nupstream: 'unclosed\n")
+    (tmp_path / "policies/flow.yaml").write_text("provider: x\nstates: {a: [1, 2}\n")
+    code, _, err = run_check(config, capsys)
+    assert code == 1
+    assert f"{tmp_path}/policies/flow.yaml: line 2, column 18: " in err, err
+    assert "\n    states: {a: [1, 2}\n" + " " * 21 + "^\n" in err, err
+    assert f"{tmp_path}/policies/broken.yaml: line " in err
+
+
+def test_secret_from_a_mounted_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``${file:/path}`` reads a mounted secret (final newline dropped, relative paths from
+    the file's folder); an unreadable file is named without any value."""
+    from gateway.settings.config import load_settings
+
+    secret = tmp_path / "provider-key"
+    secret.write_text("from-a-file-4f9a\n")
+    value = {"credential": {"header": "Authorization", "value": f"Bearer ${{file:{secret}}}"}}
+    config = write_config(tmp_path, "https://x.example", policy_changes={"demo-jobs": value})
+    assert load_settings(config).policies["demo-jobs"].credential.value == "Bearer from-a-file-4f9a"
+    relative = {"credential": {"header": "Authorization", "value": "${file:../provider-key}"}}
+    config = write_config(tmp_path, "https://x.example", policy_changes={"demo-jobs": relative})
+    assert load_settings(config).policies["demo-jobs"].credential.value == "from-a-file-4f9a"
+    secret.unlink()
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert any("secret file ../provider-key: cannot read" in p for p in caught.value.problems)
+
+
+def test_readme_check_commands_work_in_a_second_shell(tmp_path: Path) -> None:
+    """README's "check before deploying" commands, pasted into a shell where `make run`
+    never ran (no DEMO_API_KEY), pass check, print the escalation verdict with exit 3 and
+    write a JSON Schema."""
+    import json
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"```sh\n([^`]*statusgate check[^`]*)```", readme)
+    assert found, "README has no check block"
+    shim = tmp_path / "statusgate"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway "$@"\n')
+    shim.chmod(0o755)
+    commands = [
+        line.replace(".venv/bin/statusgate", str(shim)) + '; echo "exit $?"'
+        for line in found.group(1)
+        .replace("policy.schema.json", str(tmp_path / "s.json"))
+        .splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    done = subprocess.run(
+        ["bash", "-c", "\n".join(commands)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
+        timeout=120,
+        check=False,
+    )
+    out = done.stdout.splitlines()
+    assert "config/gateway.yaml: ok: " in done.stdout, done.stdout + done.stderr
+    verdict = out.index(
+        'escalate unknown_state: state "paused" is not in the policy\'s state table'
+    )
+    assert out[verdict + 1] == "exit 3"
+    assert [line for line in out if line.startswith("exit")] == ["exit 0", "exit 3", "exit 0"]
+    assert json.loads((tmp_path / "s.json").read_text())["title"].startswith("Statusgate")

@@ -36,6 +36,7 @@ async def test_batch_api_lifecycle(harness: Harness) -> None:
 
 
 async def test_batch_api_completed_without_output_escalates(harness: Harness) -> None:
+    """A completed batch without its output file id escalates integration_failure."""
     script = [{"state": "completed", "omit": ["output_file_id"]}]
     response = await harness.submit(script, provider="batch-api", path="/v1/batches", key=None)
     job = (await response.json())["id"]
@@ -45,6 +46,7 @@ async def test_batch_api_completed_without_output_escalates(harness: Harness) ->
 
 
 async def test_batch_api_cancelling_is_pending_then_cancelled(harness: Harness) -> None:
+    """A cancelling batch is pending and then ends cancelled."""
     script = [{"state": "cancelling"}, {"state": "cancelled"}]
     response = await harness.submit(script, provider="batch-api", path="/v1/batches", key=None)
     job = (await response.json())["id"]
@@ -86,6 +88,7 @@ async def test_azure_lro_job_id_from_operation_location(harness: Harness) -> Non
 
 
 async def test_azure_failed_is_terminal(harness: Harness) -> None:
+    """Azure's Failed status is a terminal failed outcome."""
     response = await harness.submit(
         [{"state": "Failed"}], provider="azure-read", path=f"{AZURE}:analyze", key=None
     )

@@ -22,6 +22,8 @@ async def dump(response: Any) -> str:
 async def test_no_secret_in_any_answer_or_log(
     make_harness: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The provider credential never appears in any answer, header or log line, even when the
+    provider echoes it."""
     caplog.set_level(logging.DEBUG)
     harness: Harness = await make_harness(config_changes={"limits": {"upstream_timeout": "300ms"}})
     seen: list[str] = []

@@ -102,6 +102,8 @@ async def test_sqlite_cache_is_bounded_in_bytes(tmp_path: Path) -> None:
 
 
 def test_cache_evicts_least_recently_used_and_skips_what_is_too_big() -> None:
+    """The SQLite record cache evicts the least recently used record and never holds one larger
+    than its limit."""
     small = [op(i) for i in range(3)]
     cache = _Cache(limit=footprint(small[0]) * 2)
     cache.wrote(small[0])
@@ -129,6 +131,7 @@ def test_cache_keeps_no_read_that_raced_a_write() -> None:
 
 
 async def test_cache_bytes_reaches_the_store_from_the_url_helper(tmp_path: Path) -> None:
+    """limits.cache_bytes reaches the SQLite store through store_from_url (64 MiB by default)."""
     default = store_from_url(f"sqlite:///{tmp_path}/a.db")
     tuned = store_from_url(f"sqlite:///{tmp_path}/b.db", cache_bytes=3 * MiB)
     assert isinstance(default, SQLiteStore) and isinstance(tuned, SQLiteStore)

@@ -69,6 +69,7 @@ async def test_scripts_survive_a_script_flush(redis_url: str) -> None:
 
 
 async def test_keys_are_hash_tagged_and_prefixed(redis_url: str) -> None:
+    """Every Redis key carries the store prefix and record keys a hash tag."""
     store = store_from_url(redis_url)
     assert isinstance(store, RedisStore)
     try:
@@ -165,6 +166,7 @@ async def test_on_a_cluster_an_operations_keys_share_one_slot(redis_cluster_url:
     ],
 )
 def test_a_cluster_url_that_cannot_work_says_why(url: str, problem: str) -> None:
+    """A cluster URL that cannot work is a ConfigError saying why."""
     with pytest.raises(ConfigError) as caught:
         store_from_url(url)
     assert any(problem in line for line in caught.value.problems), caught.value.problems

@@ -22,7 +22,7 @@ ASSETS = {
     PAGE: "text/html",
     "console.css": "text/css",
     "console.js": "text/javascript",
-    "favicon.png": "image/png",
+    "logo.png": "image/png",
 }
 CSP = "; ".join(
     [

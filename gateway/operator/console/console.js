@@ -229,11 +229,14 @@
     if (ids === queueIds) {
       // Same rows in the same order: update ages and text in place, so keyboard focus on
       // a link survives the refresh.
+      // An open message stays open.
       items.forEach((item, index) => {
         const row = body.rows[index];
         const ageCell = row.cells[4];
         if (ageCell.textContent !== age(item.age_seconds)) ageCell.textContent = age(item.age_seconds);
-        const pre = row.cells[5].firstChild;
+        const why = row.cells[3].querySelector(".sub");
+        if (why.textContent !== detailOf(item.message)) why.textContent = detailOf(item.message);
+        const pre = row.cells[5].querySelector("pre");
         if (pre.textContent !== item.message) pre.textContent = item.message;
       });
       return;
@@ -242,19 +245,30 @@
     body.replaceChildren(...items.map(queueRow));
   }
 
+  // The escalation message's "Detail:" line: the concrete cause, in one line.
+  function detailOf(message) {
+    const found = /^Detail: (.*)$/m.exec(message || "");
+    return found ? found[1] : "";
+  }
+
+  // One compact row per escalation; the whole message only on demand.
   function queueRow(item) {
     const row = el("tr");
     const first = el("div", "stack");
     first.append(operationLink(item.operation_id), el("span", "sub", "job " + item.provider_job_id));
-    const ageCell = cell("Age", age(item.age_seconds), "nowrap");
+    const ageCell = cell("Age", age(item.age_seconds), "nowrap cell-age");
     ageCell.title = "Escalated at " + instant(item.escalated_at);
+    const reason = el("div", "stack");
+    reason.append(badge(item.reason, "reason"), el("span", "sub", detailOf(item.message)));
+    const more = el("details", "more");
+    more.append(el("summary", null, "Message"), el("pre", "message", item.message));
     row.append(
-      cell("Operation", first),
-      cell("Provider", item.provider, "nowrap"),
-      cell("Account", item.account, "nowrap"),
-      cell("Reason", badge(item.reason, "reason")),
+      cell("Operation", first, "cell-op"),
+      cell("Provider", item.provider, "nowrap cell-provider"),
+      cell("Account", item.account, "nowrap cell-account"),
+      cell("Reason", reason, "cell-reason"),
       ageCell,
-      cell("Message", el("pre", "message", item.message), "message-cell"),
+      cell("Message", more, "cell-message"),
     );
     return row;
   }
@@ -451,6 +465,7 @@
       return;
     }
     $("op-reason").replaceChildren(badge(escalation.reason, "reason"));
+    setText("op-detail", detailOf(data.message) || "—");
     setText("op-escalated-at", instant(escalation.escalated_at));
     setText("op-message", data.message || "");
     const left = data.extension_left;
@@ -459,7 +474,11 @@
         " requests in total; " + left.time + " and " + left.requests + " requests are left."
       : "");
     $("op-bounds").hidden = !left;
-    for (const action of escalation.permitted_actions) {
+    // Only what can succeed now: the gateway leaves out a resume nothing has changed for.
+    const offered = escalation.permitted_actions;
+    if (!offered.length) setText("op-bounds", "No action can succeed now.");
+    $("op-bounds").hidden = !left && offered.length > 0;
+    for (const action of offered) {
       const known = ACTIONS[action];
       if (!known) continue;
       const button = el("button", action === "abandon" ? "danger" : null, known.label);
@@ -561,7 +580,8 @@
         failed(error, "");
         return;
       }
-      actionError("Refused: " + error.message);
+      // The API's detail may already say so ("Refused: the policy has not changed since.").
+      actionError(/^refused\b/i.test(error.message) ? error.message : "Refused: " + error.message);
     } finally {
       $("action-confirm").disabled = false;
     }

@@ -1,0 +1,51 @@
+"""Records: the generated copier behaves exactly as dataclasses.replace."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.core.models import OperationRecord, Outcome
+
+from conftest import pending_record
+
+NUMBERS = ("status_requests_used", "next_poll_at", "deadline_at", "version", "early_refusals")
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(NUMBERS), st.integers(min_value=0, max_value=10**6), max_size=5
+    ),
+    st.sampled_from(list(Outcome)),
+    st.one_of(st.none(), st.text(max_size=20)),
+)
+def test_evolve_equals_dataclasses_replace(
+    numbers: dict[str, int], outcome: Outcome, state: str | None
+) -> None:
+    """For any changes, evolve gives the record dataclasses.replace gives, and leaves the
+    original and the caller's changes as they were."""
+    record = pending_record()
+    before = dataclasses.replace(record)
+    changes: dict[str, Any] = {**numbers, "outcome": outcome, "last_known_state": state}
+    asked = dict(changes)
+    assert record.evolve(**changes) == dataclasses.replace(record, **changes)
+    assert changes == asked
+    assert record == before
+
+
+def test_evolve_refuses_unknown_fields() -> None:
+    """A misspelt field is a TypeError, never silently dropped."""
+    with pytest.raises(TypeError, match="unknown fields"):
+        pending_record().evolve(statu_requests_used=1)
+
+
+def test_evolve_copies_every_field() -> None:
+    """Every field of the record survives a copy, whatever fields are added later."""
+    record = pending_record()
+    copy = record.evolve()
+    for field in dataclasses.fields(OperationRecord):
+        assert getattr(copy, field.name) == getattr(record, field.name)
