@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
@@ -16,7 +17,7 @@ from gateway.core.models import Outcome
 from gateway.demo.provider import BATCH_OUTPUT, output_file
 from gateway.settings.policy import ProviderPolicy, load_policy, warnings
 
-from conftest import AGENT_TOKEN, OTHER_TOKEN, ROOT, Harness, sha
+from conftest import AGENT_TOKEN, OTHER_TOKEN, ROOT, Harness, real_time_harness, sha
 
 REPLAY = {"demo-jobs": {"polling": {"early_calls": "replay"}}}
 BOTH_EVERYWHERE = {
@@ -319,3 +320,45 @@ def fill_job(path: str) -> str:
 def fill_any(path: str, value: str) -> str:
     """A route path with every placeholder filled with ``value`` (fixed query dropped)."""
     return re.sub(r"\{[^{}]*\}", value, path.partition("?")[0])
+
+
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
+def durable_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The stores that serialise records: a SQLite file, Redis, a Redis Cluster."""
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
+    return f"sqlite:///{tmp_path}/g.db"
+
+
+async def test_replay_and_results_by_value_through_every_durable_store(
+    tmp_path: Path, durable_store: str
+) -> None:
+    """On real time and a store that serialises records (its compare-and-set scripts
+    included), an early call is replayed from the stored answer and the output is found by
+    its value once the batch completed."""
+    polling = {"base_delay": "300ms", "max_delay": "300ms", "jitter": {"min": 1, "max": 1}}
+    changes = {"openai-batch": {"polling": polling}}
+    async with real_time_harness(
+        tmp_path, store_url=durable_store, policy_changes=changes
+    ) as harness:
+        script = [{"state": "in_progress"}, {"state": "completed"}]
+        created = await harness.submit(
+            script, provider="openai-batch", path="/v1/batches", key=None
+        )
+        batch = (await created.json())["id"]
+        path = "/v1/batches/{job_id}"
+        early = await harness.poll(batch, provider="openai-batch", path=path)
+        assert early.status == 200 and (await early.json())["status"] == "validating"
+        polled = await harness.poll_when_due(batch, provider="openai-batch", path=path)
+        assert (await polled.json())["status"] == "in_progress"
+        replayed = await harness.poll(batch, provider="openai-batch", path=path)
+        assert replayed.status == 200 and "Age" in replayed.headers
+        assert (await replayed.json())["status"] == "in_progress"
+        done = await harness.poll_when_due(batch, provider="openai-batch", path=path)
+        assert done.headers["Statusgate-Outcome"] == "succeeded"
+        url = f"/p/openai-batch/v1/files/{output_file(batch)}/content"
+        fetched = await harness.client.get(url, headers=harness.auth())
+        assert fetched.status == 200 and await fetched.read() == BATCH_OUTPUT
+        assert status_calls(harness, batch) == 2
