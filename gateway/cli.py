@@ -135,6 +135,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from gateway.settings.config import load_settings, written_store_url
+    from gateway.settings.policy import warnings
     from gateway.store import store_from_url
 
     problems: list[str] = []
@@ -151,6 +152,9 @@ def _check(args: argparse.Namespace) -> int:
         problems += [f"{args.config}: {line}" for line in exc.problems]
     if problems or settings is None or store is None:
         raise ConfigError(problems)
+    for name, policy in sorted(settings.policies.items()):  # valid, but unsafe: stderr
+        for where, message in warnings(policy):
+            print(f"{args.config}: policy {name}: {where}: warning: {message}", file=sys.stderr)
     try:
         found = asyncio.run(store.inspect())
     except StoreError as exc:

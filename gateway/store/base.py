@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -46,6 +47,26 @@ class Records(abc.ABC):
 
     @abc.abstractmethod
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None: ...
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        """The ``account``'s operation of ``provider`` whose stored record lists ``value`` in
+        ``result_values`` (SPEC 20: a result addressed by its own value), or None.
+
+        The contract: a record's ``result_values`` are findable once a write of that record
+        returned, for as long as the record is kept (``purge`` forgets them with it); a value
+        is never found for another account or provider; when two operations list one value,
+        either may be returned. Backends keep an index written with the record (or before
+        it, checked here against the record); this default pages through ``list``, right
+        for any backend and slow for a large one."""
+        where = OperationFilter(provider=provider, account=account)
+        while True:
+            page = await self.list(where)
+            for record in page:
+                if value in record.result_values:
+                    return record
+            if len(page) < where.limit:
+                return None
+            where = dataclasses.replace(where, before=listed_at(page[-1]))
 
     def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         """The record as this process last wrote or read it, without any I/O, or None; it

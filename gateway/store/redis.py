@@ -9,6 +9,7 @@ writes a record touches keys of that one slot:
 
     PREFIX:op:SHARD{OPERATION_ID}     hash: v (version), d (record JSON), o (outcome)
     PREFIX:job:{SHA1(account, provider, job id)}   string: operation id
+    PREFIX:result:{SHA1(account, provider, value)}   string: operation id (a result value)
     PREFIX:idem:{SHA1(scope)}         string: idempotency entry JSON, expires at its retention
     PREFIX:lease:SHARD{NAME}          string: the holder's random token, PX = lease time
                                       (SHARD from the part of NAME after its last colon:
@@ -81,6 +82,7 @@ CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
 COPIES = 16_384  # pending records as last written or read here (Store.known); ~2 KB each
+COPY_ANSWER = 4096  # ... and with a replayable answer of at most this many bytes
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 LUA = resources.files("gateway.store") / "lua"
@@ -186,6 +188,9 @@ class RedisStore(Store):
     def _job(self, account: str, provider: str, job_id: str) -> str:
         return f"{self.prefix}:job:{{{_tag(account, provider, job_id)}}}"
 
+    def _result(self, account: str, provider: str, value: str) -> str:
+        return f"{self.prefix}:result:{{{_tag(account, provider, value)}}}"
+
     def _idem(self, key: str) -> str:
         return f"{self.prefix}:idem:{{{_tag(key)}}}"
 
@@ -288,6 +293,7 @@ class RedisStore(Store):
         pipe.zadd(f"{self.prefix}:ops", {record.operation_id: record.started_at})
         pipe.sadd(f"{self.prefix}:providers", record.provider)
         self._index(pipe, record)
+        self._index_results(pipe, record)
         if idempotency is not None:
             self._put_idem(pipe, idempotency)
         await self._call("create", pipe.execute())
@@ -308,6 +314,28 @@ class RedisStore(Store):
             pipe.zadd(ended, {operation_id: record.ended_at})
         if record.outcome is Outcome.ESCALATED and record.escalation is not None:
             pipe.hset(escalated, operation_id, record.escalation.reason.value)
+
+    def _index_results(self, pipe: Any, record: OperationRecord) -> None:
+        """The record's result values -> its id. Written before the record (on a cluster
+        they live in other slots than the record, so no script can write both): an entry
+        whose record write then lost its compare-and-set is harmless, as ``find_result``
+        checks the record it leads to."""
+        for value in record.result_values:
+            pipe.set(self._result(record.account, record.provider, value), record.operation_id)
+
+    async def _results_first(self, record: OperationRecord) -> None:
+        if record.result_values:
+            pipe = self._redis.pipeline(transaction=False)
+            self._index_results(pipe, record)
+            await self._call("save", pipe.execute())
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        key = self._result(account, provider, value)
+        operation_id = await self._call("find_result", self._redis.get(key))
+        record = None if operation_id is None else await self.get(operation_id.decode())
+        if record is None or record.account != account or record.provider != provider:
+            return None
+        return record if value in record.result_values else None
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         return await self._reads.read(self._op(operation_id))
@@ -352,15 +380,18 @@ class RedisStore(Store):
         return keys, args, written
 
     def _copy(self, record: OperationRecord) -> None:
-        """Keep ``record`` as this process's copy: only a pending one (the copy only ever
-        starts a poll, and a pending record carries no final answer, so COPIES bounds the
-        memory), never one older than the copy already kept."""
+        """Keep ``record`` as this process's copy: only a pending one whose answer kept to
+        replay is small (the copy only ever starts a poll, and a pending record carries no
+        final answer, so COPIES and COPY_ANSWER bound the memory), never one older than the
+        copy already kept."""
         copies, operation_id = self._copies, record.operation_id
         kept = copies.pop(operation_id, None)  # most recent last: the oldest goes first
         if kept is not None and kept.version > record.version:
             record = kept  # a read that finished after a write of ours
         if record.outcome is not Outcome.PENDING or self._cluster:
             return  # (on a cluster a poll's steps are apart: a copy would save nothing)
+        if record.last_answer is not None and len(record.last_answer.body) > COPY_ANSWER:
+            return  # a read starts its next poll instead
         if len(copies) >= COPIES:
             copies.pop(next(iter(copies)))
         copies[operation_id] = record
@@ -374,6 +405,7 @@ class RedisStore(Store):
         return None if operation_id is None else self._copies.get(operation_id)
 
     async def save(self, record: OperationRecord) -> bool:
+        await self._results_first(record)
         keys, args, written = self._cas_call(record)
         result = await self._call("save", self._cas(keys=keys, args=args))
         if result == -2:
@@ -468,6 +500,8 @@ class RedisStore(Store):
             self._forget(record.operation_id)
             delete.delete(self._op(record.operation_id))
             delete.delete(self._job(record.account, record.provider, record.provider_job_id))
+            for value in record.result_values:
+                delete.delete(self._result(record.account, record.provider, value))
             delete.zrem(f"{self.prefix}:ops", raw)
             delete.srem(active, raw)
             delete.zrem(deadlines, raw)
@@ -623,6 +657,7 @@ class RedisStore(Store):
         if new is not None and self._lease(lease).startswith(
             f"{self.prefix}:lease:{self._shard(operation_id)}"
         ):  # the lease shares the record's slot (always, on one Redis)
+            await self._results_first(new)
             keys, args, stored = self._cas_call(new)
             keys.append(self._lease(lease))
             args.append(token)

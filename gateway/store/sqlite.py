@@ -67,6 +67,14 @@ CREATE INDEX IF NOT EXISTS operations_deadline
     ON operations (provider, json_extract(data, '$.deadline_at')) WHERE outcome = 'pending';
 CREATE INDEX IF NOT EXISTS operations_ended
     ON operations (provider, json_extract(data, '$.ended_at')) WHERE outcome != 'pending';
+CREATE TABLE IF NOT EXISTS result_values (
+    account      TEXT NOT NULL,
+    provider     TEXT NOT NULL,
+    value        TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    PRIMARY KEY (account, provider, value)
+);
+CREATE INDEX IF NOT EXISTS result_values_operation ON result_values (operation_id);
 CREATE TABLE IF NOT EXISTS idempotency (
     key        TEXT PRIMARY KEY,
     expires_at REAL NOT NULL,
@@ -108,9 +116,11 @@ class _Pending:
 
 
 def footprint(record: OperationRecord) -> int:
-    """What caching ``record`` costs, in bytes: its final body and a fixed overhead."""
-    final = record.final_response
-    return RECORD_OVERHEAD + (len(final.body) if final is not None else 0)
+    """What caching ``record`` costs, in bytes: its final body, the last answer kept to
+    replay, and a fixed overhead."""
+    final, last = record.final_response, record.last_answer
+    kept = (len(final.body) if final is not None else 0) + (len(last.body) if last else 0)
+    return RECORD_OVERHEAD + kept
 
 
 def _job(record: OperationRecord) -> Job:
@@ -407,6 +417,7 @@ class SQLiteStore(Store):
             if existing is not None:
                 return existing
             conn.execute("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(record))
+            _index(conn, record)
             if idempotency is not None:
                 _put_idem(conn, idempotency)
             self._wrote(record)
@@ -439,6 +450,18 @@ class SQLiteStore(Store):
         if record is not None:
             self._cache.read(record, since)
         return record
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        """From the result_values table, written in the record's own transaction."""
+        sql = (
+            "SELECT operation_id FROM result_values"
+            " WHERE account = ? AND provider = ? AND value = ?"
+        )
+        row = await self._read(
+            "find_result", lambda conn: conn.execute(sql, (account, provider, value)).fetchone()
+        )
+        record = None if row is None else await self.get(str(row[0]))
+        return record if record is not None and value in record.result_values else None
 
     async def save(self, record: OperationRecord) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
@@ -505,6 +528,9 @@ class SQLiteStore(Store):
         def work(conn: sqlite3.Connection) -> list[str]:
             ids = [row[0] for row in conn.execute(PURGEABLE, (provider, ended_before, PURGE_BATCH))]
             conn.executemany("DELETE FROM operations WHERE operation_id = ?", [(i,) for i in ids])
+            conn.executemany(
+                "DELETE FROM result_values WHERE operation_id = ?", [(i,) for i in ids]
+            )
             conn.execute("DELETE FROM idempotency WHERE expires_at <= ?", (now,))
             return ids
 
@@ -682,7 +708,22 @@ def _cas(conn: sqlite3.Connection, record: OperationRecord) -> bool:
         " WHERE operation_id = ? AND version = ?",
         (values[4], values[6], values[7], record.operation_id, record.version),
     )
-    return cursor.rowcount == 1
+    if cursor.rowcount != 1:
+        return False
+    _index(conn, record)
+    return True
+
+
+def _index(conn: sqlite3.Connection, record: OperationRecord) -> None:
+    """The record's result values, in the transaction that writes it (SPEC 20)."""
+    if record.result_values:
+        conn.executemany(
+            "INSERT OR REPLACE INTO result_values VALUES (?, ?, ?, ?)",
+            [
+                (record.account, record.provider, v, record.operation_id)
+                for v in record.result_values
+            ],
+        )
 
 
 def _put_idem(conn: sqlite3.Connection, entry: IdempotencyEntry) -> None:
