@@ -292,6 +292,7 @@ class PostgresStore(Store):
         row = await self._one("create", query, args)
         if row[0]:
             self._copies.keep(record)
+            await self._index(record)
             return record
         existing = await self.find(record.account, record.provider, record.provider_job_id)
         if existing is None:  # purged between the two statements: the job is free again
@@ -341,7 +342,41 @@ class PostgresStore(Store):
 
     async def save(self, record: OperationRecord) -> bool:
         row = await self._one("save", self._cas_sql, _cas_args(record))
-        return self._wrote(record, row[0])
+        if not self._wrote(record, row[0]):
+            return False
+        await self._index(record)
+        return True
+
+    async def _index(
+        self, record: OperationRecord, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> None:
+        """SPEC 20: the record's result values, findable once its write returned (in the
+        write's own transaction when there is one)."""
+        values = record.result_values
+        if not values:
+            return
+        rows = ", ".join(["(%s, %s, %s, %s)"] * len(values))
+        query = f"INSERT INTO {self._s}.result_values VALUES {rows} ON CONFLICT DO NOTHING"
+        args: list[Any] = []
+        for value in values:
+            args += [record.account, record.provider, value, record.operation_id]
+        if conn is not None:
+            await conn.execute(query.encode(), args)
+            return
+        async with self._connection("save") as fresh:
+            await fresh.execute(query.encode(), args)
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        """From the result_values table; the record itself is checked to still list it."""
+        s = self._s
+        rows = await self._all(
+            "find_result",
+            f"SELECT o.data FROM {s}.result_values v JOIN {s}.operations o USING (operation_id)"
+            " WHERE v.account = %s AND v.provider = %s AND v.value = %s LIMIT 1",
+            (account, provider, value),
+        )
+        record = _load(rows[0]) if rows else None
+        return record if record is not None and value in record.result_values else None
 
     def _wrote(self, record: OperationRecord, answer: int) -> bool:
         """sg_cas's answer for writing ``record``: kept as the copy when written."""
@@ -385,6 +420,7 @@ class PostgresStore(Store):
                 row = await cursor.fetchone()
                 if row is None or not self._wrote(new, row[0]):  # locked: only the clock refuses
                     raise StoreError(f"{operation_id}: version moved", operation=operation)
+                await self._index(new, conn)
             if fence is not None:
                 await conn.execute(
                     f"UPDATE {s}.leases SET token = '', expires_at = 0"
@@ -561,6 +597,7 @@ class PostgresStore(Store):
         if new is not None:
             row = await self._one("save", self._finish_sql, (lease, token, *_cas_args(new)))
             if row[0] != -3 and self._wrote(new, row[0]):
+                await self._index(new)
                 return result
         return await self._locked("save", operation_id, change, (lease, token))
 

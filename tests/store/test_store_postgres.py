@@ -626,3 +626,26 @@ async def test_two_replicas_purging_at_once_delete_each_record_once(postgres_url
     finally:
         for replica in replicas:
             await replica.close()
+
+
+async def test_result_values_are_indexed_in_a_table_and_purged_with_the_record(
+    pg: Any, postgres_url: str
+) -> None:
+    """SPEC 20 on PostgreSQL: a record's result values go to the result_values table with
+    its write (found by an index lookup, not a scan), only for its own account, and purging
+    the record removes them (the foreign key cascades)."""
+    stored = await pg.create(record())
+    done = stored.evolve(outcome=Outcome.SUCCEEDED, ended_at=1.0, result_values=("file-9",))
+    assert await pg.save(done)
+    with admin(postgres_url) as conn:
+        rows = conn.execute(
+            f'SELECT account, provider, value, operation_id FROM "{pg.schema}".result_values'
+        ).fetchall()
+    assert rows == [(done.account, done.provider, "file-9", "op_p")]
+    found = await pg.find_result(done.account, done.provider, "file-9")
+    assert found is not None and found.operation_id == "op_p"
+    assert await pg.find_result("someone-else", done.provider, "file-9") is None
+    assert await pg.purge(done.provider, time.time(), time.time()) == 1
+    with admin(postgres_url) as conn:
+        left = conn.execute(f'SELECT count(*) FROM "{pg.schema}".result_values').fetchone()
+    assert left == (0,)

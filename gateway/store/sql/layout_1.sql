@@ -52,6 +52,18 @@ CREATE TABLE @.pacing (
     tight_until double precision
 ) WITH (fillfactor = 70);
 
+-- SPEC 20: the {final.*} values of an operation's final answer, so a result route can be
+-- addressed by value; written with the record, gone with it (purge cascades here).
+CREATE TABLE @.result_values (
+    account      text NOT NULL,
+    provider     text NOT NULL,
+    value        text NOT NULL,
+    operation_id text COLLATE "C" NOT NULL
+        REFERENCES @.operations (operation_id) ON DELETE CASCADE,
+    PRIMARY KEY (account, provider, value, operation_id)
+);
+CREATE INDEX result_values_operation ON @.result_values (operation_id);
+
 CREATE FUNCTION @.sg_now() RETURNS double precision LANGUAGE sql VOLATILE AS
 $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
 
