@@ -25,7 +25,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Runtime dependencies at pinned versions, in their own layer so code changes reuse it.
+# Runtime dependencies at pinned versions (the postgres extra included, so one image serves
+# every store), in their own layer so code changes reuse it.
 # requirements.lock is generated, not edited: `make lock` regenerates it from pyproject.toml.
 COPY requirements.lock ./
 RUN pip install --no-deps -r requirements.lock

@@ -73,7 +73,7 @@ lock: $(STAMP)
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	$(VENV)/bin/pip freeze --exclude-editable > "$$tmp/constraints.txt"; \
-	"$$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -c "$$tmp/constraints.txt" .; \
+	"$$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -c "$$tmp/constraints.txt" ".[postgres]"; \
 	{ echo "# Runtime dependencies of the Statusgate image, pinned. Regenerate with: make lock"; \
 	  "$$tmp/venv/bin/pip" freeze --exclude statusgate; } > requirements.lock; \
 	echo "requirements.lock: $$(grep -c '==' requirements.lock) pinned packages"

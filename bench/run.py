@@ -2,10 +2,13 @@
 
 Everything runs on loopback in this one run: the demo provider (B0 direct), nginx proxy_pass
 (B1, when nginx is installed), a bare aiohttp pass-through proxy (B2), Statusgate on SQLite
-(G1) and on Redis (G2, when a Redis answers). Capacity is measured closed-loop with wrk
-(or a Python closed loop when wrk is missing), latency open-loop at a fixed rate of about 60%
-of G1's forwarded capacity. Nothing here is asserted; the targets are printed beside the
-ratios. Options: --quick (shorter runs), --growth N (stored operations for the growth row).
+(G1), on Redis (G2, when a Redis answers) and on PostgreSQL (G3, when one answers at
+STATUSGATE_BENCH_POSTGRES, else STATUSGATE_TEST_POSTGRES, else 127.0.0.1:5432 as postgres).
+Capacity is measured closed-loop with wrk (or a Python closed loop when wrk is missing),
+latency open-loop at a fixed rate of about 60% of G1's forwarded capacity. Nothing here is
+asserted; the targets are printed beside the ratios. Options: --quick (shorter runs),
+--growth N (stored operations for the growth row), --stores-only (the Statusgate rows G1-G3
+and their fixed-rate latency, nothing else).
 """
 
 from __future__ import annotations
@@ -302,6 +305,33 @@ def _forget(store: str) -> None:
     client.close()
 
 
+def postgres_url() -> str | None:
+    """A PostgreSQL that answers, with a schema of this run's own; None without one (or
+    without psycopg: pip install -e '.[postgres]')."""
+    url = os.environ.get(
+        "STATUSGATE_BENCH_POSTGRES",
+        os.environ.get("STATUSGATE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"),
+    ).split("?", 1)[0]
+    try:
+        import psycopg
+
+        with psycopg.connect(url, connect_timeout=2):
+            pass
+    except Exception:
+        return None
+    return f"{url}?schema=bench_{os.getpid()}"
+
+
+def _forget_postgres(store: str) -> None:
+    """Drop the schemas this run made (its own name, and the ``f``/``w`` variants)."""
+    import psycopg
+
+    base, schema = store.split("?schema=", 1)
+    with psycopg.connect(base, autocommit=True) as conn:
+        for name in (schema, schema + "f", schema + "w"):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -312,6 +342,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument(
         "--paired-only", action="store_true", help="only the audit and tracing ratios"
+    )
+    parser.add_argument(
+        "--stores-only", action="store_true", help="only G1-G3 and their fixed-rate latency"
     )
     args = parser.parse_args()
     seconds = args.seconds or (2.0 if args.quick else 5.0)
@@ -336,6 +369,9 @@ def main() -> None:
                 submit_many(provider, direct_headers, REAL_OPS, [{"state": "running"}])
             )
             job_paths = [f"/v1/jobs/{j}" for j in jobs]
+            if args.stores_only:
+                _stores_only(folder, agent, seconds, rows)
+                return
             rows[("B0 provider", "forwarded poll")] = capacity(
                 provider, job_paths, direct_headers, seconds
             )
@@ -358,16 +394,11 @@ def main() -> None:
                 rows[("B3 aiohttp floor", "fixed answer")] = measured(
                     "B3 aiohttp floor", f"http://127.0.0.1:{floor}", job_paths, agent, seconds
                 )
-            stores = [("G1 Statusgate SQLite", f"sqlite:///{folder}/g1.db")]
-            redis = redis_url()
-            if redis is not None:
-                stores.append(("G2 Statusgate Redis", redis))
-            else:
-                print("G2: skipped (no Redis answering; set REDIS_URL)")
+            stores, redis, postgres = _stores(folder)
             for name, store in stores:
                 _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
             _paired(folder, agent, rows, 3 if args.quick else ROUNDS)
-            _extra_rows(folder, agent, seconds, rows, redis)
+            _extra_rows(folder, agent, seconds, rows, redis, postgres)
             rate = 0.6 * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
             fixed: dict[str, Result] = {}
             fixed["B0 provider"] = fixed_rate(provider, job_paths, direct_headers, rate, seconds)
@@ -379,7 +410,44 @@ def main() -> None:
             growth = _growth(folder, provider, jobs, agent, rate, seconds, args.growth)
             if redis is not None:
                 _forget(redis)
+            if postgres is not None:
+                _forget_postgres(postgres)
     _print(rows, fixed, rate, growth, args.growth)
+
+
+def _stores(folder: Path) -> tuple[list[tuple[str, str]], str | None, str | None]:
+    """The Statusgate rows to run: G1 always, G2 and G3 when their server answers."""
+    stores = [("G1 Statusgate SQLite", f"sqlite:///{folder}/g1.db")]
+    redis = redis_url()
+    if redis is not None:
+        stores.append(("G2 Statusgate Redis", redis))
+    else:
+        print("G2: skipped (no Redis answering; set REDIS_URL)")
+    postgres = postgres_url()
+    if postgres is not None:
+        stores.append(("G3 Statusgate PostgreSQL", postgres))
+    else:
+        print("G3: skipped (no PostgreSQL answering or no psycopg; set STATUSGATE_BENCH_POSTGRES)")
+    return stores, redis, postgres
+
+
+def _stores_only(
+    folder: Path, agent: dict[str, str], seconds: float, rows: dict[tuple[str, str], Result]
+) -> None:
+    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity."""
+    stores, redis, postgres = _stores(folder)
+    try:
+        for name, store in stores:
+            _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
+        _extra_rows(folder, agent, seconds, rows, redis, postgres)
+        rates = {name: 0.6 * rows[(name, "forwarded poll")].rps for name, _ in stores}
+        fixed = _gateway_fixed(folder, agent, rates, seconds, stores)
+    finally:
+        if redis is not None:
+            _forget(redis)
+        if postgres is not None:
+            _forget_postgres(postgres)
+    _print(rows, fixed, rates["G1 Statusgate SQLite"], {}, 0)
 
 
 @contextlib.contextmanager
@@ -581,13 +649,16 @@ def _extra_rows(
     seconds: float,
     rows: dict[tuple[str, str], Result],
     redis: str | None,
+    postgres: str | None = None,
 ) -> None:
-    """On Redis: forwarded polls with two worker processes sharing the port."""
-    if redis is not None:
+    """On the shared stores: forwarded polls with two worker processes sharing the port."""
+    for name, store in (("G2 2 workers", redis), ("G3 2 workers", postgres)):
+        if store is None:
+            continue
         _gateway_paths(
-            "G2 2 workers",
+            name,
             folder,
-            redis + "w",
+            store + "w",
             agent,
             seconds,
             rows,
@@ -698,8 +769,8 @@ def _print(
     print(f"{'target':<24} {'path':<18} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     for (target, path), result in rows.items():
         print(f"{target:<24} {path:<18} {result.rps:>9.0f} {result.p50:>8.2f} {result.p99:>8.2f}")
-    print("\nLatency at a fixed rate (open loop, forwarded poll; 60% of G1's capacity, G2 at")
-    print("60% of its own)")
+    print("\nLatency at a fixed rate (open loop, forwarded poll; 60% of G1's capacity, G2 and G3")
+    print("at 60% of their own)")
     print(f"{'target':<24} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     for target, result in fixed.items():
         print(f"{target:<24} {result.rps:>9.0f} {result.p50:>8.2f} {result.p99:>8.2f}")
@@ -721,6 +792,11 @@ def _print(
     )
     print(f"G2 forwarded / G1 forwarded throughput: {ratio((g2, fwd), (g1, fwd))} [>= 0.8]")
     print(f"G2 too-early / G1 too-early throughput: {ratio((g2, early), (g1, early))} [>= 0.8]")
+    g3 = "G3 Statusgate PostgreSQL"
+    print(f"G3 forwarded / G1 forwarded throughput: {ratio((g3, fwd), (g1, fwd))} [>= 0.8]")
+    print(f"G3 too-early / G1 too-early throughput: {ratio((g3, early), (g1, early))}")
+    if g3 in fixed:
+        print(f"G3 open-loop p99 at 60% of its capacity: {fixed[g3].p99:.2f} ms [<= 100 ms]")
     if g1 in fixed and b0 in fixed:
         added50, added99 = fixed[g1].p50 - fixed[b0].p50, fixed[g1].p99 - fixed[b0].p99
         print(f"G1 added latency over B0 at the fixed rate: p50 {added50:.2f} ms [< 2 ms], ")
@@ -734,7 +810,9 @@ def _print(
     _print_paired()
     workers = ratio(("G2 2 workers", fwd), (g2, fwd))
     print(f"G2 2 workers / 1 worker forwarded throughput: {workers}")
-    chosen = ("B2 bare proxy", "G1 Statusgate SQLite", "G2 Statusgate Redis")
+    workers = ratio(("G3 2 workers", fwd), (g3, fwd))
+    print(f"G3 2 workers / 1 worker forwarded throughput: {workers}")
+    chosen = ("B2 bare proxy", "G1 Statusgate SQLite", "G2 Statusgate Redis", g3)
     shown = ", ".join(f"{name} {CPU_US[name]:.0f} us" for name in chosen if name in CPU_US)
     print(f"CPU of the serving process per forwarded poll: {shown}")
     for what, per_request in COMMANDS.items():

@@ -7,13 +7,14 @@ exit 1; they never print a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from gateway import __version__
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StoreError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,13 +41,20 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument(
-        "--workers", type=int, default=1, help="processes sharing the port (Redis stores only)"
+        "--workers",
+        type=int,
+        default=1,
+        help="processes sharing the port (shared stores only: Redis, PostgreSQL)",
     )
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check", help="validate the config and every policy")
     check.add_argument("--config", type=Path, required=True)
     check.set_defaults(run=_check)
+
+    migrate = commands.add_parser("migrate", help="create or upgrade the store's layout")
+    migrate.add_argument("--config", type=Path, required=True)
+    migrate.set_defaults(run=_migrate)
 
     token = commands.add_parser("token", help="token helpers")
     token_commands = token.add_subparsers(required=True, metavar="ACTION")
@@ -127,6 +135,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from gateway.settings.config import load_settings, written_store_url
+    from gateway.settings.policy import warnings
     from gateway.store import store_from_url
 
     problems: list[str] = []
@@ -135,19 +144,58 @@ def _check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         problems, settings = exc.problems, None
     store_url = settings.store_url if settings is not None else written_store_url(args.config)
+    store = None
     try:
         if store_url is not None:
-            store_from_url(store_url)  # the scheme and options are valid
+            store = store_from_url(store_url)  # the scheme and options are valid
     except ConfigError as exc:
         problems += [f"{args.config}: {line}" for line in exc.problems]
-    if problems or settings is None:
+    if problems or settings is None or store is None:
         raise ConfigError(problems)
+    for name, policy in sorted(settings.policies.items()):  # valid, but unsafe: stderr
+        for where, message in warnings(policy):
+            print(f"{args.config}: policy {name}: {where}: warning: {message}", file=sys.stderr)
+    try:
+        found = asyncio.run(store.inspect())
+    except StoreError as exc:
+        print(f"{args.config}: store: {exc}", file=sys.stderr)
+        return 1
     names = ", ".join(sorted(settings.policies)) or "none"
     print(
         f"{args.config}: ok: {len(settings.policies)} policies ({names}), "
         f"{len(settings.file.accounts)} accounts, {len(settings.file.operators)} operators, "
-        f"store {settings.file.store.split(':', 1)[0]}"
+        f"store {settings.file.store.split(':', 1)[0]}{found}"
     )
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """The store's layout created or upgraded to the one this release writes (SPEC 18)."""
+    from gateway.settings.config import Settings, load_gateway_file
+    from gateway.store import store_from_url
+
+    gateway = load_gateway_file(args.config)  # the store alone: policies need not load
+    settings = Settings(gateway, args.config.parent.resolve(), {})
+    store = store_from_url(settings.store_url)
+    kind = gateway.store.split(":", 1)[0]
+
+    async def run() -> tuple[int | None, int]:
+        try:
+            return await store.migrate()
+        finally:
+            await store.close()
+
+    try:
+        found, now = asyncio.run(run())
+    except StoreError as exc:
+        print(f"statusgate migrate: {exc}", file=sys.stderr)
+        return 1
+    if found is None:
+        print(f"{kind} store: created at schema version {now}")
+    elif found == now:
+        print(f"{kind} store: schema version {now}, up to date")
+    else:
+        print(f"{kind} store: schema version {found} upgraded to {now}")
     return 0
 
 

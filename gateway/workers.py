@@ -1,11 +1,12 @@
 """``statusgate serve --workers N``: N gateway processes sharing the listeners (SPEC 10).
 
-Only on a Redis store, where every worker shares records, leases, pacing and the clock; a
-SQLite file is owned by one process and ``memory://`` is one process's memory, so both are
-refused with a clear message. The parent forks the workers before any event loop or thread
-exists, forwards SIGTERM, SIGINT and SIGHUP to them, restarts a worker that dies (at most
-once a second), and exits when they have all stopped. Metrics from every worker are merged
-at scrape time through prometheus_client's multiprocess files.
+Only on a shared store (``Store.shared``: Redis, PostgreSQL), where every worker shares
+records, leases, pacing and the clock; a SQLite file is owned by one process and
+``memory://`` is one process's memory, so both are refused with a clear message. The parent
+forks the workers before any event loop or thread exists, forwards SIGTERM, SIGINT and SIGHUP
+to them, restarts a worker that dies (at most once a second), and exits when they have all
+stopped. Metrics from every worker are merged at scrape time through prometheus_client's
+multiprocess files.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from types import FrameType
 from gateway.errors import ConfigError
 from gateway.observe import logs
 from gateway.settings.config import Settings, load_settings
+from gateway.store import store_kind
 
 RESTART_GAP = 1.0  # a worker that dies is restarted, at most once a second
 START_WINDOW = 5.0  # a worker exiting with 1 this soon after its start could not start
@@ -45,10 +47,10 @@ def refusal(settings: Settings, workers: int) -> str | None:
     if workers == 1:
         return None
     scheme = settings.store_url.split(":", 1)[0]
-    if not scheme.startswith("redis"):
+    if not store_kind(settings.store_url).shared:
         return (
-            f"--workers {workers} needs a Redis store (store: redis://...); the {scheme} store "
-            "is owned by one process"
+            f"--workers {workers} needs a shared store (store: redis://... or postgresql://...);"
+            f" the {scheme} store is owned by one process"
         )
     ports = [settings.file.listen.port]
     if settings.file.admin_listen is not None:

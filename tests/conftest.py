@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -450,6 +451,124 @@ def redis_url(redis_base_url: str) -> Iterator[str]:
     client.close()
 
 
+class PostgresServer:
+    """A private PostgreSQL in a temporary folder (initdb + pg_ctl), on a free loopback port,
+    trust auth; run as an unprivileged user when the tests run as root (postgres refuses
+    root). Stoppable and restartable: the data stays in the folder."""
+
+    def __init__(self, folder: Path, bindir: Path) -> None:
+        self.folder = folder
+        self.bindir = bindir
+        self.port = free_port()
+        self.user = _unprivileged() if os.geteuid() == 0 else None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        subprocess.run(
+            [str(self.bindir / args[0]), *args[1:]],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self.user,
+            cwd=self.folder,
+        )
+
+    def init(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.user is not None:
+            shutil.chown(self.folder, self.user)
+        self._run("initdb", "-D", str(self.folder / "data"), "-U", "postgres", "-A", "trust")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.folder / "data"),
+            "-o",
+            options,
+            "-w",
+            "-l",
+            str(self.folder / "log"),
+            "start",
+        )
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", mode, "-w", "stop")
+
+
+def _unprivileged() -> str:
+    """A user postgres agrees to run as: ``postgres`` when it exists, else ``nobody``."""
+    import pwd
+
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    raise RuntimeError("no unprivileged user to run PostgreSQL as")
+
+
+def postgres_bindir() -> Path | None:
+    """Where initdb and pg_ctl are: PATH, else Debian's /usr/lib/postgresql/N/bin."""
+    found = shutil.which("initdb")
+    if found is not None and shutil.which("pg_ctl") is not None:
+        return Path(found).resolve().parent
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
+            return candidate
+    return None
+
+
+POSTGRES_HINT = (
+    "PostgreSQL tests skipped: STATUSGATE_TEST_POSTGRES is not set and initdb/pg_ctl are not"
+    " installed (apt-get install postgresql)"
+)
+
+
+@pytest.fixture(scope="session")
+def postgres_base_url() -> Iterator[str]:
+    """STATUSGATE_TEST_POSTGRES if set; else a private server (initdb + pg_ctl); else skip,
+    naming the package to install. psycopg must be installed (the postgres extra)."""
+    pytest.importorskip("psycopg", reason="PostgreSQL tests skipped: pip install -e '.[postgres]'")
+    url = os.environ.get("STATUSGATE_TEST_POSTGRES")
+    if url:
+        yield url
+        return
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip(POSTGRES_HINT)
+    # not under pytest's folder: it is private to root, and postgres runs as another user
+    folder = Path(tempfile.mkdtemp(prefix="statusgate-pg-"))
+    server = PostgresServer(folder, bindir)
+    try:
+        server.init()
+        server.start()
+        yield server.url
+        server.stop("immediate")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop_schema(base_url: str, schema: str) -> None:
+    """Drop a schema this test run created (never one it did not)."""
+    import psycopg
+
+    with psycopg.connect(base_url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def postgres_url(postgres_base_url: str) -> Iterator[str]:
+    """A PostgreSQL store URL with a schema of its own, dropped afterwards."""
+    schema = f"sgtest_{uuid.uuid4().hex[:12]}"
+    joiner = "&" if "?" in postgres_base_url else "?"
+    yield f"{postgres_base_url}{joiner}schema={schema}"
+    drop_schema(postgres_base_url.split("?", 1)[0], schema)
+
+
 @contextlib.asynccontextmanager
 async def real_time_harness(folder: Path, **kw: Any) -> AsyncIterator[Harness]:
     """A gateway on real time (the store's clock) in front of its own demo provider."""
@@ -737,11 +856,13 @@ class RecordingProxy:
             return web.Response(status=answer.status, body=content, headers=kept)
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """Every store backend in turn (the contract suites): memory, a SQLite file, Redis, a
-    three-primary Redis Cluster."""
-    if request.param == "redis":
+    three-primary Redis Cluster, PostgreSQL (a schema of its own)."""
+    if request.param == "postgres":
+        url = request.getfixturevalue("postgres_url")
+    elif request.param == "redis":
         url = request.getfixturevalue("redis_url")
     elif request.param == "redis-cluster":
         url = request.getfixturevalue("redis_cluster_url")

@@ -8,6 +8,7 @@ from typing import Any
 from gateway.core.idempotency import forwarded_key
 from gateway.core.models import OperationFilter
 from gateway.core.routing import RouteTable, fill
+from gateway.demo.provider import output_file
 from gateway.flow.runtime import RUNTIME
 
 from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PROVIDER_KEY, Harness, raw
@@ -179,7 +180,7 @@ async def test_result_path_filled_from_the_final_answer(harness: Harness) -> Non
     )
     assert result.status == 200, await result.text()
     assert b"request-1" in await result.read()
-    assert harness.provider.log[-1]["path"] == "/v1/files/file-demo-output/content"
+    assert harness.provider.log[-1]["path"] == f"/v1/files/{output_file(batch)}/content"
     all_failed = [{"state": "completed", "set": {"output_file_id": None, "error_file_id": "f"}}]
     bad = await harness.submit(all_failed, provider="batch-api", path=path, key="b")
     failed_batch = (await bad.json())["id"]

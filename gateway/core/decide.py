@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from gateway.core.models import (
     Event,
     Failure,
     FinalResponse,
+    LastAnswer,
     OperationRecord,
     Outcome,
     ProviderAnswer,
@@ -28,13 +30,14 @@ from gateway.core.models import (
 )
 from gateway.core.schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
 from gateway.core.values import bounded
-from gateway.settings.policy import ProviderPolicy, RequiredField
+from gateway.settings.policy import ProviderPolicy, RequiredField, placeholders
 
 
 class Reply(enum.Enum):
     PROVIDER = "provider"  # the provider's answer, passed through
     FINAL = "final"  # the stored final provider answer, no provider call
     PROBLEM = "problem"  # a problem+json answer named by ``problem``
+    REPLAY = "replay"  # the last recorded provider answer, no provider call (SPEC 20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +125,20 @@ def admit(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decisi
         detail = f"all {record.max_status_requests} status requests have been used"
         return escalate(policy, record, Reason.REQUEST_BUDGET_EXHAUSTED, now, detail)
     if now < record.next_poll_at:
-        wait = record.next_poll_at - now
-        return Decision(
-            record, Reply.PROBLEM, problem="too-early", retry_after=wait, event=Event.REFUSED
-        )
+        return early(policy, record, record.next_poll_at - now)
     return Decision(record, Reply.PROVIDER, forward=True)
+
+
+def early(policy: ProviderPolicy, record: OperationRecord, wait: float) -> Decision:
+    """Step 6, a call ``wait`` seconds before the next permitted poll: 429 too-early, or
+    (``early_calls: replay``, SPEC 20) the last provider answer as a cache would give it.
+    Only a pending 2xx answer is ever kept to replay (``last_answer``): after a transport
+    failure, a 5xx, a 429 or a 404 there is none, and the agent gets too-early."""
+    if policy.polling.early_calls == "replay" and record.last_answer is not None:
+        return Decision(record, Reply.REPLAY, retry_after=wait, event=Event.REFUSED)
+    return Decision(
+        record, Reply.PROBLEM, problem="too-early", retry_after=wait, event=Event.REFUSED
+    )
 
 
 def overdue(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decision | None:
@@ -265,9 +277,15 @@ def open_operation(
     hint = _hint(policy, answer, body if isinstance(body, dict) else None, now)
     state = lookup(body, policy.states.field) if isinstance(body, dict) else None
     known = state_text(state) if isinstance(state, str | bool | int | float) else None
-    return _schedule(
-        policy, record.evolve(last_known_state=known), answer, now, u, AnswerKind.PENDING, hint
-    )
+    record = record.evolve(last_known_state=known)
+    if (
+        policy.polling.early_calls == "replay"
+        and answer.status == 200
+        and isinstance(body, dict)
+        and policy.state_class(state) == "pending"
+    ):
+        record = record.evolve(last_answer=_kept(answer, now))  # a status object already
+    return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
 
 
 def classify(
@@ -284,10 +302,30 @@ def classify(
         decision = superseded(record, now)
     else:
         decision = _classify(policy, record, answer, now, u)
+        decision = _remember(decision, answer, now, keep=policy.polling.early_calls == "replay")
     if decision.record.inflight_at is None:
         return decision
     cleared = decision.record.evolve(inflight_at=None)
     return dataclasses.replace(decision, record=cleared, changed=True)
+
+
+def _remember(decision: Decision, answer: ProviderAnswer, now: float, *, keep: bool) -> Decision:
+    """Keep the answer to replay to early calls when it left the job pending with a 2xx;
+    any other answer clears what was kept (SPEC 20: no replay after a failure or a 5xx).
+    Only policies that replay (``keep``) keep answers; one kept before a reload that
+    stopped replaying is cleared here."""
+    record = decision.record
+    pending = record.outcome is Outcome.PENDING
+    ok = answer.failure is None and answer.status is not None and 200 <= answer.status < 300
+    last = _kept(answer, now) if keep and pending and ok else None
+    if last == record.last_answer:
+        return decision
+    return dataclasses.replace(decision, record=record.evolve(last_answer=last), changed=True)
+
+
+def _kept(answer: ProviderAnswer, now: float) -> LastAnswer:
+    assert answer.status is not None
+    return LastAnswer(answer.status, answer.content_type, answer.body, now)
 
 
 def _classify(
@@ -389,7 +427,8 @@ def _classify_body(
         if missing:
             detail = f"success without the required field(s) {', '.join(missing)}"
             return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
-    return _finish(record, answer, _OUTCOMES[kind], now)
+    values = result_values(policy, body) if kind == "success" else ()
+    return _finish(record, answer, _OUTCOMES[kind], now, values)
 
 
 _OUTCOMES = {
@@ -401,11 +440,46 @@ _OUTCOMES = {
 
 
 def _finish(
-    record: OperationRecord, answer: ProviderAnswer, outcome: Outcome, now: float
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    outcome: Outcome,
+    now: float,
+    values: tuple[str, ...] = (),
 ) -> Decision:
+    """The operation ends with this answer; a success's result values are indexed with it."""
     final = FinalResponse(answer.status or 200, answer.content_type, answer.body)
-    new = record.evolve(outcome=outcome, final_response=final, ended_at=now)
+    new = record.evolve(outcome=outcome, final_response=final, ended_at=now, result_values=values)
     return Decision(new, Reply.PROVIDER, changed=True, event=Event.FINISHED)
+
+
+SEGMENT = re.compile(r"[A-Za-z0-9._~-]{1,200}")
+
+
+def addressable(value: Any) -> str | None:
+    """A value of the final answer as an agent can put it in one path segment, or None:
+    a string or whole number of at most 200 characters from ``[A-Za-z0-9._~-]`` (so never
+    ``/``, ``?`` or ``#``) and without ``..``. Only these are indexed (SPEC 20)."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    text = str(value)
+    if SEGMENT.fullmatch(text) is None or ".." in text or text == ".":
+        return None
+    return text
+
+
+def result_values(policy: ProviderPolicy, body: Any) -> tuple[str, ...]:
+    """The values of the result route's ``{final.<field>}`` placeholders in a final answer
+    that can address the result (``addressable``), in order, without repeats."""
+    route = policy.routes.result
+    if route is None:
+        return ()
+    found: list[str] = []
+    for name in placeholders(route.path):
+        if name.startswith("final."):
+            value = addressable(lookup(body, name.removeprefix("final.")))
+            if value is not None and value not in found:
+                found.append(value)
+    return tuple(found)
 
 
 _PROBLEM_FOR = {

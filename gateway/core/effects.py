@@ -299,4 +299,6 @@ def _decision_word(decision: Decision) -> str:
         return decision.problem
     if decision.reply is Reply.FINAL:
         return "answer-from-record"
+    if decision.reply is Reply.REPLAY:
+        return "replayed"
     return decision.record.outcome.value

@@ -102,6 +102,20 @@ class FinalResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class LastAnswer:
+    """The provider's last answer to a status request while the job was pending, kept for
+    ``polling.early_calls: replay`` (SPEC 20): replayed to early status calls as a cache
+    would, with ``Age`` counted from ``at``. Only a 2xx answer that left the operation
+    pending is kept; any other answer (5xx, 429, 404, no answer) clears it. Its body is an
+    answer the upstream client read whole, so at most ``limits.max_response_body``."""
+
+    status: int
+    content_type: str
+    body: bytes
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Escalation:
     reason: Reason
     at: float
@@ -145,6 +159,10 @@ class OperationRecord:
     cancel_requested_at: float | None = None  # the provider accepted an operator's cancel
     result_fetches: int = 0  # result calls forwarded, bounded by polling.max_result_fetches
     inflight_at: float | None = None  # a status request reserved, its answer not yet recorded
+    last_answer: LastAnswer | None = None  # replayed to early calls (early_calls: replay)
+    # the final answer's {final.<field>} values of the result route: the result is addressed
+    # by them too (SPEC 20); stores index them (Records.find_result)
+    result_values: tuple[str, ...] = ()
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:
@@ -159,7 +177,15 @@ class OperationRecord:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (on the hot path: no deep copies, unlike dataclasses.asdict)."""
         data = {name: getattr(self, name) for name in _RECORD_FIELDS}
-        final, escalation = self.final_response, self.escalation
+        final, escalation, last = self.final_response, self.escalation, self.last_answer
+        if last is not None:
+            data["last_answer"] = {
+                "status": last.status,
+                "content_type": last.content_type,
+                "body": last.body.decode("latin-1"),
+                "at": last.at,
+            }
+        data["result_values"] = list(self.result_values)
         if final is not None:
             data["final_response"] = {
                 "status": final.status,
@@ -189,6 +215,15 @@ class OperationRecord:
                 content_type=final["content_type"],
                 body=final["body"].encode("latin-1"),
             )
+        last = data.get("last_answer")
+        if last is not None:  # absent from records written before SPEC 20
+            data["last_answer"] = LastAnswer(
+                status=last["status"],
+                content_type=last["content_type"],
+                body=last["body"].encode("latin-1"),
+                at=last["at"],
+            )
+        data["result_values"] = tuple(data.get("result_values", ()))
         esc = data.get("escalation")
         if esc is not None:
             data["escalation"] = Escalation(

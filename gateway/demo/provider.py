@@ -10,8 +10,9 @@ point at them; Celery Flower and AWS Transcribe are driven against the real thin
   "validating"``, echoing ``endpoint``, ``input_file_id``, ``completion_window``);
   ``GET /v1/batches/{id}``; ``POST /v1/batches/{id}/cancel`` (-> ``cancelling``); around them
   ``POST /v1/files`` (upload, raw or multipart with ``file`` and ``purpose``, -> file object)
-  and ``GET /v1/files/{id}/content`` (an uploaded file, or the batch output
-  ``file-demo-output``). Credential ``Authorization: Bearer <key>``.
+  and ``GET /v1/files/{id}/content`` (an uploaded file, or a completed batch's output, a
+  file id of its own per batch as real ones are: ``output_file(batch id)``). Credential
+  ``Authorization: Bearer <key>``.
 - ``azure`` (an Azure-style long-running operation): ``POST /documentintelligence/
   documentModels/prebuilt-read:analyze`` -> 202, empty body, ``Operation-Location`` header;
   ``GET .../analyzeResults/{id}`` -> ``{"status": "Running", ...}``. Credential
@@ -83,6 +84,11 @@ DEFAULT_SCRIPT: list[dict[str, Any]] = [
     {"state": "succeeded"},
 ]
 BATCH_OUTPUT = b'{"custom_id": "request-1", "response": {"status_code": 200}}\n'
+
+
+def output_file(batch_id: str) -> str:
+    """The id of a batch's output file: one per batch, as the real service has it."""
+    return f"file-{batch_id.removeprefix('batch_')}-output"
 
 
 @dataclass(frozen=True)
@@ -447,7 +453,7 @@ class DemoProvider:
             "created_at": int(job.created_at),
         }
         if state == "completed":
-            body["output_file_id"] = job.family.result_value
+            body["output_file_id"] = output_file(job.id)
             body["request_counts"] = {"total": 1, "completed": 1, "failed": 0}
         if state == "failed":
             body["errors"] = {
@@ -614,7 +620,7 @@ class DemoProvider:
         if not self._authorised(request, FAMILIES["batches"]):
             return self._denied()
         content = self.files.get(file_id)
-        if content is None and file_id == FAMILIES["batches"].result_value:
+        if content is None and any(output_file(job) == file_id for job in self.jobs):
             content = BATCH_OUTPUT
         if content is None:
             return web.json_response({"error": {"code": "not_found"}}, status=404)

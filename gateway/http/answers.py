@@ -11,7 +11,7 @@ from aiohttp import web
 from gateway.core.decide import Decision, Reply
 from gateway.core.escalation import problem_members
 from gateway.core.models import Failure, OperationRecord, Outcome, ProviderAnswer
-from gateway.core.problems import retry_after_value
+from gateway.core.problems import retry_after_ms, retry_after_value
 from gateway.core.routing import Match
 from gateway.flow.runtime import Runtime
 from gateway.http.problems import problem
@@ -67,6 +67,8 @@ def render(
         return _raw(200, headers, body, final.content_type)
     if decision.reply is Reply.PROVIDER and upstream is not None:
         return passthrough(call, upstream, headers)
+    if decision.reply is Reply.REPLAY and record.last_answer is not None:
+        return replay(call, decision, now, headers)
     slug = decision.problem or "operation-escalated"
     extra = problem_members(record, call.policy) if slug == "operation-escalated" else None
     return problem(
@@ -77,6 +79,19 @@ def render(
         headers=headers,
         extra=extra,
     )
+
+
+def replay(call: Call, decision: Decision, now: float, headers: dict[str, str]) -> web.Response:
+    """``early_calls: replay`` (SPEC 20): the last provider answer, rewritten again as it is
+    stored as the provider sent it, with its ``Age`` and when to come back."""
+    last = decision.record.last_answer
+    assert last is not None
+    body = rewrite_body(call, last.body, last.content_type)
+    response = _raw(last.status, headers, body, last.content_type)
+    response.headers["Age"] = str(max(0, int(now - last.at)))
+    if decision.retry_after is not None:
+        response.headers["Retry-After-Ms"] = retry_after_ms(decision.retry_after)
+    return response
 
 
 def _detail(slug: str, decision: Decision, upstream: UpstreamResponse | None) -> str:

@@ -168,9 +168,11 @@ async def _hold(
 
 
 def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
-    if decision.problem == "too-early":
+    """An answer from the record: too-early and replayed calls count as refused polls (the
+    audit log's aggregated ``refused`` lines); replayed and final answers are ``cached``."""
+    if decision.problem == "too-early" or decision.reply is Reply.REPLAY:
         call.runtime.refusals.note(decision.record, now)
-    elif decision.reply is Reply.FINAL:
+    if decision.reply in (Reply.FINAL, Reply.REPLAY):
         call.request[OUTCOME] = "cached"
     return render(call, decision, None, now)
 
@@ -180,13 +182,18 @@ def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
 
 async def result(call: Call) -> web.StreamResponse:
     """The result route: only after success, at most ``max_result_fetches`` times, each
-    fetch counted on the record before it is sent and audited as ``result_fetched``."""
+    fetch counted on the record before it is sent and audited as ``result_fetched``. A
+    route whose provider path takes a field of the final answer is addressed by the job id
+    or (SPEC 20) by that field's value, among the account's own operations only."""
     runtime, policy = call.runtime, call.policy
-    record = await runtime.records.find(call.account.id, policy.provider, call.job_id)
-    if record is None:
-        return unknown_operation()
     route = policy.routes.result
     assert route is not None
+    account = call.account.id
+    record = await runtime.records.find(account, policy.provider, call.job_id)
+    if record is None and "{final." in route.path:
+        record = await runtime.records.find_result(account, policy.provider, call.job_id)
+    if record is None:
+        return unknown_operation()
     query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
     sent = to_provider(call.request.headers.items(), policy)
     return await fetch_result(call, record, sent, query)

@@ -93,6 +93,9 @@ def view(record: OperationRecord) -> dict[str, Any]:
         data[name] = iso(data[name])
     if record.final_response is not None:
         data["final_response"]["body"] = record.final_response.body.decode("utf-8", "replace")
+    if record.last_answer is not None:
+        data["last_answer"]["body"] = record.last_answer.body.decode("utf-8", "replace")
+        data["last_answer"]["at"] = iso(record.last_answer.at)
     if record.escalation is not None:
         data["escalation"]["at"] = iso(record.escalation.at)
     return data

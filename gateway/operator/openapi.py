@@ -23,6 +23,7 @@ from gateway.core.models import (
     DelaySource,
     Escalation,
     FinalResponse,
+    LastAnswer,
     OperationRecord,
     Outcome,
     Reason,
@@ -63,7 +64,7 @@ def _field_schema(name: str, kind: Any) -> dict[str, Any]:
         return INSTANT
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return ref(kind.__name__)
-    if kind in (FinalResponse, Escalation):
+    if kind in (FinalResponse, Escalation, LastAnswer):
         return ref(f"Record{kind.__name__}")
     if typing.get_origin(kind) is tuple:
         return {"type": "array", "items": JSON_TYPES[args[0]]}
@@ -133,6 +134,11 @@ def model_schemas() -> dict[str, Any]:
             "description": "The provider answer that ended the operation; body as text.",
         },
         "RecordEscalation": _record_schema(Escalation),
+        "RecordLastAnswer": {
+            **_record_schema(LastAnswer),
+            "description": "The last pending provider answer, replayed to early status calls "
+            "(early_calls: replay); body as text.",
+        },
         "OperationRecord": _record_schema(OperationRecord),
     }
 

@@ -358,8 +358,9 @@ class Polling(Strict):
     """The longest Prefer: wait (or early_calls: hold) the gateway honours."""
     provider_rate: Rate = None
     """A ceiling on status calls to this provider across all replicas ("20/s")."""
-    early_calls: Literal["refuse", "hold"] = "refuse"
-    """A call that comes too early: refuse (429) or hold it for the next poll."""
+    early_calls: Literal["refuse", "hold", "replay"] = "refuse"
+    """A call that comes too early: refuse (429), hold it for the next poll, or replay the
+    provider's last answer (SPEC 20)."""
     max_result_fetches: Annotated[int, Field(ge=0)] = 10
     """Result calls forwarded per operation."""
     max_provider_pause: OptionalDuration = None
@@ -501,6 +502,32 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
         problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
     problems.extend(_route_problems(policy.routes))
     return problems
+
+
+def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
+    """What is valid but unsafe (SPEC 20), as (field path, message) pairs: a passthrough
+    GET that reads provider objects by id, or lists the jobs, under the one shared
+    credential serves every account's objects to any account."""
+    found: list[tuple[str, str]] = []
+    listing = policy.routes.submit.path.partition("?")[0]
+    for i, route in enumerate(policy.routes.passthrough):
+        if route.method != "GET":
+            continue
+        where, path = f"routes.passthrough[{i}]", route.path.partition("?")[0]
+        if placeholders(path):
+            found.append(
+                (
+                    where,
+                    f"GET {path} reads provider objects by id under the shared credential: "
+                    "any account can read any other account's; serve outputs through the "
+                    "result route ({final.<field>}) instead",
+                )
+            )
+        elif path == listing:
+            found.append(
+                (where, f"GET {path} lists the jobs of every account under the shared credential")
+            )
+    return found
 
 
 def placeholders(path: str) -> list[str]:

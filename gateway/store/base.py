@@ -16,8 +16,8 @@ import dataclasses
 import heapq
 import random
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import ClassVar, Generic, TypeVar
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import Pacer
@@ -49,6 +49,26 @@ class Records(abc.ABC):
 
     @abc.abstractmethod
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None: ...
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        """The ``account``'s operation of ``provider`` whose stored record lists ``value`` in
+        ``result_values`` (SPEC 20: a result addressed by its own value), or None.
+
+        The contract: a record's ``result_values`` are findable once a write of that record
+        returned, for as long as the record is kept (``purge`` forgets them with it); a value
+        is never found for another account or provider; when two operations list one value,
+        either may be returned. Backends keep an index written with the record (or before
+        it, checked here against the record); this default pages through ``list``, right
+        for any backend and slow for a large one."""
+        where = OperationFilter(provider=provider, account=account)
+        while True:
+            page = await self.list(where)
+            for record in page:
+                if value in record.result_values:
+                    return record
+            if len(page) < where.limit:
+                return None
+            where = dataclasses.replace(where, before=listed_at(page[-1]))
 
     def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         """The record as this process last wrote or read it, without any I/O, or None; it
@@ -197,9 +217,30 @@ class Coordination:
         return time.time()
 
 
+class LeaseLost(StoreError):
+    """A write-back refused because its poll lease expired or went to another holder (a
+    pause longer than the lease): the old holder never writes."""
+
+
+class NewerLayout(StoreError):
+    """The store holds a layout newer than this code knows: a gateway never starts on it."""
+
+
+def newer_layout(kind: str, found: int, known: int) -> NewerLayout:
+    """The refusal of a store whose layout is newer than this code: both versions named."""
+    return NewerLayout(
+        f"the {kind} store holds schema version {found}, newer than this statusgate knows"
+        f" ({known}); run a statusgate release that knows version {found}",
+        operation="open",
+    )
+
+
 class Store(Records, Coordination):
     """The one interface every backend implements: records and coordination, a poll's two
     steps that use both (one round trip each on shared stores), and the store's life."""
+
+    shared: ClassVar[bool] = False
+    """True when several processes (replicas, ``--workers``) may use one store at once."""
 
     # -- a poll's two store steps around the provider call ---------------------------------
     async def start_poll(
@@ -251,6 +292,19 @@ class Store(Records, Coordination):
             await self.release_lease(lease, token)
 
     # -- life ---------------------------------------------------------------------------
+    async def migrate(self) -> tuple[int | None, int]:
+        """Bring the stored layout up to the one this code writes, creating it when there is
+        none: (version found, None when the store was empty; version now). A layout newer
+        than this code knows raises ``newer_layout``. ``open`` does the same; ``statusgate
+        migrate`` runs it alone. Stores without a layout (memory) have nothing to do."""
+        return 1, 1
+
+    async def inspect(self) -> str:
+        """For ``statusgate check``: what the store says about itself, connecting only
+        where credentials can be wrong (raises StoreError saying why in one line); ''
+        when it has nothing to say."""
+        return ""
+
     async def open(self) -> None:
         """Start background work (clock sync); the default store has none."""
         return None
@@ -262,6 +316,102 @@ class Store(Records, Coordination):
     async def close(self) -> None:
         """Release connections; the default store holds none."""
         return None
+
+
+COPIES = 16_384  # pending records a shared store keeps as last written or read (~2 KB each)
+Job = tuple[str, str, str]  # (account, provider, provider job id)
+
+
+class Copies:
+    """Pending records as this process last wrote or read them, bounded, oldest out first:
+    what a shared store's ``known`` answers from. A copy is only ever acted on through a
+    compare-and-set (the reservation), never answered from, so a stale one costs a retry,
+    never a wrong answer. Ended records are not kept (they carry final bodies)."""
+
+    def __init__(self, limit: int = COPIES) -> None:
+        self._limit = limit
+        self._records: dict[str, OperationRecord] = {}
+        self._jobs: dict[Job, str] = {}
+
+    def keep(self, record: OperationRecord) -> None:
+        """``record`` was written or read here; never replaces a newer copy."""
+        kept = self._records.pop(record.operation_id, None)
+        if kept is not None and kept.version > record.version:
+            record = kept  # a read that finished after a write of ours
+        job = (record.account, record.provider, record.provider_job_id)
+        if record.outcome is not Outcome.PENDING:
+            self._jobs.pop(job, None)
+            return
+        if len(self._records) >= self._limit:
+            oldest = self._records.pop(next(iter(self._records)))
+            self._jobs.pop((oldest.account, oldest.provider, oldest.provider_job_id), None)
+        self._records[record.operation_id] = record
+        self._jobs[job] = record.operation_id
+
+    def forget(self, operation_id: str) -> None:
+        record = self._records.pop(operation_id, None)
+        if record is not None:
+            self._jobs.pop((record.account, record.provider, record.provider_job_id), None)
+
+    def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        operation_id = self._jobs.get((account, provider, job_id))
+        return None if operation_id is None else self._records.get(operation_id)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Batch(Generic[K, V]):
+    """Reads asked for within one turn of the event loop, sent together by ``fetch`` (one
+    query or one pipeline for all of them); callers asking for the same key share its
+    answer (records are immutable: one decoded copy serves them all). Linearizable: the
+    batch goes once every caller in it has asked, so it sees every write that finished
+    before any of them asked. A failure reaches every caller of the batch."""
+
+    def __init__(self, fetch: Callable[[list[K]], Awaitable[dict[K, V]]]) -> None:
+        self._fetch = fetch
+        self._waiting: dict[K, list[asyncio.Future[V | None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def ask(self, key: K) -> asyncio.Future[V | None]:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[V | None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._send)
+        self._waiting.setdefault(key, []).append(answer)
+        return answer
+
+    def _send(self) -> None:
+        batch, self._waiting = self._waiting, {}
+        task = asyncio.get_running_loop().create_task(self._answer(batch))
+        self._tasks.add(task)  # kept until done (the loop holds tasks weakly)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, batch: dict[K, list[asyncio.Future[V | None]]]) -> None:
+        try:
+            found = await self._fetch(list(batch))
+        except BaseException as exc:
+            for waiting in batch.values():
+                for answer in waiting:
+                    if not answer.done():
+                        answer.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for key, waiting in batch.items():
+            for answer in waiting:
+                if not answer.done():
+                    answer.set_result(found.get(key))
+
+
+async def stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel a store's background task and wait for it to end. Cancelled again until it
+    does: a driver may swallow one cancellation (redis-py did, cancelled in the middle of a
+    command), which would leave the task looping and close() waiting for ever."""
+    while task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
 
 
 PURGE_BATCH = 1000

@@ -14,6 +14,7 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         self._records: dict[str, OperationRecord] = {}
         self._by_job: dict[tuple[str, str, str], str] = {}
+        self._by_result: dict[tuple[str, str, str], str] = {}  # (account, provider, value)
         self._idempotency: dict[str, IdempotencyEntry] = {}
 
     async def create(
@@ -25,6 +26,7 @@ class MemoryStore(Store):
             return self._records[existing]
         self._records[record.operation_id] = record
         self._by_job[job] = record.operation_id
+        self._index(record)
         if idempotency is not None:
             self._idempotency[idempotency.key] = idempotency
         return record
@@ -36,11 +38,21 @@ class MemoryStore(Store):
         operation_id = self._by_job.get((account, provider, job_id))
         return None if operation_id is None else self._records[operation_id]
 
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        operation_id = self._by_result.get((account, provider, value))
+        record = None if operation_id is None else self._records.get(operation_id)
+        return record if record is not None and value in record.result_values else None
+
+    def _index(self, record: OperationRecord) -> None:
+        for value in record.result_values:
+            self._by_result[(record.account, record.provider, value)] = record.operation_id
+
     async def save(self, record: OperationRecord) -> bool:
         current = self._records.get(record.operation_id)
         if current is None or current.version != record.version:
             return False
         self._records[record.operation_id] = record.evolve(version=record.version + 1)
+        self._index(record)
         return True
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
@@ -52,6 +64,10 @@ class MemoryStore(Store):
         for record in gone[:PURGE_BATCH]:
             del self._records[record.operation_id]
             self._by_job.pop((record.account, record.provider, record.provider_job_id), None)
+            for value in record.result_values:
+                indexed = (record.account, record.provider, value)
+                if self._by_result.get(indexed) == record.operation_id:
+                    del self._by_result[indexed]
         for key in [k for k, e in self._idempotency.items() if e.expires_at <= now]:
             del self._idempotency[key]
         return min(len(gone), PURGE_BATCH)

@@ -9,6 +9,7 @@ writes a record touches keys of that one slot:
 
     PREFIX:op:SHARD{OPERATION_ID}     hash: v (version), d (record JSON), o (outcome)
     PREFIX:job:{SHA1(account, provider, job id)}   string: operation id
+    PREFIX:result:{SHA1(account, provider, value)}   string: operation id (a result value)
     PREFIX:idem:{SHA1(scope)}         string: idempotency entry JSON, expires at its retention
     PREFIX:lease:SHARD{NAME}          string: the holder's random token, PX = lease time
                                       (SHARD from the part of NAME after its last colon:
@@ -24,6 +25,7 @@ writes a record touches keys of that one slot:
     PREFIX:providers                  set: providers seen
     PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
     PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
+    PREFIX:schema_version             string: the layout version of these keys (LAYOUT)
 
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
@@ -50,7 +52,7 @@ import secrets
 import time
 import zlib
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import orjson
@@ -63,14 +65,28 @@ from redis.exceptions import RedisClusterException, RedisError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import NotAdmissible, StatusgateError, StoreError
-from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, T, matches, purgeable
+from gateway.store.base import (
+    PURGE_BATCH,
+    Ids,
+    Mutation,
+    NewerLayout,
+    Queue,
+    Store,
+    T,
+    matches,
+    newer_layout,
+    purgeable,
+    stop,
+)
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
+LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
 COPIES = 16_384  # pending records as last written or read here (Store.known); ~2 KB each
+COPY_ANSWER = 4096  # ... and with a replayable answer of at most this many bytes
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 LUA = resources.files("gateway.store") / "lua"
@@ -101,6 +117,8 @@ def _tag(*parts: str) -> str:
 
 
 class RedisStore(Store):
+    shared: ClassVar[bool] = True
+
     def __init__(
         self,
         url: str,
@@ -175,6 +193,9 @@ class RedisStore(Store):
     def _job(self, account: str, provider: str, job_id: str) -> str:
         return f"{self.prefix}:job:{{{_tag(account, provider, job_id)}}}"
 
+    def _result(self, account: str, provider: str, value: str) -> str:
+        return f"{self.prefix}:result:{{{_tag(account, provider, value)}}}"
+
     def _idem(self, key: str) -> str:
         return f"{self.prefix}:idem:{{{_tag(key)}}}"
 
@@ -238,14 +259,38 @@ class RedisStore(Store):
             await asyncio.sleep(CLOCK_RESYNC)
 
     async def open(self) -> None:
+        """Check (and record) the keys' layout, then keep the clock synced. An unreachable
+        Redis is no reason not to start (the gateway fails closed until it answers); a
+        layout newer than this code is."""
+        try:
+            await self.migrate()
+        except NewerLayout:
+            raise
+        except StoreError:
+            pass
         with contextlib.suppress(StoreError):
             await self._sync_clock()
         self._resync = asyncio.create_task(self._keep_synced())
 
+    async def migrate(self) -> tuple[int | None, int]:
+        """The keys' layout: (found, now). Found None when no key has this prefix yet, 0
+        for the previous release's keys (the same layout, no version key); both are
+        recorded as LAYOUT. A newer layout is refused, both versions named."""
+        key = f"{self.prefix}:schema_version"
+        raw = await self._call("migrate", self._redis.get(key))
+        found: int | None = None if raw is None else int(raw)
+        if found is None:
+            for mark in (f"{self.prefix}:ops", f"{self.prefix}:providers"):  # one slot each
+                if await self._call("migrate", self._redis.exists(mark)):
+                    found = 0
+        if found is not None and found > LAYOUT:
+            raise newer_layout("redis", found, LAYOUT)
+        if found != LAYOUT:
+            await self._call("migrate", self._redis.set(key, LAYOUT))
+        return found, LAYOUT
+
     async def close(self) -> None:
-        if self._resync is not None:
-            self._resync.cancel()
-            await asyncio.gather(self._resync, return_exceptions=True)
+        await stop(self._resync)
         await self._redis.aclose()
 
     # -- operations ---------------------------------------------------------------------
@@ -265,6 +310,7 @@ class RedisStore(Store):
         pipe.zadd(f"{self.prefix}:ops", {record.operation_id: record.started_at})
         pipe.sadd(f"{self.prefix}:providers", record.provider)
         self._index(pipe, record)
+        self._index_results(pipe, record)
         if idempotency is not None:
             self._put_idem(pipe, idempotency)
         await self._call("create", pipe.execute())
@@ -286,6 +332,28 @@ class RedisStore(Store):
         if record.outcome is Outcome.ESCALATED and record.escalation is not None:
             pipe.hset(escalated, operation_id, record.escalation.reason.value)
             pipe.zadd(queue, {operation_id: record.escalation.at})
+
+    def _index_results(self, pipe: Any, record: OperationRecord) -> None:
+        """The record's result values -> its id. Written before the record (on a cluster
+        they live in other slots than the record, so no script can write both): an entry
+        whose record write then lost its compare-and-set is harmless, as ``find_result``
+        checks the record it leads to."""
+        for value in record.result_values:
+            pipe.set(self._result(record.account, record.provider, value), record.operation_id)
+
+    async def _results_first(self, record: OperationRecord) -> None:
+        if record.result_values:
+            pipe = self._redis.pipeline(transaction=False)
+            self._index_results(pipe, record)
+            await self._call("save", pipe.execute())
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        key = self._result(account, provider, value)
+        operation_id = await self._call("find_result", self._redis.get(key))
+        record = None if operation_id is None else await self.get(operation_id.decode())
+        if record is None or record.account != account or record.provider != provider:
+            return None
+        return record if value in record.result_values else None
 
     async def get(self, operation_id: str) -> OperationRecord | None:
         return await self._reads.read(self._op(operation_id))
@@ -330,15 +398,18 @@ class RedisStore(Store):
         return keys, args, written
 
     def _copy(self, record: OperationRecord) -> None:
-        """Keep ``record`` as this process's copy: only a pending one (the copy only ever
-        starts a poll, and a pending record carries no final answer, so COPIES bounds the
-        memory), never one older than the copy already kept."""
+        """Keep ``record`` as this process's copy: only a pending one whose answer kept to
+        replay is small (the copy only ever starts a poll, and a pending record carries no
+        final answer, so COPIES and COPY_ANSWER bound the memory), never one older than the
+        copy already kept."""
         copies, operation_id = self._copies, record.operation_id
         kept = copies.pop(operation_id, None)  # most recent last: the oldest goes first
         if kept is not None and kept.version > record.version:
             record = kept  # a read that finished after a write of ours
         if record.outcome is not Outcome.PENDING or self._cluster:
             return  # (on a cluster a poll's steps are apart: a copy would save nothing)
+        if record.last_answer is not None and len(record.last_answer.body) > COPY_ANSWER:
+            return  # a read starts its next poll instead
         if len(copies) >= COPIES:
             copies.pop(next(iter(copies)))
         copies[operation_id] = record
@@ -352,6 +423,7 @@ class RedisStore(Store):
         return None if operation_id is None else self._copies.get(operation_id)
 
     async def save(self, record: OperationRecord) -> bool:
+        await self._results_first(record)
         keys, args, written = self._cas_call(record)
         result = await self._call("save", self._cas(keys=keys, args=args))
         if result == -2:
@@ -446,6 +518,8 @@ class RedisStore(Store):
             self._forget(record.operation_id)
             delete.delete(self._op(record.operation_id))
             delete.delete(self._job(record.account, record.provider, record.provider_job_id))
+            for value in record.result_values:
+                delete.delete(self._result(record.account, record.provider, value))
             delete.zrem(f"{self.prefix}:ops", raw)
             delete.srem(active, raw)
             delete.zrem(deadlines, raw)
@@ -646,6 +720,7 @@ class RedisStore(Store):
         if new is not None and self._lease(lease).startswith(
             f"{self.prefix}:lease:{self._shard(operation_id)}"
         ):  # the lease shares the record's slot (always, on one Redis)
+            await self._results_first(new)
             keys, args, stored = self._cas_call(new)
             keys.append(self._lease(lease))
             args.append(token)

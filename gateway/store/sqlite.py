@@ -22,6 +22,7 @@ bodies included (``limits.cache_bytes``); the least recently used records leave 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -37,7 +38,7 @@ import orjson
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord
 from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
-from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store
+from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
 
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
@@ -69,12 +70,24 @@ CREATE INDEX IF NOT EXISTS operations_ended
 CREATE INDEX IF NOT EXISTS operations_queue
     ON operations (json_extract(data, '$.escalation.at'), operation_id)
     WHERE outcome = 'escalated';
+CREATE TABLE IF NOT EXISTS result_values (
+    account      TEXT NOT NULL,
+    provider     TEXT NOT NULL,
+    value        TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    PRIMARY KEY (account, provider, value)
+);
+CREATE INDEX IF NOT EXISTS result_values_operation ON result_values (operation_id);
 CREATE TABLE IF NOT EXISTS idempotency (
     key        TEXT PRIMARY KEY,
     expires_at REAL NOT NULL,
     data       TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 """
+# The layout SCHEMA creates. Version 0 is the previous release's file: the same tables, no
+# schema_version table; upgrading it only records the version.
+LAYOUT = 1
 
 
 def dump(record: OperationRecord) -> tuple[Any, ...]:
@@ -106,9 +119,11 @@ class _Pending:
 
 
 def footprint(record: OperationRecord) -> int:
-    """What caching ``record`` costs, in bytes: its final body and a fixed overhead."""
-    final = record.final_response
-    return RECORD_OVERHEAD + (len(final.body) if final is not None else 0)
+    """What caching ``record`` costs, in bytes: its final body, the last answer kept to
+    replay, and a fixed overhead."""
+    final, last = record.final_response, record.last_answer
+    kept = (len(final.body) if final is not None else 0) + (len(last.body) if last else 0)
+    return RECORD_OVERHEAD + kept
 
 
 def _job(record: OperationRecord) -> Job:
@@ -215,6 +230,7 @@ class SQLiteStore(Store):
         self._batch: dict[str, OperationRecord] = {}  # written in the batch being committed
         self._lock: int | None = None  # the descriptor holding FILE.lock
         self._closed = False
+        self._migrated: tuple[int | None, int] | None = None  # what the first connection found
 
     @property
     def cache_limit(self) -> int:
@@ -253,7 +269,9 @@ class SQLiteStore(Store):
         self._lock = fd
 
     async def open(self) -> None:
+        """Claim the file and check its layout: a newer one refuses to start."""
         self._claim()
+        await self.migrate()
 
     # -- plumbing -----------------------------------------------------------------------
     def _connection(self, role: str) -> sqlite3.Connection:
@@ -270,9 +288,39 @@ class SQLiteStore(Store):
             )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            conn.executescript(SCHEMA)
+            try:
+                migrated = _migrate(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._migrated = self._migrated or migrated
             self._connections[role] = conn
         return conn
+
+    async def inspect(self) -> str:
+        """The file's layout, read without writing (``statusgate check``)."""
+        if self._path == ":memory:" or not Path(self._path).exists():
+            return " (no file yet: created at first start)"
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"{Path(self._path).resolve().as_uri()}?mode=ro", uri=True)
+            ) as conn:
+                found = _found(conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {self._path}: {exc}", operation="open") from None
+        if found is not None and found > LAYOUT:
+            raise newer_layout("sqlite", found, LAYOUT)
+        if found is None or found < LAYOUT:
+            return f" (schema version {found or 0}; upgraded at start or by statusgate migrate)"
+        return f" (schema version {found})"
+
+    async def migrate(self) -> tuple[int | None, int]:
+        """Create or upgrade the file's layout (done by the first connection anyway): the
+        version the first connection found (current on later calls), and the version now."""
+        await self._write("migrate", lambda conn: None)
+        assert self._migrated is not None
+        found, self._migrated = self._migrated, (LAYOUT, LAYOUT)  # told once; current now
+        return found
 
     async def _read(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
         self._claim()
@@ -302,7 +350,7 @@ class SQLiteStore(Store):
                 batch, self._queue = self._queue, []
                 try:
                     outcomes = await loop.run_in_executor(self._writer, self._commit, batch)
-                except (sqlite3.Error, RuntimeError) as exc:
+                except (sqlite3.Error, RuntimeError, StoreError) as exc:
                     for pending in batch:
                         _fail(pending, exc)
                     continue
@@ -372,6 +420,7 @@ class SQLiteStore(Store):
             if existing is not None:
                 return existing
             conn.execute("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(record))
+            _index(conn, record)
             if idempotency is not None:
                 _put_idem(conn, idempotency)
             self._wrote(record)
@@ -404,6 +453,18 @@ class SQLiteStore(Store):
         if record is not None:
             self._cache.read(record, since)
         return record
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        """From the result_values table, written in the record's own transaction."""
+        sql = (
+            "SELECT operation_id FROM result_values"
+            " WHERE account = ? AND provider = ? AND value = ?"
+        )
+        row = await self._read(
+            "find_result", lambda conn: conn.execute(sql, (account, provider, value)).fetchone()
+        )
+        record = None if row is None else await self.get(str(row[0]))
+        return record if record is not None and value in record.result_values else None
 
     async def save(self, record: OperationRecord) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
@@ -470,6 +531,9 @@ class SQLiteStore(Store):
         def work(conn: sqlite3.Connection) -> list[str]:
             ids = [row[0] for row in conn.execute(PURGEABLE, (provider, ended_before, PURGE_BATCH))]
             conn.executemany("DELETE FROM operations WHERE operation_id = ?", [(i,) for i in ids])
+            conn.executemany(
+                "DELETE FROM result_values WHERE operation_id = ?", [(i,) for i in ids]
+            )
             conn.execute("DELETE FROM idempotency WHERE expires_at <= ?", (now,))
             return ids
 
@@ -606,6 +670,38 @@ def _fail(pending: _Pending, exc: BaseException) -> None:
     pending.future.set_exception(error)
 
 
+def _migrate(conn: sqlite3.Connection) -> tuple[int | None, int]:
+    """The file's layout brought up to LAYOUT in one write transaction: (found, now); found
+    None for a new file, 0 for the previous release's (no schema_version table). A newer
+    layout is refused, both versions named, and nothing is written."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = _found(conn)
+        if found is not None and found > LAYOUT:
+            raise newer_layout("sqlite", found, LAYOUT)
+        if found != LAYOUT:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("DELETE FROM schema_version")
+            conn.execute("INSERT INTO schema_version VALUES (?)", (LAYOUT,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return found, LAYOUT
+
+
+def _found(conn: sqlite3.Connection) -> int | None:
+    tables = {
+        str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    if "schema_version" not in tables:
+        return 0 if "operations" in tables else None
+    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def _get(conn: sqlite3.Connection, operation_id: str) -> OperationRecord | None:
     row = conn.execute(
         "SELECT data FROM operations WHERE operation_id = ?", (operation_id,)
@@ -630,7 +726,22 @@ def _cas(conn: sqlite3.Connection, record: OperationRecord) -> bool:
         " WHERE operation_id = ? AND version = ?",
         (values[4], values[6], values[7], record.operation_id, record.version),
     )
-    return cursor.rowcount == 1
+    if cursor.rowcount != 1:
+        return False
+    _index(conn, record)
+    return True
+
+
+def _index(conn: sqlite3.Connection, record: OperationRecord) -> None:
+    """The record's result values, in the transaction that writes it (SPEC 20)."""
+    if record.result_values:
+        conn.executemany(
+            "INSERT OR REPLACE INTO result_values VALUES (?, ?, ?, ?)",
+            [
+                (record.account, record.provider, v, record.operation_id)
+                for v in record.result_values
+            ],
+        )
 
 
 def _put_idem(conn: sqlite3.Connection, entry: IdempotencyEntry) -> None:

@@ -1,4 +1,5 @@
-"""A real gateway process killed with SIGKILL between polls loses nothing on SQLite."""
+"""A real gateway process killed with SIGKILL between polls loses nothing on SQLite or on
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -32,14 +33,22 @@ def provider_process() -> Iterator[str]:
     process.wait(5)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def durable_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The durable stores: a SQLite file, a PostgreSQL schema."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return f"sqlite:///{tmp_path}/gateway.db"
+
+
 async def test_sigkill_between_polls_keeps_counters_deadline_and_next_poll(
-    tmp_path: Path, provider_process: str
+    tmp_path: Path, provider_process: str, durable_store: str
 ) -> None:
     port = free_port()
     config = write_config(
         tmp_path,
         provider_process,
-        store=f"sqlite:///{tmp_path}/gateway.db",
+        store=durable_store,
         config_changes={"listen": {"port": port}},
     )
     env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}

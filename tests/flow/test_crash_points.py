@@ -1,6 +1,7 @@
-"""A real gateway process on SQLite killed at the worst moments, and stopped with SIGTERM
-while calls are in flight. After every restart no counter went backwards, every provider
-call is counted, and the audit chain verifies (at worst with a torn final line)."""
+"""A real gateway process on SQLite (and on PostgreSQL) killed at the worst moments, and
+stopped with SIGTERM while calls are in flight. After every restart no counter went
+backwards, every provider call is counted, and the audit chain verifies (at worst with a
+torn final line)."""
 
 from __future__ import annotations
 
@@ -34,16 +35,17 @@ AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
 
 class Gateway:
-    """One `statusgate serve` process on a SQLite file, restartable."""
+    """One `statusgate serve` process on a SQLite file (or a PostgreSQL schema), restartable."""
 
-    def __init__(self, folder: Path, upstream: str) -> None:
+    def __init__(self, folder: Path, upstream: str, postgres: str | None = None) -> None:
         self.port = free_port()
         self.db = folder / "gateway.db"
+        self.postgres = postgres
         self.audit = folder / "audit.jsonl"
         self.config = write_config(
             folder,
             upstream,
-            store=f"sqlite:///{self.db}",
+            store=postgres or f"sqlite:///{self.db}",
             config_changes={
                 "listen": {"port": self.port},
                 "audit": {"path": "audit.jsonl"},
@@ -72,19 +74,62 @@ class Gateway:
     def record(self, job: str) -> OperationRecord:
         import json
 
+        if self.postgres is not None:
+            with self._postgres() as conn:
+                row = conn.execute(
+                    f"SELECT data FROM {self._table} WHERE provider_job_id = %s", (job,)
+                ).fetchone()
+            return OperationRecord.from_dict(json.loads(row[0]))
         with sqlite3.connect(self.db) as conn:
             row = conn.execute(
                 "SELECT data FROM operations WHERE provider_job_id = ?", (job,)
             ).fetchone()
         return OperationRecord.from_dict(json.loads(row[0]))
 
+    @property
+    def _table(self) -> str:
+        assert self.postgres is not None
+        return '"' + self.postgres.rsplit("schema=", 1)[1] + '".operations'
 
-@pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[tuple[Gateway, DemoProvider]]:
+    def _postgres(self) -> Any:
+        import psycopg
+
+        assert self.postgres is not None
+        return psycopg.connect(self.postgres.split("?", 1)[0], autocommit=True)
+
+    def blocker(self) -> tuple[Any, Any]:
+        """(lock, unlock) of the store's operations, so the gateway's next write waits."""
+        if self.postgres is not None:
+            conn = self._postgres()
+
+            def lock() -> None:
+                conn.execute("BEGIN")
+                conn.execute(f"LOCK TABLE {self._table} IN EXCLUSIVE MODE")
+
+            def unlock() -> None:
+                conn.execute("ROLLBACK")
+                conn.close()
+
+            return lock, unlock
+        blocker = sqlite3.connect(self.db, isolation_level=None, timeout=5)
+
+        def unlock_sqlite() -> None:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+
+        return (lambda: blocker.execute("BEGIN EXCLUSIVE")), unlock_sqlite
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def setup(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Gateway, DemoProvider]]:
+    """The gateway on each durable store: a SQLite file, a PostgreSQL schema."""
+    postgres = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
     demo = DemoProvider(api_key=PROVIDER_KEY)
     server = TestServer(demo.app(), host="127.0.0.1")
     await server.start_server()
-    gateway = Gateway(tmp_path, str(server.make_url("")).rstrip("/"))
+    gateway = Gateway(tmp_path, str(server.make_url("")).rstrip("/"), postgres)
     await gateway.start()
     yield gateway, demo
     if gateway.process is not None and gateway.process.poll() is None:
@@ -161,14 +206,14 @@ async def test_sigkill_right_after_the_reservation(setup: tuple[Gateway, DemoPro
 async def test_sigkill_right_after_the_provider_answered(
     setup: tuple[Gateway, DemoProvider],
 ) -> None:
-    """The provider answers while the test holds the gateway's SQLite write lock, so the
+    """The provider answers while the test holds the gateway's store write lock, so the
     gateway is killed with the answer in hand and not yet recorded."""
     gateway, demo = setup
-    blocker = sqlite3.connect(gateway.db, isolation_level=None, timeout=5)
+    lock, unlock = gateway.blocker()
     answered = asyncio.Event()
 
     async def lock_store(job_id: str) -> None:
-        blocker.execute("BEGIN EXCLUSIVE")
+        lock()
         answered.set()
 
     async with aiohttp.ClientSession() as http:
@@ -182,8 +227,11 @@ async def test_sigkill_right_after_the_provider_answered(
         await gateway.wait()
         pending.cancel()
         demo.before_answer = None
-    blocker.execute("ROLLBACK")
-    blocker.close()
+    # PostgreSQL sees its client gone within client_connection_check_interval (250 ms) and
+    # drops the waiting write; released sooner, the write would land, as if sent just
+    # before the kill.
+    await asyncio.sleep(0.5)
+    unlock()
     record = gateway.record(job)
     assert record.status_requests_used == calls(demo, job) == 1
     assert record.last_known_state == "queued"  # the answer was lost, never half-written

@@ -53,10 +53,10 @@ async def webhook() -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
     await server.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "redis":
-        return str(request.getfixturevalue("redis_url"))
+    if request.param in ("redis", "postgres"):
+        return str(request.getfixturevalue(f"{request.param}_url"))
     return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/g.db"
 
 
@@ -121,12 +121,19 @@ async def test_providers_no_longer_configured_are_left_alone(harness: Harness) -
     assert await runtime.store.get(retired.operation_id) == retired
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def shared_url(request: pytest.FixtureRequest) -> str:
+    """A store several gateways share: Redis, PostgreSQL."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
 async def test_two_replicas_escalate_an_overdue_operation_once(
-    make_harness: Any, redis_url: str
+    make_harness: Any, shared_url: str
 ) -> None:
-    """Two gateways on one Redis sweep at the same moment: one escalation, one audit line."""
-    first: Harness = await make_harness(store_url=redis_url)
-    second: Harness = await make_harness(store_url=redis_url)
+    """Two gateways on one Redis (or PostgreSQL) sweep at the same moment: one escalation,
+    one audit line."""
+    first: Harness = await make_harness(store_url=shared_url)
+    second: Harness = await make_harness(store_url=shared_url)
     record = await submitted(first)
     first.clock.now = record.deadline_at + 1
     counts = await asyncio.gather(

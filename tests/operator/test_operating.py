@@ -403,8 +403,8 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
     )
     assert refused.returncode == 1
     assert json.loads(refused.stderr.decode())["event"] == (
-        "statusgate serve: --workers 2 needs a Redis store (store: redis://...); "
-        "the sqlite store is owned by one process"
+        "statusgate serve: --workers 2 needs a shared store (store: redis://... or "
+        "postgresql://...); the sqlite store is owned by one process"
     )
 
 

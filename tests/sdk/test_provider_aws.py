@@ -148,7 +148,8 @@ async def test_boto3_transcription_job_reaches_moto_signed_with_the_gateway_key(
     named in the body, each early call held) work unchanged, and every request moto received
     carries the gateway's access key id, never the agent's token, with a valid signature."""
     name = f"call-{uuid.uuid4().hex[:8]}"
-    async with gateway_to(moto_server, tmp_path, fast_polling()) as (harness, proxy):
+    polling = fast_polling(early_calls="hold")
+    async with gateway_to(moto_server, tmp_path, polling) as (harness, proxy):
         client = transcribe(harness, suffix)
         sent: list[int] = []
         client.meta.events.register("before-send", lambda **_: sent.append(1))
@@ -162,7 +163,7 @@ async def test_boto3_transcription_job_reaches_moto_signed_with_the_gateway_key(
     polls = targets(proxy, GET, name)
     assert len(targets(proxy, START, name)) == 1
     assert len(polls) == 3 == record.status_requests_used  # QUEUED, IN_PROGRESS, COMPLETED
-    assert len(polls) <= permitted_polls(fast_polling(), elapsed)
+    assert len(polls) <= permitted_polls(polling, elapsed)
     assert (calls, errors, len(sent)) == (3, 0, 4)  # held, never refused: no retries
     for seen in proxy.requests:
         authorization = seen["headers"]["Authorization"]
@@ -182,7 +183,9 @@ async def test_boto3_waiter_completes_with_early_calls_held(
     """boto3's transcription_job_completed waiter, at a tenth of its real cadence against a
     tenth of the policy's schedule, completes: its early calls are held to the next permitted
     poll instead of refused, so moto sees one poll per waiter attempt."""
-    polling = fast_polling(base_delay="500ms", max_delay="4500ms", jitter={"min": 1, "max": 1})
+    polling = fast_polling(
+        base_delay="500ms", max_delay="4500ms", jitter={"min": 1, "max": 1}, early_calls="hold"
+    )
     name = f"wait-{uuid.uuid4().hex[:8]}"
     async with gateway_to(moto_server, tmp_path, polling) as (harness, proxy):
         client = transcribe(harness, "/")
@@ -217,7 +220,7 @@ async def test_boto3_waiter_completes_with_early_calls_held(
 async def test_boto3_waiter_gives_up_when_early_calls_are_refused(
     moto_server: str, tmp_path: Path
 ) -> None:
-    """Why the policy holds early calls: with ``early_calls: refuse`` the waiter's first
+    """Why early calls are not refused: with ``early_calls: refuse`` the waiter's first
     call is 429 too-early, boto3's retries (which ignore Retry-After) cannot outlast it, and
     the waiter fails with the job still running."""
     polling = fast_polling(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gateway.demo.provider import output_file
+
 from conftest import PROVIDER_KEY, Harness
 
 AZURE = "/documentintelligence/documentModels/prebuilt-read"
@@ -27,7 +29,7 @@ async def test_batch_api_lifecycle(harness: Harness) -> None:
         seen.append(polled.headers["Statusgate-Provider-State"])
     assert seen == ["validating", "in_progress", "finalizing", "completed"]
     assert polled.headers["Statusgate-Outcome"] == "succeeded"
-    assert (await polled.json())["output_file_id"] == "file-demo-output"
+    assert (await polled.json())["output_file_id"] == output_file(job)
     record = await harness.record(job, "batch-api")
     # 30s base delay, doubling: the provider saw four calls spread over minutes
     assert record.next_poll_at - record.started_at > 60

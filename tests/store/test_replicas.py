@@ -1,4 +1,5 @@
-"""Two real gateway processes on one Redis (and on a Redis Cluster) behave like one gateway.
+"""Two real gateway processes on one Redis (on a Redis Cluster, on PostgreSQL) behave like one
+gateway.
 
 The provider is the real demo provider on loopback; it logs every call with its start and
 end, and counts calls in flight per job, so the assertions read what the provider saw.
@@ -52,12 +53,14 @@ class Replicas:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.fixture(params=["redis", "redis-cluster"])
+STORES = {"redis": "redis_url", "redis-cluster": "redis_cluster_url", "postgres": "postgres_url"}
+
+
+@pytest.fixture(params=list(STORES))
 async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
-    """Two gateway processes sharing one Redis, then a three-primary Redis Cluster."""
-    redis_url = request.getfixturevalue(
-        "redis_url" if request.param == "redis" else "redis_cluster_url"
-    )
+    """Two gateway processes sharing one Redis, then a three-primary Redis Cluster, then
+    one PostgreSQL."""
+    store_url = request.getfixturevalue(STORES[request.param])
     demo = DemoProvider(api_key=PROVIDER_KEY)
     provider = TestServer(demo.app(), host="127.0.0.1")
     await provider.start_server()
@@ -76,7 +79,7 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         config = write_config(
             tmp_path / f"r{index}",
             upstream,
-            store=redis_url,
+            store=store_url,
             policy_changes={"demo-jobs": {"polling": polling}},
             config_changes={
                 "listen": {"port": port},

@@ -1,4 +1,5 @@
-"""One contract for every store: memory, SQLite and Redis pass the same tests, races included.
+"""One contract for every store: memory, SQLite, Redis and PostgreSQL pass the same tests, races
+included.
 
 Times are real (now, and a fraction of a second later): a Redis store keeps time by Redis's
 clock, not by an argument, so expiry tests sleep briefly instead of moving a fake clock.
@@ -17,6 +18,7 @@ from gateway.core.models import (
     FinalResponse,
     IdempotencyEntry,
     IdemState,
+    LastAnswer,
     OperationFilter,
     OperationRecord,
     Outcome,
@@ -86,6 +88,8 @@ async def test_records_round_trip_every_field(store: Store) -> None:
         last_polled_at=now + 3.25,
         extended_seconds=60.0,
         extended_requests=2,
+        last_answer=LastAnswer(200, "application/json", b'{"s": "\\u00e9"}\xff', now + 1.5),
+        result_values=("file-1", "42"),
     )
     await store.create(full)
     assert await store.get("op_1") == full
@@ -215,8 +219,8 @@ async def test_closed_sqlite_store_raises_store_error(tmp_path: Path) -> None:
 
 
 def test_unknown_scheme_and_bad_options_are_clear_errors() -> None:
-    with pytest.raises(ConfigError, match="scheme 'postgres' is not supported"):
-        store_from_url("postgres://x")
+    with pytest.raises(ConfigError, match="scheme 'mysql' is not supported"):
+        store_from_url("mysql://x")
     with pytest.raises(ConfigError, match="unknown option"):
         store_from_url("redis://127.0.0.1:6379/0?prefx=a")
     with pytest.raises(ConfigError, match="prefix"):
@@ -393,3 +397,82 @@ async def test_start_and_reserve_writes_the_reservation_with_the_lease(store: St
     assert wait is not None and wait > 0 and not written  # prov-r's window is full
     after = await store.get("op_1")
     assert after is not None and after.early_refusals == 0
+
+
+def succeeded(op: str, job: str, *values: str, account: str = "team-a") -> OperationRecord:
+    """A record whose final answer was recorded with these result values."""
+    final = FinalResponse(200, "application/json", b"{}")
+    return record(op, job, account).evolve(
+        outcome=Outcome.SUCCEEDED, final_response=final, ended_at=time.time(), result_values=values
+    )
+
+
+async def test_find_result_finds_an_operation_by_a_value_of_its_final_answer(store: Store) -> None:
+    """SPEC 20: a result value is findable once the write that recorded it returned (by
+    create, save, mutate or finish_poll), for that account and provider only."""
+    await store.create(succeeded("op_1", "j1", "file-1"))
+    found = await store.find_result("team-a", "demo-jobs", "file-1")
+    assert found is not None and found.operation_id == "op_1"
+    assert await store.find_result("team-b", "demo-jobs", "file-1") is None
+    assert await store.find_result("team-a", "other", "file-1") is None
+    assert await store.find_result("team-a", "demo-jobs", "file-2") is None
+    assert await store.find_result("team-a", "demo-jobs", "j1") is None  # a job id is no value
+
+    pending = await store.create(record("op_2", "j2"))
+    assert await store.save(succeeded("op_2", "j2", "file-2").evolve(version=pending.version))
+    mutated = await store.create(record("op_3", "j3"))
+    await store.mutate("op_3", lambda r: (succeeded("op_3", "j3", "file-3", "n-3"), None))
+    polled = await store.create(record("op_4", "j4"))
+    assert await store.acquire_lease("poll:op_4", "t", time.time(), 5.0)
+    await store.finish_poll(
+        "op_4",
+        lambda r: (succeeded("op_4", "j4", "file-4").evolve(version=r.version), None),
+        known=polled,
+        lease="poll:op_4",
+        token="t",
+    )
+    for value, operation_id in [
+        ("file-2", "op_2"),
+        ("file-3", "op_3"),
+        ("n-3", "op_3"),
+        ("file-4", "op_4"),
+    ]:
+        found = await store.find_result("team-a", "demo-jobs", value)
+        assert found is not None and found.operation_id == operation_id, value
+    assert mutated.result_values == ()
+
+
+async def test_find_result_values_are_per_account(store: Store) -> None:
+    """Two accounts whose outputs share a value each find their own operation."""
+    await store.create(succeeded("op_a", "ja", "shared", account="team-a"))
+    await store.create(succeeded("op_b", "jb", "shared", account="team-b"))
+    a = await store.find_result("team-a", "demo-jobs", "shared")
+    b = await store.find_result("team-b", "demo-jobs", "shared")
+    assert a is not None and a.operation_id == "op_a"
+    assert b is not None and b.operation_id == "op_b"
+
+
+async def test_a_lost_write_indexes_nothing_and_purge_forgets_the_values(store: Store) -> None:
+    """A write that lost its compare-and-set makes no value findable; a purged operation's
+    values are found no more."""
+    created = await store.create(record("op_1", "j1"))
+    assert await store.save(created)  # version 2 now
+    assert not await store.save(succeeded("op_1", "j1", "file-lost"))  # still version 1
+    assert await store.find_result("team-a", "demo-jobs", "file-lost") is None
+    now = time.time()
+    await store.create(succeeded("op_2", "j2", "file-old").evolve(ended_at=now - 100))
+    assert await store.purge("demo-jobs", now - 10, now) == 1
+    assert await store.find_result("team-a", "demo-jobs", "file-old") is None
+
+
+async def test_the_default_find_result_pages_through_list() -> None:
+    """The base store's find_result (what a backend without an index of its own gets)
+    keeps the same contract, paging past the first page of ``list``."""
+    store = store_from_url("memory://")
+    await store.create(succeeded("op_first", "j0", "file-first").evolve(started_at=1.0))
+    for n in range(150):
+        await store.create(record(f"op_{n}", f"j{n + 1}").evolve(started_at=10.0 + n))
+    found = await Store.find_result(store, "team-a", "demo-jobs", "file-first")
+    assert found is not None and found.operation_id == "op_first"
+    assert await Store.find_result(store, "team-b", "demo-jobs", "file-first") is None
+    assert await Store.find_result(store, "team-a", "demo-jobs", "file-none") is None

@@ -1,0 +1,788 @@
+"""``postgresql://user[:password]@host[:port]/db?pool=N&schema=NAME&prepare=off&sslmode=...``:
+durable state shared by gateway replicas (SPEC 18).
+
+Tables (layout in ``sql/layout_N.sql``, its number in ``schema_version``): ``operations``
+(the record as JSON plus the columns a query or a guard reads), ``idempotency``,
+``leases``, ``pacing``. Every multi-step write is one statement or one function call, so
+one round trip and atomic: the reservation is ``sg_cas``'s UPDATE, whose WHERE re-checks
+outcome, budget, next_poll_at and deadline on the database clock (READ COMMITTED re-checks
+it on the newest row version, so concurrent replicas cannot overspend); a poll's first
+step (lease, pacing window, reservation) is ``sg_start``; its write-back is ``sg_finish``,
+fenced: written only while the poll's token still holds the lease, the lease row locked
+until commit. The gateway's clock is the database clock (an offset refreshed in the
+background), the one all replicas share.
+
+Never here: session advisory locks (poolers hand sessions around), NOTIFY (a global lock at
+commit), hot counters in indexes. Driver errors (refused, dropped, timeouts, an exhausted
+pool) become StoreError in ``_connection`` and nowhere else; every call is bounded by
+``timeout`` (1 s), so the gateway fails closed quickly and the pool reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
+from gateway.core.pacing import GUARD, MIN_WAIT
+from gateway.errors import NotAdmissible, StoreError
+from gateway.store.base import (
+    PURGE_BATCH,
+    Batch,
+    Copies,
+    Ids,
+    Job,
+    LeaseLost,
+    Mutation,
+    Store,
+    T,
+    newer_layout,
+    stop,
+)
+
+LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
+SYNC_TOLERANCE = 0.05  # next_poll_at slack between a replica's synced clock and the database's
+CLOCK_RESYNC = 10.0
+RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
+SQL = resources.files("gateway.store") / "sql"
+CASArgs = tuple[Any, ...]
+
+# (wait, written, stored JSON) as sg_start answers; 1 written, 0 stale, -1 gone, -2 refused
+_START = "SELECT * FROM {s}.sg_start(%s, %s, %s, %s, %s, %s, %s, {cas})"
+_CAS = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s"
+
+
+def layout_sql(schema: str, version: int) -> str:
+    """The DDL of one layout step with the schema filled in (``@`` in the file)."""
+    text = (SQL / f"layout_{version}.sql").read_text(encoding="utf-8")
+    return text.replace("@.", sql.Identifier(schema).as_string(None) + ".")
+
+
+class PostgresStore(Store):
+    shared: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "public",
+        pool: int = 10,
+        prepare: bool = True,
+        timeout: float = 1.0,
+    ) -> None:
+        self.schema = schema
+        self._conninfo = conninfo
+        self._timeout = timeout
+        self._s = sql.Identifier(schema).as_string(None)
+        self._pool = AsyncConnectionPool(
+            conninfo,
+            min_size=pool,  # all opened at start: a burst never waits for connects
+            max_size=pool,
+            timeout=timeout,
+            open=False,
+            kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None},
+            # A connection attempt retries with backoff (1 s, then doubling) until this
+            # many seconds, then gives up; the next call starts a fresh one at once. Short,
+            # so the pool is back within about a second of the database, however long the
+            # outage was.
+            reconnect_timeout=RECONNECT,
+            name=f"statusgate-{schema}",
+            configure=self._configure if prepare else None,
+        )
+        self._opened = False
+        self._copies = Copies()  # pending records as last written or read here (``known``)
+        self._finds: Batch[Job, OperationRecord] = Batch(self._find_many)
+        self._offset = 0.0
+        self._resync: asyncio.Task[None] | None = None
+        self._checking: asyncio.Task[None] | None = None
+        self._start_sql = _START.format(s=self._s, cas=_CAS)
+        self._finish_sql = f"SELECT {self._s}.sg_finish(%s, %s, {_CAS})"
+        self._cas_sql = f"SELECT {self._s}.sg_cas({_CAS})"
+
+    # -- plumbing -----------------------------------------------------------------------
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Each new connection's session, so the server gives up when the gateway has: a
+        statement ends at ``timeout`` (the client stopped waiting then), and a backend whose
+        client died (a SIGKILLed gateway) notices within a quarter second instead of running
+        its queued write whenever a lock lets it. Not behind PgBouncer (``prepare=off``),
+        where a session setting would leak to other clients."""
+        settings = {
+            "statement_timeout": f"{max(1, int(self._timeout * 1000))}ms",
+            "client_connection_check_interval": "250ms",  # PostgreSQL 14 and later
+        }
+        for name, value in settings.items():
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, operation: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection for one call, within ``timeout``; the one place driver errors
+        become StoreError."""
+        if not self._opened:
+            raise StoreError(f"postgresql {operation}: the store is not open", operation=operation)
+        try:
+            async with asyncio.timeout(self._timeout), self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            self._check_soon()
+            raise StoreError(
+                f"postgresql {operation}: no connection within {self._timeout:g}s",
+                operation=operation,
+            ) from exc
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            self._check_soon()
+            raise StoreError(
+                f"postgresql {operation}: {describe(exc)}", operation=operation
+            ) from exc
+
+    def _check_soon(self) -> None:
+        """After a failure, have the pool test its idle connections in the background, so
+        connections a database restart broke are replaced before the next calls meet them."""
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.get_running_loop().create_task(self._check_pool())
+
+    async def _check_pool(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._pool.check()
+
+    async def _one(self, operation: str, query: str, args: CASArgs = ()) -> Any:
+        """The first row of ``query``, or None."""
+        async with self._connection(operation) as conn:
+            cursor = await conn.execute(query.encode(), args)
+            return await cursor.fetchone()
+
+    async def _all(self, operation: str, query: str, args: CASArgs = ()) -> list[Any]:
+        async with self._connection(operation) as conn:
+            cursor = await conn.execute(query.encode(), args)
+            return await cursor.fetchall()
+
+    # -- life ---------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Bring the layout up to date (first start: create it), then open the pool. A
+        database that cannot be reached, or refuses these credentials, is one clear line."""
+        await self.migrate()
+        await self._pool.open(wait=False)
+        self._opened = True
+        with contextlib.suppress(StoreError):
+            await self._sync_clock()
+        self._resync = asyncio.create_task(self._keep_synced())
+
+    async def close(self) -> None:
+        for task in (self._resync, self._checking):
+            await stop(task)
+        if self._opened:
+            self._opened = False
+            await self._pool.close()
+
+    async def ping(self) -> None:
+        await self._one("ping", "SELECT 1")
+
+    async def _direct(self) -> psycopg.AsyncConnection[Any]:
+        """One connection outside the pool (layout work): its failure said plainly."""
+        try:
+            async with asyncio.timeout(max(self._timeout, 5.0)):
+                return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            raise StoreError(f"postgresql: {describe(exc)}", operation="open") from exc
+
+    async def layout(self) -> int | None:
+        """The layout version the database holds: None when there is none yet."""
+        conn = await self._direct()
+        try:
+            return await _found(conn, self.schema)
+        except psycopg.Error as exc:
+            raise StoreError(f"postgresql: {describe(exc)}", operation="open") from exc
+        finally:
+            await conn.close()
+
+    async def inspect(self) -> str:
+        """Connect once (credentials, database, reachability) and read the layout."""
+        found = await self.layout()
+        if found is not None and found > LAYOUT:
+            raise newer_layout("postgresql", found, LAYOUT)
+        if found is None:
+            return " (reachable; tables are created at first start)"
+        if found < LAYOUT:
+            return f" (schema version {found}; statusgate migrate upgrades it to {LAYOUT})"
+        return f" (schema version {found})"
+
+    async def migrate(self) -> tuple[int | None, int]:
+        """Create or upgrade the layout in one transaction (a transaction-level advisory
+        lock keeps two replicas starting at once from both doing it); (found, now). A
+        layout newer than this code knows is refused, naming both versions."""
+        conn = await self._direct()
+        try:
+            async with conn.transaction():
+                key = f"statusgate-layout:{self.schema}"
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
+                found = await _found(conn, self.schema)
+                if found is not None and found > LAYOUT:
+                    raise newer_layout("postgresql", found, LAYOUT)
+                if found == 0:
+                    raise StoreError(
+                        f"postgresql: schema {self.schema} has an operations table that"
+                        " statusgate did not make (no schema_version); choose another schema=",
+                        operation="open",
+                    )
+                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}".encode())
+                versions = (
+                    f"CREATE TABLE IF NOT EXISTS {self._s}.schema_version"
+                    " (version integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                await conn.execute(versions.encode())
+                for step in range((found or 0) + 1, LAYOUT + 1):
+                    await conn.execute(layout_sql(self.schema, step).encode())
+                if found != LAYOUT:
+                    await conn.execute(f"DELETE FROM {self._s}.schema_version".encode())
+                    await conn.execute(
+                        f"INSERT INTO {self._s}.schema_version (version) VALUES (%s)".encode(),
+                        (LAYOUT,),
+                    )
+            return found, LAYOUT
+        except psycopg.Error as exc:
+            raise StoreError(f"postgresql: {describe(exc)}", operation="open") from exc
+        finally:
+            await conn.close()
+
+    # -- clock --------------------------------------------------------------------------
+    def clock(self) -> float:
+        """Database time as seen from here: local time plus the last measured offset."""
+        return time.time() + self._offset
+
+    async def _sync_clock(self) -> None:
+        before = time.time()
+        row = await self._one("time", f"SELECT {self._s}.sg_now()")
+        after = time.time()
+        self._offset = float(row[0]) - (before + after) / 2
+
+    async def _keep_synced(self) -> None:
+        while True:
+            await asyncio.sleep(CLOCK_RESYNC)
+            with contextlib.suppress(StoreError):
+                await self._sync_clock()
+
+    # -- operations ---------------------------------------------------------------------
+    async def create(
+        self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
+    ) -> OperationRecord:
+        s = self._s
+        query = (
+            f"WITH op AS (INSERT INTO {s}.operations VALUES"
+            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING RETURNING 1),"
+            f" idem AS (INSERT INTO {s}.idempotency (key, expires_at, data)"
+            " SELECT %s, %s, %s WHERE %s AND EXISTS (SELECT 1 FROM op)"
+            " ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at,"
+            " data = excluded.data)"
+            " SELECT EXISTS (SELECT 1 FROM op)"
+        )
+        idem = _idem_row(idempotency) if idempotency is not None else ("", 0.0, "")
+        args = (*_row(record), *idem, idempotency is not None)
+        row = await self._one("create", query, args)
+        if row[0]:
+            self._copies.keep(record)
+            await self._index(record)
+            return record
+        existing = await self.find(record.account, record.provider, record.provider_job_id)
+        if existing is None:  # purged between the two statements: the job is free again
+            return await self.create(record, idempotency)
+        return existing
+
+    async def get(self, operation_id: str) -> OperationRecord | None:
+        row = await self._one(
+            "get", f"SELECT data FROM {self._s}.operations WHERE operation_id = %s", (operation_id,)
+        )
+        return self._seen(_load(row))
+
+    def _seen(self, record: OperationRecord | None) -> OperationRecord | None:
+        if record is not None:
+            self._copies.keep(record)
+        return record
+
+    def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        """The record as this process last wrote or read it, without a round trip."""
+        return self._copies.known(account, provider, job_id)
+
+    async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
+        """Finds asked in one turn of the event loop share one query (many agents polling
+        at once, the gateway's reason to exist, cost a round trip a turn, not a call)."""
+        return self._seen(await self._finds.ask((account, provider, job_id)))
+
+    async def _find_many(self, jobs: list[Job]) -> dict[Job, OperationRecord]:
+        s = self._s
+        if len(jobs) == 1:
+            rows = await self._all(
+                "find",
+                f"SELECT data FROM {s}.operations"
+                " WHERE account = %s AND provider = %s AND provider_job_id = %s",
+                jobs[0],
+            )
+        else:
+            accounts, providers, job_ids = (list(column) for column in zip(*jobs, strict=True))
+            rows = await self._all(
+                "find",
+                f"SELECT o.data FROM {s}.operations o JOIN"
+                " unnest(%s::text[], %s::text[], %s::text[]) AS j (a, p, k)"
+                " ON o.account = j.a AND o.provider = j.p AND o.provider_job_id = j.k",
+                (accounts, providers, job_ids),
+            )
+        records = [OperationRecord.from_dict(orjson.loads(row[0])) for row in rows]
+        return {(r.account, r.provider, r.provider_job_id): r for r in records}
+
+    async def save(self, record: OperationRecord) -> bool:
+        row = await self._one("save", self._cas_sql, _cas_args(record))
+        if not self._wrote(record, row[0]):
+            return False
+        await self._index(record)
+        return True
+
+    async def _index(
+        self, record: OperationRecord, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> None:
+        """SPEC 20: the record's result values, findable once its write returned (in the
+        write's own transaction when there is one)."""
+        values = record.result_values
+        if not values:
+            return
+        rows = ", ".join(["(%s, %s, %s, %s)"] * len(values))
+        query = f"INSERT INTO {self._s}.result_values VALUES {rows} ON CONFLICT DO NOTHING"
+        args: list[Any] = []
+        for value in values:
+            args += [record.account, record.provider, value, record.operation_id]
+        if conn is not None:
+            await conn.execute(query.encode(), args)
+            return
+        async with self._connection("save") as fresh:
+            await fresh.execute(query.encode(), args)
+
+    async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
+        """From the result_values table; the record itself is checked to still list it."""
+        s = self._s
+        rows = await self._all(
+            "find_result",
+            f"SELECT o.data FROM {s}.result_values v JOIN {s}.operations o USING (operation_id)"
+            " WHERE v.account = %s AND v.provider = %s AND v.value = %s LIMIT 1",
+            (account, provider, value),
+        )
+        record = _load(rows[0]) if rows else None
+        return record if record is not None and value in record.result_values else None
+
+    def _wrote(self, record: OperationRecord, answer: int) -> bool:
+        """sg_cas's answer for writing ``record``: kept as the copy when written."""
+        if _written(answer):
+            self._copies.keep(record.evolve(version=record.version + 1))
+            return True
+        return False
+
+    async def mutate(
+        self, operation_id: str, change: Mutation[T], *, known: OperationRecord | None = None
+    ) -> T:
+        """``known`` tried first (one round trip); else in one transaction with the row
+        locked, so no other writer can come between the read and the write."""
+        if known is not None:
+            new, result = change(known)
+            if new is not None and await self.save(new):
+                return result
+        return await self._locked("mutate", operation_id, change)
+
+    async def _locked(
+        self, operation: str, operation_id: str, change: Mutation[T], fence: Fence = None
+    ) -> T:
+        s = self._s
+        async with self._connection(operation) as conn, conn.transaction():
+            held = fence is None or await _holds(conn, s, *fence)
+            lock = " FOR UPDATE" if held else ""
+            cursor = await conn.execute(
+                f"SELECT data FROM {s}.operations WHERE operation_id = %s{lock}".encode(),
+                (operation_id,),
+            )
+            current = _load(await cursor.fetchone())
+            if current is None:
+                raise StoreError(f"{operation_id} vanished from the store", operation=operation)
+            new, result = change(current)
+            if not held:  # fenced out: an answer that writes nothing may still be given
+                if new is None:
+                    return result
+                raise LeaseLost(f"postgresql {operation}: the poll lease was lost; not written")
+            if new is not None:
+                cursor = await conn.execute(self._cas_sql.encode(), _cas_args(new))
+                row = await cursor.fetchone()
+                if row is None or not self._wrote(new, row[0]):  # locked: only the clock refuses
+                    raise StoreError(f"{operation_id}: version moved", operation=operation)
+                await self._index(new, conn)
+            if fence is not None:
+                await conn.execute(
+                    f"UPDATE {s}.leases SET token = '', expires_at = 0"
+                    " WHERE name = %s AND token = %s".encode(),
+                    fence,
+                )
+            return result
+
+    async def list(self, where: OperationFilter) -> list[OperationRecord]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        for column, value in (
+            ("outcome", where.outcome),
+            ("provider", where.provider),
+            ("account", where.account),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = %s")
+                args.append(str(value.value if isinstance(value, Outcome) else value))
+        if where.before is not None:  # a page's position: strictly older in list order
+            clauses.append("(started_at, operation_id) < (%s, %s)")
+            args += list(where.before)
+        query = f"SELECT data FROM {self._s}.operations"
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        query += " ORDER BY started_at DESC, operation_id DESC LIMIT %s"
+        rows = await self._all("list", query, (*args, where.limit))
+        return [OperationRecord.from_dict(orjson.loads(row[0])) for row in rows]
+
+    async def purge(self, provider: str, ended_before: float, now: float) -> int:
+        """One statement: rows another replica is deleting are skipped, so each goes once."""
+        s = self._s
+        query = (
+            f"WITH gone AS (DELETE FROM {s}.operations WHERE operation_id IN"
+            f" (SELECT operation_id FROM {s}.operations WHERE provider = %s"
+            " AND outcome <> 'pending' AND ended_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+            " RETURNING operation_id),"
+            f" leases AS (DELETE FROM {s}.leases WHERE name IN"
+            " (SELECT 'poll:' || operation_id FROM gone)),"
+            f" idem AS (DELETE FROM {s}.idempotency WHERE key IN (SELECT key FROM"
+            f" {s}.idempotency WHERE expires_at <= %s LIMIT %s FOR UPDATE SKIP LOCKED))"
+            " SELECT count(*) FROM gone"
+        )
+        row = await self._one("purge", query, (provider, ended_before, PURGE_BATCH, now, 10_000))
+        return int(row[0])
+
+    async def overdue(self, provider: str, now: float, limit: int) -> Ids:
+        rows = await self._all(
+            "overdue",
+            f"SELECT operation_id FROM {self._s}.operations WHERE provider = %s"
+            " AND outcome = 'pending' AND deadline_at <= %s ORDER BY deadline_at LIMIT %s",
+            (provider, now, limit),
+        )
+        return [str(row[0]) for row in rows]
+
+    async def open_escalations(self) -> dict[tuple[str, str], int]:
+        rows = await self._all(
+            "open_escalations",
+            f"SELECT provider, reason, count(*) FROM {self._s}.operations"
+            " WHERE outcome = 'escalated' AND reason IS NOT NULL GROUP BY 1, 2",
+        )
+        return {(str(p), str(r)): int(n) for p, r, n in rows}
+
+    async def active_counts(self) -> dict[str, int]:
+        rows = await self._all(
+            "active_counts",
+            f"SELECT provider, count(*) FROM {self._s}.operations"
+            " WHERE outcome = 'pending' GROUP BY provider",
+        )
+        return {str(p): int(n) for p, n in rows}
+
+    # -- idempotency --------------------------------------------------------------------
+    async def claim_idempotency(
+        self, entry: IdempotencyEntry, now: float
+    ) -> IdempotencyEntry | None:
+        row = await self._one(
+            "claim_idempotency",
+            f"SELECT {self._s}.sg_claim(%s, %s, %s, %s)",
+            (*_idem_row(entry), now),
+        )
+        return None if row[0] is None else IdempotencyEntry.from_dict(orjson.loads(row[0]))
+
+    async def put_idempotency(self, entry: IdempotencyEntry) -> None:
+        await self._one(
+            "put_idempotency",
+            f"INSERT INTO {self._s}.idempotency (key, expires_at, data) VALUES (%s, %s, %s)"
+            " ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at,"
+            " data = excluded.data RETURNING 1",
+            _idem_row(entry),
+        )
+
+    async def drop_idempotency(self, key: str) -> None:
+        await self._one(
+            "drop_idempotency",
+            f"DELETE FROM {self._s}.idempotency WHERE key = %s RETURNING 1",
+            (key,),
+        )
+
+    # -- leases -------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
+        """Expiry runs on the database clock; ``now`` is not needed here."""
+        row = await self._one(
+            "acquire_lease", f"SELECT {self._s}.sg_acquire(%s, %s, %s)", (name, token, ttl)
+        )
+        return bool(row[0])
+
+    async def release_lease(self, name: str, token: str) -> None:
+        await self._one(
+            "release_lease",
+            f"UPDATE {self._s}.leases SET token = '', expires_at = 0"
+            " WHERE name = %s AND token = %s RETURNING 1",
+            (name, token),
+        )
+
+    async def start_poll(
+        self, lease: str, token: str, now: float, ttl: float, provider: str, rate: float | None
+    ) -> float | None:
+        """Lease and pacing window in one call (database time throughout)."""
+        wait, _, _ = await self._start(lease, token, ttl, provider, rate, None)
+        return wait
+
+    async def start_and_reserve(
+        self,
+        lease: str,
+        token: str,
+        now: float,
+        ttl: float,
+        provider: str,
+        rate: float | None,
+        reserve: OperationRecord,
+    ) -> tuple[float | None, bool, OperationRecord | None]:
+        """Lease, pacing window and the reservation in one call, which hands back the stored
+        record when ``reserve`` was computed from an older one."""
+        return await self._start(lease, token, ttl, provider, rate, reserve)
+
+    async def _start(
+        self,
+        lease: str,
+        token: str,
+        ttl: float,
+        provider: str,
+        rate: float | None,
+        reserve: OperationRecord | None,
+    ) -> tuple[float | None, bool, OperationRecord | None]:
+        cas = _cas_args(reserve) if reserve is not None else (None,) * 11
+        args = (lease, token, ttl, provider, rate or 0.0, GUARD, MIN_WAIT, *cas)
+        wait, written, moved = await self._one("acquire_lease", self._start_sql, args)
+        if wait < 0:
+            return None, False, None
+        if reserve is not None and written != 0:
+            self._wrote(reserve, written)  # raises NotAdmissible when refused by the clock
+        stored = None if moved is None else OperationRecord.from_dict(orjson.loads(moved))
+        if stored is not None:
+            self._copies.keep(stored)
+        elif reserve is not None and written == -1:
+            self._copies.forget(reserve.operation_id)  # gone
+        return float(wait), written == 1, stored
+
+    async def finish_poll(
+        self,
+        operation_id: str,
+        change: Mutation[T],
+        *,
+        known: OperationRecord,
+        lease: str,
+        token: str,
+    ) -> T:
+        """Fenced: the write computed from ``known`` and the release in one call while the
+        token holds the lease; when ``known`` was not current, one transaction with the
+        lease and the row locked. A lost lease (expired, or taken by another poll) writes
+        nothing: ``change`` is applied to the stored record and its result returned when it
+        writes nothing (a poll superseded by a later one), else LeaseLost is raised."""
+        new, result = change(known)
+        if new is not None:
+            row = await self._one("save", self._finish_sql, (lease, token, *_cas_args(new)))
+            if row[0] != -3 and self._wrote(new, row[0]):
+                await self._index(new)
+                return result
+        return await self._locked("save", operation_id, change, (lease, token))
+
+    # -- pacing -------------------------------------------------------------------------
+    async def pace(self, provider: str, rate: float | None, now: float) -> float:
+        row = await self._one(
+            "pace",
+            f"SELECT {self._s}.sg_pace(%s, %s, %s, %s)",
+            (provider, rate or 0.0, GUARD, MIN_WAIT),
+        )
+        return max(0.0, float(row[0]))
+
+    async def tighten(self, provider: str, rate: float, until: float) -> None:
+        """Kept unless a tightening as strict or stricter lasts longer already."""
+        s = self._s
+        await self._one(
+            "tighten",
+            f"INSERT INTO {s}.pacing AS p (provider, tight_rate, tight_until) VALUES (%s, %s, %s)"
+            " ON CONFLICT (provider) DO UPDATE SET tight_rate = excluded.tight_rate,"
+            " tight_until = excluded.tight_until WHERE p.tight_until IS NULL"
+            " OR p.tight_until <= excluded.tight_until OR p.tight_rate > excluded.tight_rate"
+            " RETURNING 1",
+            (provider, rate, until),
+        )
+
+
+Fence = tuple[str, str] | None  # (lease name, token) a write must still hold
+
+
+async def _holds(conn: psycopg.AsyncConnection[Any], s: str, name: str, token: str) -> bool:
+    """Whether ``token`` holds lease ``name`` by the database clock; the row stays locked
+    until the transaction ends, so no one takes the lease meanwhile."""
+    cursor = await conn.execute(
+        f"SELECT 1 FROM {s}.leases WHERE name = %s AND token = %s"
+        f" AND expires_at > {s}.sg_now() FOR UPDATE".encode(),
+        (name, token),
+    )
+    return await cursor.fetchone() is not None
+
+
+async def _found(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:
+    """The recorded layout version; None when the schema holds no Statusgate tables."""
+    cursor = await conn.execute(
+        "SELECT to_regclass(%s), to_regclass(%s)",
+        (_qualified(schema, "schema_version"), _qualified(schema, "operations")),
+    )
+    versions, operations = await cursor.fetchone() or (None, None)
+    if versions is None:
+        return None if operations is None else 0
+    cursor = await conn.execute(
+        sql.SQL("SELECT max(version) FROM {}.schema_version").format(sql.Identifier(schema))
+    )
+    row = await cursor.fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _qualified(schema: str, table: str) -> str:
+    return f"{sql.Identifier(schema).as_string(None)}.{table}"
+
+
+def _row(record: OperationRecord) -> CASArgs:
+    """A record as a row of the operations table, in column order."""
+    escalation = record.escalation
+    return (
+        record.operation_id,
+        record.account,
+        record.provider,
+        record.provider_job_id,
+        record.outcome.value,
+        record.started_at,
+        record.deadline_at,
+        record.ended_at,
+        escalation.reason.value if escalation is not None else None,
+        record.status_requests_used,
+        record.max_status_requests,
+        record.next_poll_at,
+        record.version,
+        orjson.dumps(record.to_dict()).decode(),
+    )
+
+
+def _cas_args(record: OperationRecord) -> CASArgs:
+    """sg_cas's arguments for writing ``record`` (stored as version + 1)."""
+    data = record.to_dict()
+    data["version"] = record.version + 1  # as stored; cheaper than evolving a copy first
+    escalation = record.escalation
+    reason = None
+    if record.outcome is Outcome.ESCALATED and escalation is not None:
+        reason = escalation.reason.value
+    return (
+        record.operation_id,
+        record.version,
+        orjson.dumps(data).decode(),
+        record.outcome.value,
+        record.status_requests_used,
+        record.max_status_requests,
+        record.next_poll_at,
+        record.deadline_at,
+        record.ended_at,
+        reason,
+        SYNC_TOLERANCE,
+    )
+
+
+def _written(answer: int) -> bool:
+    """sg_cas's answer: True written, False stale or gone; refused by the clock raises."""
+    if answer == -2:
+        raise NotAdmissible("by the database clock this status request is not permitted now")
+    return answer == 1
+
+
+def _idem_row(entry: IdempotencyEntry) -> tuple[str, float, str]:
+    return entry.key, entry.expires_at, orjson.dumps(entry.to_dict()).decode()
+
+
+def _load(row: Any) -> OperationRecord | None:
+    return None if row is None else OperationRecord.from_dict(orjson.loads(row[0]))
+
+
+def describe(exc: BaseException) -> str:
+    """A driver error in one line, without the connection string (never a password)."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
+    return lines[0].removeprefix("connection failed: ") if lines else type(exc).__name__
+
+
+OPTIONS = ("pool", "schema", "prepare", "timeout")
+PASSED = frozenset(
+    {
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "sslcrl",
+        "sslpassword",
+        "application_name",
+        "connect_timeout",
+        "target_session_attrs",
+        "passfile",
+        "options",
+        "channel_binding",
+        "gssencmode",
+    }
+)
+
+
+def from_url(url: str) -> PostgresStore:
+    """``postgresql://`` or ``postgres://`` with the options ``pool`` (10 connections per
+    process), ``schema`` (public), ``prepare=off`` (PgBouncer in transaction mode),
+    ``timeout`` (1s, each store call) and libpq's ``sslmode`` and friends passed through."""
+    from gateway.errors import ConfigError
+    from gateway.settings.units import parse_duration
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = {key: value for key, value in query if key in OPTIONS}
+    unknown = sorted({key for key, _ in query if key not in OPTIONS and key not in PASSED})
+    if unknown:
+        raise ConfigError([f"store: unknown option(s) {', '.join(unknown)}"])
+    passed = urlencode([(key, value) for key, value in query if key in PASSED])
+    try:
+        params = conninfo_to_dict(urlunsplit(parts._replace(query=passed)))
+    except psycopg.Error as exc:
+        raise ConfigError([f"store: {describe(exc)}"]) from None
+    problems = []
+    try:
+        pool = int(options.get("pool", "10"))
+        timeout = parse_duration(options.get("timeout", "1s"))
+    except ValueError as exc:
+        raise ConfigError([f"store: {exc}"]) from None
+    if not 1 <= pool <= 1000:
+        problems.append("store: pool must be between 1 and 1000 connections")
+    schema = options.get("schema", "public")
+    if not schema or len(schema) > 63:
+        problems.append("store: schema must be a name of 1 to 63 characters")
+    prepare = options.get("prepare", "on").lower()
+    if prepare not in ("on", "off"):
+        problems.append("store: prepare must be on or off")
+    if problems:
+        raise ConfigError(problems)
+    return PostgresStore(
+        make_conninfo("", **params),
+        schema=schema,
+        pool=pool,
+        prepare=prepare == "on",
+        timeout=timeout,
+    )
