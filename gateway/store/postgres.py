@@ -45,6 +45,7 @@ from gateway.store.base import (
     Job,
     LeaseLost,
     Mutation,
+    Queue,
     Store,
     T,
     newer_layout,
@@ -483,6 +484,24 @@ class PostgresStore(Store):
             " WHERE outcome = 'escalated' AND reason IS NOT NULL GROUP BY 1, 2",
         )
         return {(str(p), str(r)): int(n) for p, r, n in rows}
+
+    async def escalation_queue(self, limit: int) -> Queue:
+        """The oldest open escalations, ordered in the database (only ``limit`` records
+        leave it), and the count of them all; both read the escalated rows' partial index."""
+        s = self._s
+        at = "((data::jsonb) -> 'escalation' ->> 'at')::double precision"
+        rows = await self._all(
+            "escalation_queue",
+            f"SELECT data FROM {s}.operations WHERE outcome = 'escalated'"
+            f" ORDER BY {at}, operation_id LIMIT %s",
+            (limit,),
+        )
+        counted = await self._all(
+            "escalation_queue",
+            f"SELECT count(*) FROM {s}.operations WHERE outcome = 'escalated'",
+        )
+        waiting = [OperationRecord.from_dict(orjson.loads(row[0])) for row in rows]
+        return waiting, int(counted[0][0])
 
     async def active_counts(self) -> dict[str, int]:
         rows = await self._all(
