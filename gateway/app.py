@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from gateway import mcp
 from gateway.core.models import Clock
 from gateway.errors import StoreError
-from gateway.flow import polls, sweep
+from gateway.flow import pausing, polls, sweep
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http import middleware, proxy
 from gateway.http.problems import explain
@@ -113,6 +113,7 @@ async def _start(app: web.Application) -> None:
     if effects.audit is not None:
         effects.audit.open()
     await effects.restart_notifier(runtime.settings)
+    await pausing.bound_pauses(runtime)
     cut = await polls.recover_cut_polls(runtime)
     if cut:
         log.warning("recorded %d status requests cut short by an earlier crash", cut)

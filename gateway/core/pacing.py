@@ -55,6 +55,12 @@ class Pacer:
             return 0.0
         return max(calls[0] + window - now, MIN_WAIT)  # a refusal is never "wait 0"
 
+    def bound(self, provider: str, latest: float) -> None:
+        """A tightening kept past ``latest`` ends at ``latest`` (a policy's cap, lowered)."""
+        current = self.tightened.get(provider)
+        if current is not None and current[1] > latest:
+            self.tightened[provider] = (current[0], latest)
+
     def tighten(self, provider: str, rate: float, until: float) -> None:
         current = self.tightened.get(provider)
         if current is None or current[1] <= until or rate < current[0]:

@@ -9,9 +9,11 @@ stores an instant the provider chose beyond the policy's cap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from gateway.core.pacing import Tightening, bounded
+from gateway.errors import StoreError
 from gateway.flow.runtime import Runtime
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.units import format_duration
@@ -29,6 +31,16 @@ async def tighten(runtime: Runtime, policy: ProviderPolicy, rate: float, until: 
         if runtime.pauses.first(policy.provider, tightening, now):
             log.warning(_clamped_line(policy, tightening, now, cap))
     await runtime.coordination.tighten(policy.provider, tightening.rate, tightening.until)
+
+
+async def bound_pauses(runtime: Runtime) -> None:
+    """At start and after a reload: a pause kept longer than its policy's cap from now (one
+    stored by an older version on Redis, or before the cap was lowered) ends at the cap.
+    A store that cannot be reached now is left as it is: the gateway fails closed anyway."""
+    now = runtime.clock()
+    with contextlib.suppress(StoreError):
+        for name, policy in runtime.settings.policies.items():
+            await runtime.coordination.bound_pause(name, now + policy.polling.provider_pause_cap)
 
 
 def _clamped_line(policy: ProviderPolicy, t: Tightening, now: float, cap: float) -> str:

@@ -13,6 +13,7 @@ import os
 import signal
 
 from gateway.errors import ConfigError
+from gateway.flow.pausing import bound_pauses
 from gateway.flow.runtime import Runtime
 from gateway.observe import logs
 from gateway.settings.config import GatewayFile, Settings, load_settings
@@ -49,6 +50,7 @@ async def reload(runtime: Runtime) -> list[str]:
     )
     logging_changed = settings.file.logging != runtime.settings.file.logging
     runtime.apply(settings)
+    await bound_pauses(runtime)
     metrics.prime(settings.policies)
     if logging_changed:
         logs.configure(settings.file.logging)

@@ -211,6 +211,12 @@ class Coordination:
             self._pacer = Pacer()
         self._pacer.tighten(provider, rate, until)
 
+    async def bound_pause(self, provider: str, latest: float) -> None:
+        """End ``provider``'s tightening at ``latest`` if it is kept longer (one stored by a
+        version that did not bound pauses, or under a larger cap than the policy's now)."""
+        if self._pacer is not None:
+            self._pacer.bound(provider, latest)
+
     # -- clock --------------------------------------------------------------------------
     def clock(self) -> float:
         """The time decisions should use with this store; shared stores use their own."""

@@ -629,6 +629,14 @@ class PostgresStore(Store):
         )
         return max(0.0, float(row[0]))
 
+    async def bound_pause(self, provider: str, latest: float) -> None:
+        await self._one(
+            "tighten",
+            f"UPDATE {self._s}.pacing SET tight_until = %s"
+            " WHERE provider = %s AND tight_until > %s RETURNING 1",
+            (latest, provider, latest),
+        )
+
     async def tighten(self, provider: str, rate: float, until: float) -> None:
         """Kept unless a tightening as strict or stricter lasts longer already."""
         s = self._s

@@ -110,6 +110,7 @@ PACE = _lua("pacing.lua", "pace.lua")
 START_POLL = _lua("pacing.lua", "start_poll.lua")
 START_RESERVE = _lua("pacing.lua", "cas.lua", "start_reserve.lua")
 TIGHTEN = _lua("tighten.lua")
+BOUND = _lua("bound.lua")
 
 
 def _tag(*parts: str) -> str:
@@ -168,6 +169,7 @@ class RedisStore(Store):
         self._start_reserve = self._redis.register_script(START_RESERVE)
         self._cas_release = self._redis.register_script(CAS_RELEASE)
         self._tighten = self._redis.register_script(TIGHTEN)
+        self._bound = self._redis.register_script(BOUND)
         self._offset = 0.0
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
         self._reads = _Reads(self)
@@ -750,6 +752,10 @@ class RedisStore(Store):
     async def tighten(self, provider: str, rate: float, until: float) -> None:
         keys = self._pace_keys(provider)[1:]
         await self._call("tighten", self._tighten(keys=keys, args=(rate, until)))
+
+    async def bound_pause(self, provider: str, latest: float) -> None:
+        keys = self._pace_keys(provider)[1:]
+        await self._call("tighten", self._bound(keys=keys, args=(latest,)))
 
     async def ping(self) -> None:
         await self._call("ping", self._redis.ping())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,28 @@ async def test_extend_after_a_clamped_pause_does_not_re_escalate_at_once(
     assert len(harness.provider_calls(second)) == 1
     answer = await harness.poll(second)
     assert answer.status != 409, await answer.text()
+
+
+async def test_a_month_long_pause_stored_on_redis_by_an_older_version_is_bounded_at_start(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A pause an older version stored on Redis (29 days in the tightening hash) ends at the
+    policy's cap once a gateway starts: status calls are told to wait at most the cap."""
+    prefix = redis_url.partition("prefix=")[2]
+    client = sync_redis.Redis.from_url(redis_url.partition("?")[0])
+    key = f"{prefix}:tight:{{pace:demo-jobs}}"
+    now = time.time()
+    client.hset(key, mapping={"rate": 0, "until": now + 2_505_600})
+    polling = {"base_delay": "100ms", "max_delay": "2m"}
+    try:
+        async with real_time_harness(
+            tmp_path, store_url=redis_url, policy_changes={"demo-jobs": {"polling": polling}}
+        ) as harness:
+            until = float(client.hget(key, "until") or 0)
+            assert until <= time.time() + 121
+            job = (await (await harness.submit([{"state": "running"}], key="a")).json())["id"]
+            answer = await harness.poll_when_due(job)
+            assert answer.status == 429, await answer.text()
+            assert float(answer.headers["Retry-After"]) <= 121
+    finally:
+        client.close()

@@ -341,6 +341,20 @@ async def test_tightening_pauses_the_provider_in_start_poll_and_pace(store: Stor
     assert await store.pace("prov-other", 10.0, now) == 0
 
 
+async def test_a_pause_kept_longer_than_the_cap_is_bounded(store: Store) -> None:
+    """``bound_pause`` ends a tightening kept past an instant at that instant (a month-long
+    pause stored before pauses were bounded), and leaves shorter ones as they are."""
+    now = store.clock()
+    await store.tighten("prov-m", 0.0, now + 2_505_600)
+    await store.tighten("prov-s", 0.0, now + 10)
+    await store.bound_pause("prov-m", now + 30)
+    await store.bound_pause("prov-s", now + 30)
+    await store.bound_pause("prov-none", now + 30)
+    assert 25 < await store.pace("prov-m", None, now) <= 30.5
+    assert 5 < await store.pace("prov-s", None, now) <= 10.5
+    assert await store.pace("prov-none", None, now) == 0
+
+
 async def test_finish_poll_writes_and_releases_in_one_step(store: Store) -> None:
     """From the record in hand when it is current, by the usual loop when it is not; the
     lease is released either way."""
