@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from gateway.errors import ConfigError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
-from gateway.settings.units import parse_duration
+from gateway.store import urls
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
 from gateway.store.sqlite import SQLiteStore
@@ -33,28 +33,11 @@ def _memory(url: str, tuning: Tuning) -> Store:
 
 
 def _sqlite(url: str, tuning: Tuning) -> Store:
-    # As in SQLAlchemy: sqlite:///relative/file.db and sqlite:////absolute/file.db
-    parts = urlsplit(url)
-    path = url.removeprefix("sqlite:///").split("?", 1)[0]
-    if not url.startswith("sqlite:///") or not path or path.endswith("/"):
-        raise ConfigError([f"store: {url!r} names no database file (sqlite:///path/file.db)"])
-    options = parse_qs(parts.query)
-    synchronous = options.get("synchronous", ["full"])[0].lower()
-    if synchronous not in ("full", "normal"):
-        raise ConfigError(["store: synchronous must be full or normal"])
-    try:
-        busy = parse_duration(options.get("busy_timeout", ["2s"])[0])
-    except ValueError as exc:
-        raise ConfigError([f"store: busy_timeout {exc}"]) from None
-    return SQLiteStore(
-        path, synchronous=synchronous, busy_timeout=busy, cache_bytes=tuning.cache_bytes
-    )
+    return urls.sqlite(url, tuning.cache_bytes)
 
 
 def _redis(url: str, tuning: Tuning) -> Store:
-    from gateway.store.redis import from_url
-
-    return from_url(url)
+    return urls.redis(url)
 
 
 def _redis_kind() -> type[Store]:
@@ -64,8 +47,8 @@ def _redis_kind() -> type[Store]:
 
 
 def _postgres(url: str, tuning: Tuning) -> Store:
-    store: Store = _postgres_module().from_url(url)
-    return store
+    _postgres_module()  # the driver is there, or a clear error
+    return urls.postgres(url)
 
 
 def _postgres_kind() -> type[Store]:

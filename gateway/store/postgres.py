@@ -26,17 +26,15 @@ import time
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
-from gateway.errors import NotAdmissible, StoreError
+from gateway.errors import StoreError
 from gateway.store.base import (
     PURGE_BATCH,
     Batch,
@@ -51,13 +49,19 @@ from gateway.store.base import (
     newer_layout,
     stop,
 )
+from gateway.store.postgres_rows import (
+    CASArgs,
+    cas_args,
+    idem_row,
+    load,
+    operation_row,
+    written,
+)
 
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
-SYNC_TOLERANCE = 0.05  # next_poll_at slack between a replica's synced clock and the database's
 CLOCK_RESYNC = 10.0
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
 SQL = resources.files("gateway.store") / "sql"
-CASArgs = tuple[Any, ...]
 
 # (wait, written, stored JSON) as sg_start answers; 1 written, 0 stale, -1 gone, -2 refused
 _START = "SELECT * FROM {s}.sg_start(%s, %s, %s, %s, %s, %s, %s, {cas})"
@@ -288,8 +292,8 @@ class PostgresStore(Store):
             " data = excluded.data)"
             " SELECT EXISTS (SELECT 1 FROM op)"
         )
-        idem = _idem_row(idempotency) if idempotency is not None else ("", 0.0, "")
-        args = (*_row(record), *idem, idempotency is not None)
+        idem = idem_row(idempotency) if idempotency is not None else ("", 0.0, "")
+        args = (*operation_row(record), *idem, idempotency is not None)
         row = await self._one("create", query, args)
         if row[0]:
             self._copies.keep(record)
@@ -304,7 +308,7 @@ class PostgresStore(Store):
         row = await self._one(
             "get", f"SELECT data FROM {self._s}.operations WHERE operation_id = %s", (operation_id,)
         )
-        return self._seen(_load(row))
+        return self._seen(load(row))
 
     def _seen(self, record: OperationRecord | None) -> OperationRecord | None:
         if record is not None:
@@ -342,7 +346,7 @@ class PostgresStore(Store):
         return {(r.account, r.provider, r.provider_job_id): r for r in records}
 
     async def save(self, record: OperationRecord) -> bool:
-        row = await self._one("save", self._cas_sql, _cas_args(record))
+        row = await self._one("save", self._cas_sql, cas_args(record))
         if not self._wrote(record, row[0]):
             return False
         await self._index(record)
@@ -376,12 +380,12 @@ class PostgresStore(Store):
             " WHERE v.account = %s AND v.provider = %s AND v.value = %s LIMIT 1",
             (account, provider, value),
         )
-        record = _load(rows[0]) if rows else None
+        record = load(rows[0]) if rows else None
         return record if record is not None and value in record.result_values else None
 
     def _wrote(self, record: OperationRecord, answer: int) -> bool:
         """sg_cas's answer for writing ``record``: kept as the copy when written."""
-        if _written(answer):
+        if written(answer):
             self._copies.keep(record.evolve(version=record.version + 1))
             return True
         return False
@@ -408,7 +412,7 @@ class PostgresStore(Store):
                 f"SELECT data FROM {s}.operations WHERE operation_id = %s{lock}".encode(),
                 (operation_id,),
             )
-            current = _load(await cursor.fetchone())
+            current = load(await cursor.fetchone())
             if current is None:
                 raise StoreError(f"{operation_id} vanished from the store", operation=operation)
             new, result = change(current)
@@ -417,7 +421,7 @@ class PostgresStore(Store):
                     return result
                 raise LeaseLost(f"postgresql {operation}: the poll lease was lost; not written")
             if new is not None:
-                cursor = await conn.execute(self._cas_sql.encode(), _cas_args(new))
+                cursor = await conn.execute(self._cas_sql.encode(), cas_args(new))
                 row = await cursor.fetchone()
                 if row is None or not self._wrote(new, row[0]):  # locked: only the clock refuses
                     raise StoreError(f"{operation_id}: version moved", operation=operation)
@@ -518,7 +522,7 @@ class PostgresStore(Store):
         row = await self._one(
             "claim_idempotency",
             f"SELECT {self._s}.sg_claim(%s, %s, %s, %s)",
-            (*_idem_row(entry), now),
+            (*idem_row(entry), now),
         )
         return None if row[0] is None else IdempotencyEntry.from_dict(orjson.loads(row[0]))
 
@@ -528,7 +532,7 @@ class PostgresStore(Store):
             f"INSERT INTO {self._s}.idempotency (key, expires_at, data) VALUES (%s, %s, %s)"
             " ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at,"
             " data = excluded.data RETURNING 1",
-            _idem_row(entry),
+            idem_row(entry),
         )
 
     async def drop_idempotency(self, key: str) -> None:
@@ -584,7 +588,7 @@ class PostgresStore(Store):
         rate: float | None,
         reserve: OperationRecord | None,
     ) -> tuple[float | None, bool, OperationRecord | None]:
-        cas = _cas_args(reserve) if reserve is not None else (None,) * 11
+        cas = cas_args(reserve) if reserve is not None else (None,) * 11
         args = (lease, token, ttl, provider, rate or 0.0, GUARD, MIN_WAIT, *cas)
         wait, written, moved = await self._one("acquire_lease", self._start_sql, args)
         if wait < 0:
@@ -614,7 +618,7 @@ class PostgresStore(Store):
         writes nothing (a poll superseded by a later one), else LeaseLost is raised."""
         new, result = change(known)
         if new is not None:
-            row = await self._one("save", self._finish_sql, (lease, token, *_cas_args(new)))
+            row = await self._one("save", self._finish_sql, (lease, token, *cas_args(new)))
             if row[0] != -3 and self._wrote(new, row[0]):
                 await self._index(new)
                 return result
@@ -685,131 +689,9 @@ def _qualified(schema: str, table: str) -> str:
     return f"{sql.Identifier(schema).as_string(None)}.{table}"
 
 
-def _row(record: OperationRecord) -> CASArgs:
-    """A record as a row of the operations table, in column order."""
-    escalation = record.escalation
-    return (
-        record.operation_id,
-        record.account,
-        record.provider,
-        record.provider_job_id,
-        record.outcome.value,
-        record.started_at,
-        record.deadline_at,
-        record.ended_at,
-        escalation.reason.value if escalation is not None else None,
-        record.status_requests_used,
-        record.max_status_requests,
-        record.next_poll_at,
-        record.version,
-        orjson.dumps(record.to_dict()).decode(),
-    )
-
-
-def _cas_args(record: OperationRecord) -> CASArgs:
-    """sg_cas's arguments for writing ``record`` (stored as version + 1)."""
-    data = record.to_dict()
-    data["version"] = record.version + 1  # as stored; cheaper than evolving a copy first
-    escalation = record.escalation
-    reason = None
-    if record.outcome is Outcome.ESCALATED and escalation is not None:
-        reason = escalation.reason.value
-    return (
-        record.operation_id,
-        record.version,
-        orjson.dumps(data).decode(),
-        record.outcome.value,
-        record.status_requests_used,
-        record.max_status_requests,
-        record.next_poll_at,
-        record.deadline_at,
-        record.ended_at,
-        reason,
-        SYNC_TOLERANCE,
-    )
-
-
-def _written(answer: int) -> bool:
-    """sg_cas's answer: True written, False stale or gone; refused by the clock raises."""
-    if answer == -2:
-        raise NotAdmissible("by the database clock this status request is not permitted now")
-    return answer == 1
-
-
-def _idem_row(entry: IdempotencyEntry) -> tuple[str, float, str]:
-    return entry.key, entry.expires_at, orjson.dumps(entry.to_dict()).decode()
-
-
-def _load(row: Any) -> OperationRecord | None:
-    return None if row is None else OperationRecord.from_dict(orjson.loads(row[0]))
-
-
 def describe(exc: BaseException) -> str:
     """A driver error in one line, without the connection string (never a password)."""
     if isinstance(exc, TimeoutError):
         return "timed out"
     lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
     return lines[0].removeprefix("connection failed: ") if lines else type(exc).__name__
-
-
-OPTIONS = ("pool", "schema", "prepare", "timeout")
-PASSED = frozenset(
-    {
-        "sslmode",
-        "sslrootcert",
-        "sslcert",
-        "sslkey",
-        "sslcrl",
-        "sslpassword",
-        "application_name",
-        "connect_timeout",
-        "target_session_attrs",
-        "passfile",
-        "options",
-        "channel_binding",
-        "gssencmode",
-    }
-)
-
-
-def from_url(url: str) -> PostgresStore:
-    """``postgresql://`` or ``postgres://`` with the options ``pool`` (10 connections per
-    process), ``schema`` (public), ``prepare=off`` (PgBouncer in transaction mode),
-    ``timeout`` (1s, each store call) and libpq's ``sslmode`` and friends passed through."""
-    from gateway.errors import ConfigError
-    from gateway.settings.units import parse_duration
-
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    options = {key: value for key, value in query if key in OPTIONS}
-    unknown = sorted({key for key, _ in query if key not in OPTIONS and key not in PASSED})
-    if unknown:
-        raise ConfigError([f"store: unknown option(s) {', '.join(unknown)}"])
-    passed = urlencode([(key, value) for key, value in query if key in PASSED])
-    try:
-        params = conninfo_to_dict(urlunsplit(parts._replace(query=passed)))
-    except psycopg.Error as exc:
-        raise ConfigError([f"store: {describe(exc)}"]) from None
-    problems = []
-    try:
-        pool = int(options.get("pool", "10"))
-        timeout = parse_duration(options.get("timeout", "1s"))
-    except ValueError as exc:
-        raise ConfigError([f"store: {exc}"]) from None
-    if not 1 <= pool <= 1000:
-        problems.append("store: pool must be between 1 and 1000 connections")
-    schema = options.get("schema", "public")
-    if not schema or len(schema) > 63:
-        problems.append("store: schema must be a name of 1 to 63 characters")
-    prepare = options.get("prepare", "on").lower()
-    if prepare not in ("on", "off"):
-        problems.append("store: prepare must be on or off")
-    if problems:
-        raise ConfigError(problems)
-    return PostgresStore(
-        make_conninfo("", **params),
-        schema=schema,
-        pool=pool,
-        prepare=prepare == "on",
-        timeout=timeout,
-    )

@@ -1,31 +1,7 @@
 """``redis://host:port/db?prefix=NAME``: one store shared by several gateway replicas;
 ``redis+cluster://host:port,host:port/?prefix=NAME&shards=64``: the same on a Redis Cluster.
 
-Key layout (every key starts with the prefix; ``{...}`` is the Redis Cluster hash tag, the
-part of a key that picks its slot). SHARD is empty on one Redis; on a cluster it is
-``{sN}:`` with N = crc32(operation id) mod ``shards``, so an operation's record, its poll
-lease and its entries in the per-provider indexes share one slot, and every script that
-writes a record touches keys of that one slot:
-
-    PREFIX:op:SHARD{OPERATION_ID}     hash: v (version), d (record JSON), o (outcome)
-    PREFIX:job:{SHA1(account, provider, job id)}   string: operation id
-    PREFIX:result:{SHA1(account, provider, value)}   string: operation id (a result value)
-    PREFIX:idem:{SHA1(scope)}         string: idempotency entry JSON, expires at its retention
-    PREFIX:lease:SHARD{NAME}          string: the holder's random token, PX = lease time
-                                      (SHARD from the part of NAME after its last colon:
-                                      poll:OPERATION_ID shares the operation's slot)
-    PREFIX:ops                        sorted set: operation ids by start time (operator list)
-    PREFIX:active:SHARDPROVIDER       set: pending operation ids (the active gauge)
-    PREFIX:deadlines:SHARDPROVIDER    sorted set: pending operation ids by deadline (overdue)
-    PREFIX:ended:SHARDPROVIDER        sorted set: ended operation ids by ended_at (purge)
-    PREFIX:open:SHARDPROVIDER         hash: open escalations, operation id -> reason
-    PREFIX:queue:SHARDPROVIDER        sorted set: open escalations by escalation time
-                                      (the console's queue, oldest first, read a page
-                                      at a time)
-    PREFIX:providers                  set: providers seen
-    PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
-    PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
-    PREFIX:schema_version             string: the layout version of these keys (LAYOUT)
+The keys and the Lua scripts are described in gateway/store/redis_layout.py.
 
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
@@ -46,14 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import secrets
 import time
-import zlib
-from importlib import resources
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import orjson
 import redis.asyncio as aioredis
@@ -65,8 +37,10 @@ from redis.exceptions import RedisClusterException, RedisError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import NotAdmissible, StatusgateError, StoreError
+from gateway.store import redis_layout as lua
 from gateway.store.base import (
     PURGE_BATCH,
+    Batch,
     Ids,
     Mutation,
     NewerLayout,
@@ -78,9 +52,8 @@ from gateway.store.base import (
     purgeable,
     stop,
 )
+from gateway.store.redis_layout import Keys, millis, oldest, record_fields
 
-# Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
-SYNC_TOLERANCE = 0.05
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
@@ -89,32 +62,10 @@ COPIES = 16_384  # pending records as last written or read here (Store.known); ~
 COPY_ANSWER = 4096  # ... and with a replayable answer of at most this many bytes
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
-LUA = resources.files("gateway.store") / "lua"
 # No CLIENT SETINFO on each new connection: one round trip less, and under a connect
 # timeout redis-py 8.1's cluster client could fail in that handshake with an AttributeError
 # (seen once in CI, 10,000 creates on a loaded machine) instead of a connection error.
 QUIET_CONNECT: dict[str, Any] = {"driver_info": None}
-
-
-def _lua(*names: str) -> str:
-    """A script from the .lua files beside this module (shared functions first)."""
-    return "\n".join((LUA / name).read_text(encoding="utf-8") for name in names)
-
-
-CAS = _lua("cas.lua", "cas_write.lua")
-CAS_RELEASE = _lua("cas.lua", "cas_release.lua")
-CLAIM = _lua("claim.lua")
-ACQUIRE = _lua("acquire.lua")
-RELEASE = _lua("release.lua")
-PACE = _lua("pacing.lua", "pace.lua")
-START_POLL = _lua("pacing.lua", "start_poll.lua")
-START_RESERVE = _lua("pacing.lua", "cas.lua", "start_reserve.lua")
-TIGHTEN = _lua("tighten.lua")
-BOUND = _lua("bound.lua")
-
-
-def _tag(*parts: str) -> str:
-    return hashlib.sha1("\0".join(parts).encode(), usedforsecurity=False).hexdigest()
 
 
 class RedisStore(Store):
@@ -135,6 +86,7 @@ class RedisStore(Store):
         cluster nodes to discover the rest from, with operations spread over ``shards``
         hash tags."""
         self.prefix = prefix
+        self.keys = Keys(prefix, cluster=cluster is not None, shards=shards)
         self._wait_replicas = wait_replicas
         self._timeout = timeout
         self._cluster = cluster is not None
@@ -160,60 +112,26 @@ class RedisStore(Store):
                 **QUIET_CONNECT,
             )
             self._redis = aioredis.Redis(connection_pool=pool)
-        self._cas = self._redis.register_script(CAS)
-        self._claim = self._redis.register_script(CLAIM)
-        self._acquire = self._redis.register_script(ACQUIRE)
-        self._release = self._redis.register_script(RELEASE)
-        self._pace = self._redis.register_script(PACE)
-        self._start_poll = self._redis.register_script(START_POLL)
-        self._start_reserve = self._redis.register_script(START_RESERVE)
-        self._cas_release = self._redis.register_script(CAS_RELEASE)
-        self._tighten = self._redis.register_script(TIGHTEN)
-        self._bound = self._redis.register_script(BOUND)
+        self._cas = self._redis.register_script(lua.CAS)
+        self._claim = self._redis.register_script(lua.CLAIM)
+        self._acquire = self._redis.register_script(lua.ACQUIRE)
+        self._release = self._redis.register_script(lua.RELEASE)
+        self._pace = self._redis.register_script(lua.PACE)
+        self._start_poll = self._redis.register_script(lua.START_POLL)
+        self._start_reserve = self._redis.register_script(lua.START_RESERVE)
+        self._cas_release = self._redis.register_script(lua.CAS_RELEASE)
+        self._tighten = self._redis.register_script(lua.TIGHTEN)
+        self._bound = self._redis.register_script(lua.BOUND)
         self._offset = 0.0
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
-        self._reads = _Reads(self)
+        self._reads: Batch[str, OperationRecord | StoreError] = Batch(self._fetch)
         self._copies: dict[str, OperationRecord] = {}  # as last written or read here, bounded
         self._resync: asyncio.Task[None] | None = None
         self._queues_filled: set[str] = set()  # providers whose queue sets were backfilled
 
-    # -- keys ---------------------------------------------------------------------------
-    def _shard(self, operation_id: str) -> str:
-        """The hash tag an operation's keys share on a cluster ('' on one Redis)."""
-        if not self._cluster:
-            return ""
-        return f"{{s{zlib.crc32(operation_id.encode()) % self._shards}}}:"
-
-    def _every_shard(self) -> list[str]:
-        if not self._cluster:
-            return [""]
-        return [f"{{s{n}}}:" for n in range(self._shards)]
-
-    def _op(self, operation_id: str) -> str:
-        return f"{self.prefix}:op:{self._shard(operation_id)}{{{operation_id}}}"
-
-    def _job(self, account: str, provider: str, job_id: str) -> str:
-        return f"{self.prefix}:job:{{{_tag(account, provider, job_id)}}}"
-
-    def _result(self, account: str, provider: str, value: str) -> str:
-        return f"{self.prefix}:result:{{{_tag(account, provider, value)}}}"
-
-    def _idem(self, key: str) -> str:
-        return f"{self.prefix}:idem:{{{_tag(key)}}}"
-
-    def _lease(self, name: str) -> str:
-        shard = self._shard(name.rsplit(":", 1)[-1])
-        return f"{self.prefix}:lease:{shard}{{{name}}}"
-
-    def _indexes(self, provider: str, shard: str) -> list[str]:
-        """The provider's active set, deadlines and ended sorted sets, open-escalations
-        hash and escalation queue in one shard, in CAS's KEYS order."""
-        kinds = ("active", "deadlines", "ended", "open", "queue")
-        return [f"{self.prefix}:{kind}:{shard}{provider}" for kind in kinds]
-
     async def _each_shard(self, operation: str, command: Any) -> tuple[tuple[str, Any], ...]:
         """``command(pipe, shard)`` for every shard, in one pipeline: (shard, answer)."""
-        shards = self._every_shard()
+        shards = self.keys.every_shard()
         pipe = self._redis.pipeline(transaction=False)
         for shard in shards:
             command(pipe, shard)
@@ -299,7 +217,7 @@ class RedisStore(Store):
     async def create(
         self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
     ) -> OperationRecord:
-        job = self._job(record.account, record.provider, record.provider_job_id)
+        job = self.keys.job(record.account, record.provider, record.provider_job_id)
         claimed = await self._call("create", self._redis.set(job, record.operation_id, nx=True))
         if not claimed:
             existing_id = await self._call("create", self._redis.get(job))
@@ -308,7 +226,7 @@ class RedisStore(Store):
                 return existing
             await self._call("create", self._redis.set(job, record.operation_id))
         pipe = self._redis.pipeline(transaction=False)
-        pipe.hset(self._op(record.operation_id), items=_fields(record))
+        pipe.hset(self.keys.op(record.operation_id), items=record_fields(record))
         pipe.zadd(f"{self.prefix}:ops", {record.operation_id: record.started_at})
         pipe.sadd(f"{self.prefix}:providers", record.provider)
         self._index(pipe, record)
@@ -324,8 +242,8 @@ class RedisStore(Store):
     def _index(self, pipe: Any, record: OperationRecord) -> None:
         """What the CAS script does to the provider's sets, for a record created whole."""
         operation_id = record.operation_id
-        shard = self._shard(operation_id)
-        active, deadlines, ended, escalated, queue = self._indexes(record.provider, shard)
+        shard = self.keys.shard(operation_id)
+        active, deadlines, ended, escalated, queue = self.keys.indexes(record.provider, shard)
         if record.outcome is Outcome.PENDING:
             pipe.sadd(active, operation_id)
             pipe.zadd(deadlines, {operation_id: record.deadline_at})
@@ -341,7 +259,7 @@ class RedisStore(Store):
         whose record write then lost its compare-and-set is harmless, as ``find_result``
         checks the record it leads to."""
         for value in record.result_values:
-            pipe.set(self._result(record.account, record.provider, value), record.operation_id)
+            pipe.set(self.keys.result(record.account, record.provider, value), record.operation_id)
 
     async def _results_first(self, record: OperationRecord) -> None:
         if record.result_values:
@@ -350,7 +268,7 @@ class RedisStore(Store):
             await self._call("save", pipe.execute())
 
     async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
-        key = self._result(account, provider, value)
+        key = self.keys.result(account, provider, value)
         operation_id = await self._call("find_result", self._redis.get(key))
         record = None if operation_id is None else await self.get(operation_id.decode())
         if record is None or record.account != account or record.provider != provider:
@@ -358,7 +276,37 @@ class RedisStore(Store):
         return record if value in record.result_values else None
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        return await self._reads.read(self._op(operation_id))
+        """Reads in one loop turn share one round trip (base.Batch): many agents polling
+        at once, the gateway's whole reason to exist, cost a round trip a turn."""
+        found = await self._reads.ask(self.keys.op(operation_id))
+        if isinstance(found, StoreError):
+            raise found
+        return found
+
+    async def _fetch(self, keys: list[str]) -> dict[str, OperationRecord | StoreError]:
+        """The records of ``keys``: one command for one, else one pipeline. A record that
+        cannot be read fails its own callers only."""
+        if len(keys) == 1:
+            rows = [await self._call("get", self._redis.hget(keys[0], "d"))]
+        else:
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, "d")
+            rows = await self._call("get", pipe.execute())
+        found: dict[str, OperationRecord | StoreError] = {}
+        for key, row in zip(keys, rows, strict=True):
+            if row is None:
+                continue
+            try:
+                record = OperationRecord.from_dict(orjson.loads(row))
+            except Exception as exc:
+                problem = StoreError(f"redis get: {key} holds no readable record", operation="get")
+                problem.__cause__ = exc
+                found[key] = problem
+                continue
+            self._copy(record)
+            found[key] = record
+        return found
 
     async def find(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         """One round trip for a job this process has seen: which operation a job is never
@@ -371,7 +319,7 @@ class RedisStore(Store):
                 return record
             self._job_ids.pop(job, None)
         operation_id = await self._call(
-            "find", self._redis.get(self._job(account, provider, job_id))
+            "find", self._redis.get(self.keys.job(account, provider, job_id))
         )
         if operation_id is None:
             return None
@@ -384,20 +332,6 @@ class RedisStore(Store):
         if len(self._job_ids) >= JOB_IDS:
             self._job_ids.pop(next(iter(self._job_ids)))
         self._job_ids[job] = operation_id
-
-    def _cas_call(
-        self, record: OperationRecord
-    ) -> tuple[list[str], list[str | int | float], OperationRecord]:
-        """The KEYS and ARGV of the CAS script for writing ``record``, and the record as it
-        is stored when the write goes through."""
-        written = record.evolve(version=record.version + 1)
-        data = orjson.dumps(written.to_dict()).decode()
-        shard = self._shard(record.operation_id)
-        keys = [self._op(record.operation_id), *self._indexes(record.provider, shard)]
-        ended = "" if record.ended_at is None else repr(record.ended_at)
-        args: list[str | int | float] = [record.version, data, SYNC_TOLERANCE]
-        args += [record.operation_id, repr(record.deadline_at), ended]
-        return keys, args, written
 
     def _copy(self, record: OperationRecord) -> None:
         """Keep ``record`` as this process's copy: only a pending one whose answer kept to
@@ -426,7 +360,7 @@ class RedisStore(Store):
 
     async def save(self, record: OperationRecord) -> bool:
         await self._results_first(record)
-        keys, args, written = self._cas_call(record)
+        keys, args, written = self.keys.cas(record)
         result = await self._call("save", self._cas(keys=keys, args=args))
         if result == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
@@ -473,7 +407,7 @@ class RedisStore(Store):
     async def _records(self, operation: str, ids: list[bytes]) -> list[OperationRecord | None]:
         read = self._redis.pipeline(transaction=False)
         for operation_id in ids:
-            read.hget(self._op(operation_id.decode()), "d")
+            read.hget(self.keys.op(operation_id.decode()), "d")
         rows = await self._call(operation, read.execute())
         return [None if d is None else OperationRecord.from_dict(json.loads(d)) for d in rows]
 
@@ -496,7 +430,7 @@ class RedisStore(Store):
         found = await self._each_shard(
             "purge",
             lambda pipe, shard: pipe.zrangebyscore(
-                self._indexes(provider, shard)[2],
+                self.keys.indexes(provider, shard)[2],
                 "-inf",
                 f"({ended_before!r}",
                 0,
@@ -504,7 +438,7 @@ class RedisStore(Store):
                 withscores=True,
             ),
         )
-        batch = _oldest(found, PURGE_BATCH)
+        batch = oldest(found, PURGE_BATCH)
         if not batch:
             return 0
         gone = 0
@@ -513,15 +447,15 @@ class RedisStore(Store):
         for (shard, raw), record in zip(batch, records, strict=True):
             if record is not None and not purgeable(record, provider, ended_before):
                 continue  # waiting again: the CAS script took it out of the ended set
-            active, deadlines, ended, escalated, queue = self._indexes(provider, shard)
+            active, deadlines, ended, escalated, queue = self.keys.indexes(provider, shard)
             delete.zrem(ended, raw)
             if record is None:
                 continue  # deleted already
             self._forget(record.operation_id)
-            delete.delete(self._op(record.operation_id))
-            delete.delete(self._job(record.account, record.provider, record.provider_job_id))
+            delete.delete(self.keys.op(record.operation_id))
+            delete.delete(self.keys.job(record.account, record.provider, record.provider_job_id))
             for value in record.result_values:
-                delete.delete(self._result(record.account, record.provider, value))
+                delete.delete(self.keys.result(record.account, record.provider, value))
             delete.zrem(f"{self.prefix}:ops", raw)
             delete.srem(active, raw)
             delete.zrem(deadlines, raw)
@@ -536,21 +470,21 @@ class RedisStore(Store):
         found = await self._each_shard(
             "overdue",
             lambda pipe, shard: pipe.zrangebyscore(
-                self._indexes(provider, shard)[1], "-inf", now, 0, limit, withscores=True
+                self.keys.indexes(provider, shard)[1], "-inf", now, 0, limit, withscores=True
             ),
         )
-        batch = _oldest(found, limit)
+        batch = oldest(found, limit)
         if not batch:
             return []
         read = self._redis.pipeline(transaction=False)
         for _, operation_id in batch:
-            read.hget(self._op(operation_id.decode()), "o")
+            read.hget(self.keys.op(operation_id.decode()), "o")
         outcomes = await self._call("overdue", read.execute())
         missing = [item for item, outcome in zip(batch, outcomes, strict=True) if outcome is None]
         if missing:
             drop = self._redis.pipeline(transaction=False)
             for shard, raw in missing:
-                drop.zrem(self._indexes(provider, shard)[1], raw)
+                drop.zrem(self.keys.indexes(provider, shard)[1], raw)
             await self._call("overdue", drop.execute())
         pending = Outcome.PENDING.value.encode()
         return [raw.decode() for (_, raw), o in zip(batch, outcomes, strict=True) if o == pending]
@@ -564,7 +498,7 @@ class RedisStore(Store):
         for provider in await self._providers("open_escalations"):
             found = await self._each_shard(
                 "open_escalations",
-                lambda pipe, shard, p=provider: pipe.hvals(self._indexes(p, shard)[3]),
+                lambda pipe, shard, p=provider: pipe.hvals(self.keys.indexes(p, shard)[3]),
             )
             for _, reasons in found:
                 for reason in reasons:
@@ -580,8 +514,8 @@ class RedisStore(Store):
         for provider in await self._providers("escalation_queue"):
             await self._fill_queue(provider)
             read = self._redis.pipeline(transaction=False)
-            for shard in self._every_shard():
-                queue = self._indexes(provider, shard)[4]
+            for shard in self.keys.every_shard():
+                queue = self.keys.indexes(provider, shard)[4]
                 read.zrange(queue, 0, limit - 1, withscores=True)
                 read.zcard(queue)
             answers = await self._call("escalation_queue", read.execute())
@@ -599,12 +533,12 @@ class RedisStore(Store):
         if provider in self._queues_filled:
             return
         read = self._redis.pipeline(transaction=False)
-        for shard in self._every_shard():
-            read.hkeys(self._indexes(provider, shard)[3])
-            read.zcard(self._indexes(provider, shard)[4])
+        for shard in self.keys.every_shard():
+            read.hkeys(self.keys.indexes(provider, shard)[3])
+            read.zcard(self.keys.indexes(provider, shard)[4])
         answers = await self._call("escalation_queue", read.execute())
         for shard, ids, queued in zip(
-            self._every_shard(), answers[::2], answers[1::2], strict=True
+            self.keys.every_shard(), answers[::2], answers[1::2], strict=True
         ):
             if len(ids) == int(queued):
                 continue
@@ -612,7 +546,7 @@ class RedisStore(Store):
             for record in await self._records("escalation_queue", list(ids)):
                 if record is not None and record.escalation is not None:
                     at = {record.operation_id: record.escalation.at}
-                    add.zadd(self._indexes(provider, shard)[4], at, nx=True)
+                    add.zadd(self.keys.indexes(provider, shard)[4], at, nx=True)
             await self._call("escalation_queue", add.execute())
         self._queues_filled.add(provider)
 
@@ -621,7 +555,7 @@ class RedisStore(Store):
         for provider in await self._providers("active_counts"):
             found = await self._each_shard(
                 "active_counts",
-                lambda pipe, shard, p=provider: pipe.scard(self._indexes(p, shard)[0]),
+                lambda pipe, shard, p=provider: pipe.scard(self.keys.indexes(p, shard)[0]),
             )
             counts[provider] = sum(int(n) for _, n in found)
         return counts
@@ -633,13 +567,13 @@ class RedisStore(Store):
         data = json.dumps(entry.to_dict(), separators=(",", ":"))
         seen = await self._call(
             "claim_idempotency",
-            self._claim(keys=[self._idem(entry.key)], args=[data, _millis(entry.expires_at)]),
+            self._claim(keys=[self.keys.idem(entry.key)], args=[data, millis(entry.expires_at)]),
         )
         return None if seen is None else IdempotencyEntry.from_dict(json.loads(seen))
 
     def _put_idem(self, pipe: Any, entry: IdempotencyEntry) -> None:
         data = json.dumps(entry.to_dict(), separators=(",", ":"))
-        pipe.set(self._idem(entry.key), data, pxat=_millis(entry.expires_at))
+        pipe.set(self.keys.idem(entry.key), data, pxat=millis(entry.expires_at))
 
     async def put_idempotency(self, entry: IdempotencyEntry) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -647,13 +581,15 @@ class RedisStore(Store):
         await self._call("put_idempotency", pipe.execute())
 
     async def drop_idempotency(self, key: str) -> None:
-        await self._call("drop_idempotency", self._redis.delete(self._idem(key)))
+        await self._call("drop_idempotency", self._redis.delete(self.keys.idem(key)))
 
     # -- leases -------------------------------------------------------------------------
     async def acquire_lease(self, name: str, token: str, now: float, ttl: float) -> bool:
         """Expiry runs on Redis time; ``now`` is not needed here."""
         args: list[str | int] = [token, max(1, int(ttl * 1000))]
-        held = await self._call("acquire_lease", self._acquire(keys=[self._lease(name)], args=args))
+        held = await self._call(
+            "acquire_lease", self._acquire(keys=[self.keys.lease(name)], args=args)
+        )
         return bool(held)
 
     async def start_poll(
@@ -664,7 +600,7 @@ class RedisStore(Store):
         if self._cluster:
             return await super().start_poll(lease, token, now, ttl, provider, rate)
         member = f"{time.time()}:{secrets.token_hex(4)}"
-        keys = [self._lease(lease), *self._pace_keys(provider)]
+        keys = [self.keys.lease(lease), *self.keys.pace(provider)]
         args = (token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT)
         wait = float(await self._call("acquire_lease", self._start_poll(keys=keys, args=args)))
         return None if wait < 0 else wait
@@ -685,8 +621,8 @@ class RedisStore(Store):
         if self._cluster:
             return await super().start_and_reserve(lease, token, now, ttl, provider, rate, reserve)
         member = f"{time.time()}:{secrets.token_hex(4)}"
-        cas_keys, cas_args, stored = self._cas_call(reserve)
-        keys = [self._lease(lease), *self._pace_keys(provider), *cas_keys]
+        cas_keys, cas_args, stored = self.keys.cas(reserve)
+        keys = [self.keys.lease(lease), *self.keys.pace(provider), *cas_keys]
         args = [token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT, *cas_args]
         raw_wait, written, *current = await self._call(
             "acquire_lease", self._start_reserve(keys=keys, args=args)
@@ -719,12 +655,12 @@ class RedisStore(Store):
         """The write computed from ``known`` and the lease release in one script; when
         ``known`` was not current, the usual compare-and-set loop, then the release."""
         new, result = change(known)
-        if new is not None and self._lease(lease).startswith(
-            f"{self.prefix}:lease:{self._shard(operation_id)}"
+        if new is not None and self.keys.lease(lease).startswith(
+            f"{self.prefix}:lease:{self.keys.shard(operation_id)}"
         ):  # the lease shares the record's slot (always, on one Redis)
             await self._results_first(new)
-            keys, args, stored = self._cas_call(new)
-            keys.append(self._lease(lease))
+            keys, args, stored = self.keys.cas(new)
+            keys.append(self.keys.lease(lease))
             args.append(token)
             if await self._call("save", self._cas_release(keys=keys, args=args)) == 1:
                 self._copy(stored)
@@ -735,170 +671,23 @@ class RedisStore(Store):
         )
 
     async def release_lease(self, name: str, token: str) -> None:
-        await self._call("release_lease", self._release(keys=[self._lease(name)], args=[token]))
+        await self._call("release_lease", self._release(keys=[self.keys.lease(name)], args=[token]))
 
     # -- pacing -------------------------------------------------------------------------
-    def _pace_keys(self, provider: str) -> tuple[str, str]:
-        tag = f"{{pace:{provider}}}"
-        return f"{self.prefix}:pace:{tag}", f"{self.prefix}:tight:{tag}"
-
     async def pace(self, provider: str, rate: float | None, now: float) -> float:
         """The shared sliding window of pacing.py, on Redis time, for all replicas."""
         member = f"{time.time()}:{secrets.token_hex(4)}"
         args = (rate or 0.0, GUARD, member, MIN_WAIT)
-        wait = await self._call("pace", self._pace(keys=self._pace_keys(provider), args=args))
+        wait = await self._call("pace", self._pace(keys=self.keys.pace(provider), args=args))
         return max(0.0, float(wait))
 
     async def tighten(self, provider: str, rate: float, until: float) -> None:
-        keys = self._pace_keys(provider)[1:]
+        keys = self.keys.pace(provider)[1:]
         await self._call("tighten", self._tighten(keys=keys, args=(rate, until)))
 
     async def bound_pause(self, provider: str, latest: float) -> None:
-        keys = self._pace_keys(provider)[1:]
+        keys = self.keys.pace(provider)[1:]
         await self._call("tighten", self._bound(keys=keys, args=(latest,)))
 
     async def ping(self) -> None:
         await self._call("ping", self._redis.ping())
-
-
-class _Reads:
-    """Record reads asked for within one turn of the event loop, sent together: one command
-    when there is one, else one pipeline; callers asking for the same record in that turn
-    share its answer (records are immutable: one decoded copy serves them all). Many agents
-    polling at once, the gateway's whole reason to exist, then cost a round trip a turn,
-    not a call. Linearizable: the batch is sent after every caller in it has asked, so it
-    sees every write that finished before any of them asked."""
-
-    def __init__(self, store: RedisStore) -> None:
-        self._store = store
-        self._waiting: dict[str, list[asyncio.Future[OperationRecord | None]]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def read(self, key: str) -> asyncio.Future[OperationRecord | None]:
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[OperationRecord | None] = loop.create_future()
-        if not self._waiting:
-            loop.call_soon(self._send)
-        self._waiting.setdefault(key, []).append(answer)
-        return answer
-
-    def _send(self) -> None:
-        batch, self._waiting = self._waiting, {}
-        task = asyncio.get_running_loop().create_task(self._fetch(batch))
-        self._tasks.add(task)  # kept until done (the loop holds tasks weakly)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _fetch(self, batch: dict[str, list[asyncio.Future[OperationRecord | None]]]) -> None:
-        store = self._store
-        try:
-            if len(batch) == 1:
-                (key,) = batch
-                rows = [await store._call("get", store._redis.hget(key, "d"))]
-            else:
-                pipe = store._redis.pipeline(transaction=False)
-                for key in batch:
-                    pipe.hget(key, "d")
-                rows = await store._call("get", pipe.execute())
-        except BaseException as exc:
-            for waiting in batch.values():
-                for answer in waiting:
-                    if not answer.done():
-                        answer.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (key, waiting), row in zip(batch.items(), rows, strict=True):
-            try:
-                record = None if row is None else OperationRecord.from_dict(orjson.loads(row))
-            except Exception as exc:  # one unreadable record fails its own callers only
-                problem = StoreError(f"redis get: {key} holds no readable record", operation="get")
-                problem.__cause__ = exc
-                for answer in waiting:
-                    if not answer.done():
-                        answer.set_exception(problem)
-                continue
-            if record is not None:
-                store._copy(record)
-            for answer in waiting:
-                if not answer.done():
-                    answer.set_result(record)
-
-
-def _oldest(found: tuple[tuple[str, Any], ...], limit: int) -> list[tuple[str, bytes]]:
-    """The ``limit`` lowest-scored (shard, id) of per-shard ZRANGEBYSCORE WITHSCORES answers,
-    in score order (then id): one sorted set's order, across shards."""
-    entries = sorted((score, raw, shard) for shard, rows in found for raw, score in rows)
-    return [(shard, raw) for _, raw, shard in entries[:limit]]
-
-
-def _fields(record: OperationRecord) -> list[str | int]:
-    data = json.dumps(record.to_dict(), separators=(",", ":"))
-    return ["v", record.version, "d", data, "o", record.outcome.value]
-
-
-def _millis(instant: float) -> int:
-    return max(1, int(instant * 1000))
-
-
-def from_url(url: str) -> RedisStore:
-    """``redis://host:port/db`` or ``redis+cluster://host:port,host:port``, with the options
-    ``prefix``, ``max_connections`` (50), ``timeout`` (300ms), ``wait_replicas`` (0, one
-    Redis only) and ``shards`` (64, a cluster only; fixed for the life of the data)."""
-    from gateway.errors import ConfigError
-    from gateway.settings.units import parse_duration
-
-    parts = urlsplit(url)
-    options = parse_qs(parts.query)
-    prefix = options.pop("prefix", ["statusgate"])[0]
-    if not prefix or any(c in prefix for c in "{}: "):
-        raise ConfigError(["store: prefix must be non-empty, without braces, colons or spaces"])
-    cluster = parts.scheme == "redis+cluster"
-    try:
-        connections = int(options.pop("max_connections", ["50"])[0])
-        timeout = parse_duration(options.pop("timeout", ["300ms"])[0])
-        wait_replicas = int(options.pop("wait_replicas", ["0"])[0])
-        shards = int(options.pop("shards", ["64"])[0]) if cluster else 1
-    except ValueError as exc:
-        raise ConfigError([f"store: {exc}"]) from None
-    if options:
-        raise ConfigError([f"store: unknown option(s) {', '.join(sorted(options))}"])
-    if not cluster:
-        plain = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-        return RedisStore(
-            plain,
-            prefix=prefix,
-            max_connections=connections,
-            timeout=timeout,
-            wait_replicas=wait_replicas,
-        )
-    problems = []
-    if wait_replicas:
-        problems.append("store: wait_replicas is for one Redis; not on redis+cluster://")
-    if not 1 <= shards <= 16384:
-        problems.append("store: shards must be between 1 and 16384")
-    if parts.path not in ("", "/", "/0"):
-        problems.append("store: a Redis Cluster has no database number (redis+cluster://h:p,h:p)")
-    nodes = _nodes(parts.netloc)
-    if not nodes:
-        problems.append("store: redis+cluster:// names no node (redis+cluster://host:port,...)")
-    if problems:
-        raise ConfigError(problems)
-    return RedisStore(
-        "",
-        prefix=prefix,
-        max_connections=connections,
-        timeout=timeout,
-        cluster=nodes,
-        shards=shards,
-    )
-
-
-def _nodes(netloc: str) -> list[tuple[str, int]]:
-    """``host:port,host:port`` (port 6379 when left out); [] when any part is not one."""
-    nodes = []
-    for part in netloc.split(","):
-        host, _, port = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "")
-        if not host or (port and not port.isdigit()):
-            return []
-        nodes.append((host, int(port or 6379)))
-    return nodes

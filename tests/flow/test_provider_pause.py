@@ -60,7 +60,7 @@ async def test_a_month_long_retry_after_pauses_the_provider_only_up_to_the_cap(
         assert len(said) == 1 and "demo-jobs" in said[0].getMessage()
         if kind == "redis":
             store = harness.client.app[RUNTIME].store
-            key = store._pace_keys("demo-jobs")[1]  # type: ignore[attr-defined]
+            key = store.keys.pace("demo-jobs")[1]  # type: ignore[attr-defined]
             base = url.partition("?")[0]
             client = sync_redis.Redis.from_url(base)
             until = float(client.hget(key, "until") or 0)

@@ -61,7 +61,7 @@ async def test_redis_escalations_from_before_the_queue_index_are_found(redis_url
             await store.create(escalated(n, started=now - n, at=now - 10 * n))
         client = sync_redis.Redis.from_url(redis_url.partition("?")[0])
         try:
-            client.delete(store._indexes("demo-jobs", "")[4])  # as an older version left it
+            client.delete(store.keys.indexes("demo-jobs", "")[4])  # as an older version left it
         finally:
             client.close()
         waiting, total = await store.escalation_queue(2)

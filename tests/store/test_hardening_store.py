@@ -16,7 +16,7 @@ from gateway.errors import StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
-from gateway.store.sqlite import _Cache, footprint
+from gateway.store.cache import Cache, footprint
 
 from conftest import PROVIDER_KEY, pending_record, write_config
 
@@ -105,7 +105,7 @@ def test_cache_evicts_least_recently_used_and_skips_what_is_too_big() -> None:
     """The SQLite record cache evicts the least recently used record and never holds one larger
     than its limit."""
     small = [op(i) for i in range(3)]
-    cache = _Cache(limit=footprint(small[0]) * 2)
+    cache = Cache(limit=footprint(small[0]) * 2)
     cache.wrote(small[0])
     cache.wrote(small[1])
     assert cache.get("op_0") == small[0]  # now the most recently used
@@ -119,7 +119,7 @@ def test_cache_evicts_least_recently_used_and_skips_what_is_too_big() -> None:
 def test_cache_keeps_no_read_that_raced_a_write() -> None:
     """A read begun before a write and done after it is not cached, even when the write's
     own record is no longer cached to compare versions with."""
-    cache = _Cache(limit=footprint(op(1)) * 2)
+    cache = Cache(limit=footprint(op(1)) * 2)
     stale = op(1)
     since = cache.writes
     cache.wrote(stale.evolve(version=2, early_refusals=1))

@@ -143,9 +143,9 @@ async def test_on_a_cluster_an_operations_keys_share_one_slot(redis_cluster_url:
         slots = set()
         for n in range(200):
             operation_id = f"op_{n}"
-            shard = store._shard(operation_id)
-            keys = [store._op(operation_id), store._lease(f"poll:{operation_id}")]
-            keys += store._indexes("demo-jobs", shard)
+            shard = store.keys.shard(operation_id)
+            keys = [store.keys.op(operation_id), store.keys.lease(f"poll:{operation_id}")]
+            keys += store.keys.indexes("demo-jobs", shard)
             assert len({key_slot(k.encode()) for k in keys}) == 1, keys
             slots.add(key_slot(keys[0].encode()))
         assert len(slots) == 64  # the default shards, all in use
@@ -299,7 +299,7 @@ async def test_a_stale_copy_never_answers_for_the_stored_record(
             gone = await other.find("team-a", "demo-jobs", second["id"])
             assert gone is not None
             client = sync_redis.Redis.from_url(redis_url.split("?")[0])
-            client.delete(other._op(gone.operation_id))
+            client.delete(other.keys.op(gone.operation_id))
             client.close()
         finally:
             await other.close()
