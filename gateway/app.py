@@ -36,6 +36,8 @@ from gateway.settings.config import Settings
 from gateway.store import Store, store_from_url
 
 log = logging.getLogger("statusgate")
+CHORES_GRACE = 2.0  # seconds cancelled background work gets to end before the store closes
+RECOVER_RETRY = 2.0  # seconds between start-up recovery attempts while the store is down
 WORKER_ENV = "STATUSGATE_WORKER"  # set by serve --workers in each worker process
 SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
 
@@ -113,26 +115,57 @@ async def _start(app: web.Application) -> None:
     if effects.audit is not None:
         effects.audit.open()
     await effects.restart_notifier(runtime.settings)
+    try:
+        await _recover(runtime)
+    except StoreError as exc:  # not ready until the store answers; never a crash loop
+        log.warning("store unreachable at start (%s); recovery runs once it answers", exc)
+        runtime.spawn(_recover_when_up(runtime))
+    app[SWEEPER] = asyncio.create_task(sweep.run(runtime))
+
+
+async def _recover(runtime: Runtime) -> None:
+    """What a start owes the store: pauses bounded by today's policies, and an audit line
+    for every status request an earlier crash cut short (SPEC 16)."""
     await pausing.bound_pauses(runtime)
     cut = await polls.recover_cut_polls(runtime)
     if cut:
         log.warning("recorded %d status requests cut short by an earlier crash", cut)
-    app[SWEEPER] = asyncio.create_task(sweep.run(runtime))
+
+
+async def _recover_when_up(runtime: Runtime) -> None:
+    while await runtime.pause(RECOVER_RETRY):
+        try:
+            await _recover(runtime)
+        except StoreError:
+            continue
+        log.info("store reachable: start-up recovery done")
+        return
 
 
 async def _drain(app: web.Application) -> None:
     """Shutdown: held calls answer now; refusal counts reach the record and the log."""
     runtime = app[RUNTIME]
     runtime.stopping.set()
-    app[SWEEPER].cancel()
+    sweeper = app.get(SWEEPER)
+    if sweeper is not None:
+        sweeper.cancel()
     with contextlib.suppress(StoreError):
         await polls.close_refusal_windows(runtime, runtime.refusals.all())
 
 
 async def _stop(app: web.Application) -> None:
+    """Everything that may still touch the store ends before it closes: polls in flight get
+    up to the upstream timeout to record their answers; background work is cancelled."""
     runtime = app[RUNTIME]
-    for task in list(runtime.background):
+    polling = list(runtime.inflight.values())
+    if polling:
+        await asyncio.wait(polling, timeout=runtime.settings.file.limits.upstream_timeout)
+    sweeper = app.get(SWEEPER)
+    chores = [*([sweeper] if sweeper else []), *runtime.background, *runtime.releases.loops]
+    for task in chores:
         task.cancel()
+    if chores:  # bounded: a driver may swallow a cancellation (redis-py has)
+        await asyncio.wait(chores, timeout=CHORES_GRACE)
     effects = runtime.effects
     await effects.close_notifier(runtime.settings.file.escalation.webhook_timeout)
     if effects.audit is not None:

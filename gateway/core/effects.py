@@ -42,7 +42,7 @@ class Count:
 class Notice:
     """One webhook notice (sent only when a webhook is configured)."""
 
-    kind: str  # operation.escalated | operation.decided
+    kind: str  # operation.escalated | operation.decided | operation.updated
     record: OperationRecord
     policy: ProviderPolicy
     extra: Mapping[str, Any] = field(default_factory=dict)

@@ -133,7 +133,7 @@ async def held(
             wake = min(max(due, now + MIN_HOLD_STEP), end)
             if not await runtime.pause(wake - now):
                 break
-            current = await runtime.store.get(record.operation_id)
+            current = await runtime.records.get(record.operation_id)
             assert current is not None
             decision, response = await _step(asker, current)
     finally:
@@ -304,17 +304,18 @@ async def _steps(
 
 async def _end(poll: _Poll) -> None:
     runtime = poll.asker.runtime
+    ttl = lease_ttl(runtime, poll.asker.policy)
     if not poll.window_used:
         runtime.refusals.reopen(poll.record.operation_id, poll.window)
     if not poll.lease_held:
         return
     if poll.store_failed:  # the answer (503) does not wait for a store in trouble
-        runtime.releases.later(runtime.store, poll.lease, lease_ttl(runtime, poll.asker.policy))
+        runtime.releases.later(runtime.coordination, poll.lease, ttl)
         return
     try:
-        await runtime.store.release_lease(poll.lease.name, poll.lease.token)
+        await runtime.coordination.release_lease(poll.lease.name, poll.lease.token)
     except StoreError:
-        runtime.releases.later(runtime.store, poll.lease, lease_ttl(runtime, poll.asker.policy))
+        runtime.releases.later(runtime.coordination, poll.lease, ttl)
         raise
 
 
@@ -358,7 +359,7 @@ async def _reserve(poll: _Poll, record: OperationRecord) -> Decision:
     runtime, policy = poll.asker.runtime, poll.asker.policy
     now, refusals = runtime.clock(), poll.refusals
     try:
-        decision = await runtime.store.mutate(
+        decision = await runtime.records.mutate(
             record.operation_id,
             lambda current: _persisting(decide.take(policy, current, now, refusals)),
             known=record,
@@ -436,7 +437,7 @@ async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float
     """The provider is paused or at its ceiling: too-early, or (SPEC 16) escalated when the
     pause outlasts the operation's deadline. Runs under the lease."""
     policy, runtime = asker.policy, asker.runtime
-    decision = await runtime.store.mutate(
+    decision = await runtime.records.mutate(
         record.operation_id,
         lambda current: _persisting(decide.paused(policy, current, now, wait)),
         known=record,
@@ -447,7 +448,7 @@ async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float
 
 async def _come_back(runtime: Runtime, operation_id: str, wait: float, detail: str) -> Decision:
     """too-early with ``Retry-After: wait``, on the record as it stands now."""
-    record = await runtime.store.get(operation_id)
+    record = await runtime.records.get(operation_id)
     assert record is not None
     return decide.come_back(record, wait, detail)
 
@@ -477,7 +478,7 @@ async def close_refusal_windows(runtime: Runtime, operation_ids: list[str]) -> N
             folded = current.evolve(early_refusals=current.early_refusals + count)
             return folded, folded
 
-        record = await runtime.store.mutate(operation_id, fold)
+        record = await runtime.records.mutate(operation_id, fold)
         now = runtime.clock()
         found = effects.of_refusals(record, window.count, window.first_at, window.ends_at, now)
         await runtime.effects.carry_out(found)
@@ -490,19 +491,19 @@ async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
     holds, was being polled by a process that died. How many were found."""
     recovered = 0
     where = OperationFilter(outcome=Outcome.PENDING, limit=limit)
-    for record in await runtime.store.list(where):
+    for record in await runtime.records.list(where):
         if record.inflight_at is None:
             continue
         lease, token = poll_lease(record.operation_id), secrets.token_hex(16)
         ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN  # one write
-        if not await runtime.store.acquire_lease(lease, token, runtime.clock(), ttl):
+        if not await runtime.coordination.acquire_lease(lease, token, runtime.clock(), ttl):
             continue  # a live process is polling it now
         try:
-            decision = await runtime.store.mutate(
+            decision = await runtime.records.mutate(
                 record.operation_id, lambda current: decide.as_write(decide.recover(current))
             )
         finally:
-            await runtime.store.release_lease(lease, token)
+            await runtime.coordination.release_lease(lease, token)
         if decision is not None and decision.cut_at is not None:
             found = effects.of_interruption(decision.record, decision.cut_at, runtime.clock())
             await runtime.effects.carry_out(found)

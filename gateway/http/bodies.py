@@ -2,8 +2,9 @@
 
 Owns the two ways a body is refused while it arrives: too large (BodyTooLarge, answered 413
 ``request-too-large``) and too slow (BodyTimeout, answered 408 ``request-timeout``); the
-``errors`` middleware in app.py turns both into problem+json. A client that stalls its body
-holds a connection for ``limits.body_timeout`` at most, not for ever. Never logs a body.
+``errors`` middleware (http/middleware.py) turns both into problem+json. A client that
+stalls its body holds a connection for ``limits.body_timeout`` at most, not for ever. Never
+logs a body.
 """
 
 from __future__ import annotations

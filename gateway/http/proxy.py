@@ -4,9 +4,8 @@ Each handler loads, asks the pure core, sends at most what the decision allows, 
 again about the answer, saves, and answers. No polling rule lives here; if one seems to, it
 belongs in decide.py or schedule.py.
 
-Also owns the hold (``Prefer: wait``) and the shared poll for callers without an HTTP status
-call: ``wait_for`` is how the MCP server waits for an account's operation, through the same
-schedule, budgets and coalescing.
+The hold (``Prefer: wait``), the shared poll and ``wait_for`` (how MCP waits for an
+account's operation) are the poll workflow's, in gateway/flow/polls.py; this module asks it.
 """
 
 from __future__ import annotations

@@ -325,6 +325,7 @@ class Store(Records, Coordination):
 
 
 COPIES = 16_384  # pending records a shared store keeps as last written or read (~2 KB each)
+COPY_ANSWER = 4096  # ... and only with a replayable answer of at most this many bytes
 Job = tuple[str, str, str]  # (account, provider, provider job id)
 
 
@@ -345,8 +346,9 @@ class Copies:
         if kept is not None and kept.version > record.version:
             record = kept  # a read that finished after a write of ours
         job = (record.account, record.provider, record.provider_job_id)
-        if record.outcome is not Outcome.PENDING:
-            self._jobs.pop(job, None)
+        last = record.last_answer
+        if record.outcome is not Outcome.PENDING or (last and len(last.body) > COPY_ANSWER):
+            self._jobs.pop(job, None)  # a read starts its next poll instead
             return
         if len(self._records) >= self._limit:
             oldest = self._records.pop(next(iter(self._records)))

@@ -346,17 +346,18 @@ class PostgresStore(Store):
         return {(r.account, r.provider, r.provider_job_id): r for r in records}
 
     async def save(self, record: OperationRecord) -> bool:
+        await self._index(record)  # first: a write that returned is always findable
         row = await self._one("save", self._cas_sql, cas_args(record))
-        if not self._wrote(record, row[0]):
-            return False
-        await self._index(record)
-        return True
+        return self._wrote(record, row[0])
 
     async def _index(
         self, record: OperationRecord, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> None:
-        """SPEC 20: the record's result values, findable once its write returned (in the
-        write's own transaction when there is one)."""
+        """SPEC 20: the record's result values, written before the record's own write (or
+        in its transaction), so a write that returned is always findable; a row whose write
+        then lost is ignored by ``find_result``, which checks the record lists the value.
+        The operation's row exists already (the foreign key), except at ``create``, which
+        indexes after its insert."""
         values = record.result_values
         if not values:
             return
@@ -618,9 +619,9 @@ class PostgresStore(Store):
         writes nothing (a poll superseded by a later one), else LeaseLost is raised."""
         new, result = change(known)
         if new is not None:
+            await self._index(new)  # first (a lost write leaves a row find_result ignores)
             row = await self._one("save", self._finish_sql, (lease, token, *cas_args(new)))
             if row[0] != -3 and self._wrote(new, row[0]):
-                await self._index(new)
                 return result
         return await self._locked("save", operation_id, change, (lease, token))
 
