@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import redis as sync_redis
 
@@ -20,7 +22,7 @@ from gateway.flow.runtime import RUNTIME
 from gateway.store import store_from_url
 from gateway.store.redis import RedisStore
 
-from conftest import RedisServer, pending_record, real_time_harness
+from conftest import RedisServer, Served, pending_record, real_time_harness
 
 
 def record(**changes: Any) -> OperationRecord:
@@ -175,7 +177,6 @@ def test_a_cluster_url_that_cannot_work_says_why(url: str, problem: str) -> None
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of this test's own, with an append-only file so a restart keeps data."""
-    import shutil
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not on PATH: cannot stop and restart a private Redis")
@@ -317,3 +318,36 @@ async def test_wait_replicas_fails_closed_without_enough_replicas(redis_url: str
             await store.create(record())
     finally:
         await store.close()
+
+
+async def test_a_gateway_started_while_redis_is_down_waits_not_ready_then_serves(
+    tmp_path: Path, upstream: tuple[Any, str], gateways: list[Served]
+) -> None:
+    """A store unreachable at start is no reason to exit (on Kubernetes a crash loop):
+    `statusgate serve` stays up, /readyz answers 503, and once Redis answers the gateway is
+    ready and start-up recovery has run, without a restart."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH: cannot start a private Redis late")
+    _, url = upstream
+    server = RedisServer()  # its port, nothing listening yet
+    served = Served(tmp_path, url, tmp_path / "unused.db", store_url=server.url)
+    gateways.append(served)
+    await served.up()
+    async with aiohttp.ClientSession() as http:
+        ready = f"http://127.0.0.1:{served.port}/readyz"
+        async with http.get(ready) as answer:
+            assert answer.status == 503
+        server.start()
+        try:
+            for _ in range(100):
+                async with http.get(ready) as answer:
+                    if answer.status == 200:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the gateway never became ready")
+        finally:
+            stderr = served.stop()
+            server.stop()
+    assert served.process is not None and served.process.returncode == 0
+    assert "recovery runs once it answers" in stderr
