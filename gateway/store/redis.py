@@ -16,6 +16,11 @@ clock for a Redis store is Redis time too (an offset refreshed in the background
 replicas' clock skew never opens a gap. Scripts are registered, so a Redis restart
 (NOSCRIPT) reloads them. Redis errors become StoreError after at most one quick retry: the
 gateway fails closed within a second.
+
+On one Redis the hot path (a poll's scripts, its writes' WAIT and the batched record reads)
+goes through redis_turns.Turns: one pipeline per loop turn on a connection of its own, so
+many polls in flight cost one round trip and no wait for a pooled connection. Everything
+else, and everything on a cluster (where a pipeline splits by node), uses the pool.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from gateway.store.base import (
     stop,
 )
 from gateway.store.redis_layout import Keys, millis, oldest, record_fields
+from gateway.store.redis_turns import Command, Turns
 
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 CLOCK_RESYNC = 10.0
@@ -92,6 +98,7 @@ class RedisStore(Store):
         self._cluster = cluster is not None
         self._shards = shards if cluster is not None else 1
         self._redis: Any
+        self._turns: Turns | None = None  # the hot path's pipelines, on one Redis
         if cluster is not None:
             self._redis = RedisCluster(
                 startup_nodes=[ClusterNode(host, port) for host, port in cluster],
@@ -112,6 +119,15 @@ class RedisStore(Store):
                 **QUIET_CONNECT,
             )
             self._redis = aioredis.Redis(connection_pool=pool)
+            own = aioredis.ConnectionPool.from_url(
+                url,
+                max_connections=1,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 1),
+                **QUIET_CONNECT,
+            )
+            self._turns = Turns(aioredis.Redis(connection_pool=own))
         self._cas = self._redis.register_script(lua.CAS)
         self._claim = self._redis.register_script(lua.CLAIM)
         self._acquire = self._redis.register_script(lua.ACQUIRE)
@@ -122,6 +138,9 @@ class RedisStore(Store):
         self._cas_release = self._redis.register_script(lua.CAS_RELEASE)
         self._tighten = self._redis.register_script(lua.TIGHTEN)
         self._bound = self._redis.register_script(lua.BOUND)
+        if self._turns is not None:
+            for script in (self._cas, self._start_poll, self._start_reserve, self._cas_release):
+                assert self._turns.script(script.script) == script.sha  # EVALSHA script.sha
         self._offset = 0.0
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
         self._reads: Batch[str, OperationRecord | StoreError] = Batch(self._fetch)
@@ -211,6 +230,8 @@ class RedisStore(Store):
 
     async def close(self) -> None:
         await stop(self._resync)
+        if self._turns is not None:
+            await self._turns.aclose()
         await self._redis.aclose()
 
     # -- operations ---------------------------------------------------------------------
@@ -230,13 +251,17 @@ class RedisStore(Store):
         pipe.zadd(f"{self.prefix}:ops", {record.operation_id: record.started_at})
         pipe.sadd(f"{self.prefix}:providers", record.provider)
         self._index(pipe, record)
-        self._index_results(pipe, record)
+        for command in self._result_sets(record):
+            pipe.execute_command(*command)
         if idempotency is not None:
             self._put_idem(pipe, idempotency)
-        await self._call("create", pipe.execute())
+        waited = self._wait_replicas > 0 and not self._cluster
+        if waited:  # WAIT answers for its own connection's writes: this pipeline's
+            pipe.wait(self._wait_replicas, self._wait_millis)
+        answers = await self._call("create", pipe.execute())
         self._job_id((record.account, record.provider, record.provider_job_id), record.operation_id)
         self._copy(record)
-        await self._replicated("create")
+        await self._replicated("create", answers[-1] if waited else None)
         return record
 
     def _index(self, pipe: Any, record: OperationRecord) -> None:
@@ -253,19 +278,28 @@ class RedisStore(Store):
             pipe.hset(escalated, operation_id, record.escalation.reason.value)
             pipe.zadd(queue, {operation_id: record.escalation.at})
 
-    def _index_results(self, pipe: Any, record: OperationRecord) -> None:
+    def _result_sets(self, record: OperationRecord) -> list[Command]:
         """The record's result values -> its id. Written before the record (on a cluster
         they live in other slots than the record, so no script can write both): an entry
         whose record write then lost its compare-and-set is harmless, as ``find_result``
         checks the record it leads to."""
-        for value in record.result_values:
-            pipe.set(self.keys.result(record.account, record.provider, value), record.operation_id)
+        keys = (self.keys.result(record.account, record.provider, v) for v in record.result_values)
+        return [("SET", key, record.operation_id) for key in keys]
 
-    async def _results_first(self, record: OperationRecord) -> None:
-        if record.result_values:
+    async def _script(
+        self, operation: str, script: Any, keys: list[str], args: Any, *before: Command
+    ) -> Any:
+        """A script's answer, after ``before`` (commands of the same caller, sent first):
+        on one Redis in this turn's pipeline (Turns), on a cluster from the pool."""
+        if self._turns is not None:
+            command = Turns.evalsha(script.sha, keys, args)
+            return (await self._call(operation, self._turns.call(*before, command)))[-1]
+        if before:
             pipe = self._redis.pipeline(transaction=False)
-            self._index_results(pipe, record)
-            await self._call("save", pipe.execute())
+            for command in before:
+                pipe.execute_command(*command)
+            await self._call(operation, pipe.execute())
+        return await self._call(operation, script(keys=keys, args=args))
 
     async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
         key = self.keys.result(account, provider, value)
@@ -286,7 +320,10 @@ class RedisStore(Store):
     async def _fetch(self, keys: list[str]) -> dict[str, OperationRecord | StoreError]:
         """The records of ``keys``: one command for one, else one pipeline. A record that
         cannot be read fails its own callers only."""
-        if len(keys) == 1:
+        if self._turns is not None:
+            reads = (("HGET", key, "d") for key in keys)
+            rows = await self._call("get", self._turns.call(*reads))
+        elif len(keys) == 1:
             rows = [await self._call("get", self._redis.hget(keys[0], "d"))]
         else:
             pipe = self._redis.pipeline(transaction=False)
@@ -359,9 +396,8 @@ class RedisStore(Store):
         return None if operation_id is None else self._copies.get(operation_id)
 
     async def save(self, record: OperationRecord) -> bool:
-        await self._results_first(record)
         keys, args, written = self.keys.cas(record)
-        result = await self._call("save", self._cas(keys=keys, args=args))
+        result = await self._script("save", self._cas, keys, args, *self._result_sets(record))
         if result == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
         if result != 1:
@@ -370,13 +406,23 @@ class RedisStore(Store):
         await self._replicated("save")
         return True
 
-    async def _replicated(self, operation: str) -> None:
+    @property
+    def _wait_millis(self) -> int:
+        return max(1, int(self._timeout * 500))  # half the socket timeout: WAIT answers first
+
+    async def _replicated(self, operation: str, acked: Any = None) -> None:
         """With ``wait_replicas`` set, a write counts only once that many replicas have it,
-        so a failover cannot forget a spent status request."""
+        so a failover cannot forget a spent status request. WAIT answers for the writes of
+        the connection it is sent on: on one Redis it goes after the write on the Turns
+        connection (``acked``: the answer of a WAIT already sent in the write's pipeline)."""
         if self._wait_replicas <= 0:
             return
-        millis = max(1, int(self._timeout * 500))  # half the socket timeout: WAIT answers first
-        acked = await self._call(operation, self._redis.wait(self._wait_replicas, millis))
+        if acked is None and self._turns is not None:
+            wait: Command = ("WAIT", self._wait_replicas, self._wait_millis)
+            [acked] = await self._call(operation, self._turns.call(wait))
+        elif acked is None:
+            wait_on = self._redis.wait(self._wait_replicas, self._wait_millis)
+            acked = await self._call(operation, wait_on)
         if int(acked) < self._wait_replicas:
             raise StoreError(
                 f"redis {operation}: {acked} of {self._wait_replicas} replicas acknowledged",
@@ -602,7 +648,7 @@ class RedisStore(Store):
         member = f"{time.time()}:{secrets.token_hex(4)}"
         keys = [self.keys.lease(lease), *self.keys.pace(provider)]
         args = (token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT)
-        wait = float(await self._call("acquire_lease", self._start_poll(keys=keys, args=args)))
+        wait = float(await self._script("acquire_lease", self._start_poll, keys, args))
         return None if wait < 0 else wait
 
     async def start_and_reserve(
@@ -624,8 +670,8 @@ class RedisStore(Store):
         cas_keys, cas_args, stored = self.keys.cas(reserve)
         keys = [self.keys.lease(lease), *self.keys.pace(provider), *cas_keys]
         args = [token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT, *cas_args]
-        raw_wait, written, *current = await self._call(
-            "acquire_lease", self._start_reserve(keys=keys, args=args)
+        raw_wait, written, *current = await self._script(
+            "acquire_lease", self._start_reserve, keys, args
         )
         wait = float(raw_wait)
         if wait < 0:
@@ -658,11 +704,13 @@ class RedisStore(Store):
         if new is not None and self.keys.lease(lease).startswith(
             f"{self.prefix}:lease:{self.keys.shard(operation_id)}"
         ):  # the lease shares the record's slot (always, on one Redis)
-            await self._results_first(new)
             keys, args, stored = self.keys.cas(new)
             keys.append(self.keys.lease(lease))
             args.append(token)
-            if await self._call("save", self._cas_release(keys=keys, args=args)) == 1:
+            written = await self._script(
+                "save", self._cas_release, keys, args, *self._result_sets(new)
+            )
+            if written == 1:
                 self._copy(stored)
                 await self._replicated("save")
                 return result

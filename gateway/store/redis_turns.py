@@ -1,0 +1,151 @@
+"""The hot path's Redis commands, one pipeline per turn of the event loop, on one connection.
+
+``Turns.call(*commands)`` hands a caller's commands (a poll's script, a batch of record
+reads) to the one pipeline that goes next. What it guarantees:
+
+- At most one pipeline is in flight, on the one connection of the client given. Commands
+  given within one loop turn, and all given while the pipeline before was in flight, go
+  together as the next pipeline (``transaction=False``: not atomic together, each command
+  is). A caller's commands go in its order, next to each other, and only after every
+  command a caller was answered for: Redis runs them in the order they were asked.
+- Each caller gets its own answers; a command that fails in Redis (a script's error,
+  WRONGTYPE) fails its own caller only, with that error.
+- Scripts go as EVALSHA with the sha computed here (``script``), never SCRIPT EXISTS or
+  LOAD per pipeline. After NOSCRIPT (Redis restarted or its scripts flushed) the scripts are
+  loaded and only the commands that got NOSCRIPT are sent again, once, in one more round
+  trip; so a script should be its caller's last command (the others ran before it).
+- A pipeline that fails as a whole (timeout, connection refused or reset, after the
+  client's own retry) fails every caller in it, and every caller that queued behind it:
+  nobody waits through two timeouts of a Redis that does not answer.
+- At most ``bound`` commands wait for their pipeline; past that a caller is refused at once
+  (``Overloaded``) instead of queueing behind a Redis that cannot keep up.
+
+It never opens a transaction and must not be given blocking commands other than WAIT (a
+WAIT holds up every command behind it on this connection; it answers for the writes sent
+before it on this connection, so writes that must reach replicas go here too). Redis
+Cluster is not served here: its pipelines split by node (the store keeps its pool path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+
+Command = tuple[str | int | float | bytes, ...]
+Waiting = tuple[tuple[Command, ...], asyncio.Future[list[Any]]]
+BOUND = 1024  # commands waiting for their pipeline
+
+
+class Overloaded(RedisError):
+    """More commands are waiting for Redis than the bound: refused without waiting."""
+
+
+class Turns:
+    def __init__(self, client: aioredis.Redis, *, bound: int = BOUND) -> None:
+        """``client`` should have a connection pool of one: it is this class's alone."""
+        self._client = client
+        self._bound = bound
+        self._scripts: dict[str, str] = {}  # sha -> source, for reloading after NOSCRIPT
+        self._queued: list[Waiting] = []
+        self._count = 0  # commands in _queued
+        self._sender: asyncio.Task[None] | None = None
+
+    def script(self, source: str) -> str:
+        """Register a script; its sha, for ``evalsha``."""
+        sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        self._scripts[sha] = source
+        return sha
+
+    @staticmethod
+    def evalsha(sha: str, keys: list[str], args: list[Any] | tuple[Any, ...]) -> Command:
+        return ("EVALSHA", sha, len(keys), *keys, *args)
+
+    async def call(self, *commands: Command) -> list[Any]:
+        """The answers to ``commands``, sent with the rest of this turn's; raises the first
+        error among them, or the pipeline's."""
+        if self._count + len(commands) > self._bound:
+            raise Overloaded(f"{self._count} commands already waiting for Redis")
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[list[Any]] = loop.create_future()
+        self._queued.append((commands, answer))
+        self._count += len(commands)
+        if self._sender is None:
+            self._sender = loop.create_task(self._send_all())
+        return await answer
+
+    async def _send_all(self) -> None:
+        try:
+            while self._queued:
+                batch = self._take()
+                try:
+                    await self._send(batch)
+                except Exception as exc:
+                    _fail(batch, exc)
+                    _fail(self._take(), exc)  # queued behind a pipeline that failed
+                except BaseException:
+                    closing = RedisConnectionError("the store is closing")
+                    _fail(batch, closing)
+                    _fail(self._take(), closing)
+                    raise
+        finally:
+            self._sender = None
+
+    def _take(self) -> list[Waiting]:
+        batch, self._queued, self._count = self._queued, [], 0
+        return batch
+
+    async def _send(self, batch: list[Waiting]) -> None:
+        commands = [command for group, _ in batch for command in group]
+        answers = await self._pipeline(commands)
+        unloaded = [n for n, a in enumerate(answers) if self._reloadable(commands[n], a)]
+        if unloaded:
+            shas = dict.fromkeys(str(commands[n][1]) for n in unloaded)
+            loads: list[Command] = [("SCRIPT", "LOAD", self._scripts[sha]) for sha in shas]
+            again = await self._pipeline(loads + [commands[n] for n in unloaded])
+            for n, answer in zip(unloaded, again[len(loads) :], strict=True):
+                answers[n] = answer
+        start = 0
+        for group, future in batch:
+            mine = answers[start : start + len(group)]
+            start += len(group)
+            if future.done():
+                continue  # its caller was cancelled
+            error = next((a for a in mine if isinstance(a, Exception)), None)
+            if error is None:
+                future.set_result(mine)
+            else:
+                future.set_exception(error)
+
+    def _reloadable(self, command: Command, answer: Any) -> bool:
+        return (
+            isinstance(answer, NoScriptError)
+            and command[0] == "EVALSHA"
+            and command[1] in self._scripts
+        )
+
+    async def _pipeline(self, commands: list[Command]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        answers: list[Any] = await pipe.execute(raise_on_error=False)
+        return answers
+
+    async def aclose(self) -> None:
+        """Stop sending (callers still waiting fail) and close the connection."""
+        sender = self._sender
+        while sender is not None and not sender.done():
+            sender.cancel()
+            await asyncio.wait([sender], timeout=0.1)
+        _fail(self._take(), RedisConnectionError("the store is closed"))
+        await self._client.aclose()
+
+
+def _fail(batch: list[Waiting], exc: BaseException) -> None:
+    for _, future in batch:
+        if not future.done():
+            future.set_exception(exc)
