@@ -140,7 +140,8 @@ class RedisStore(Store):
         self._bound = self._redis.register_script(lua.BOUND)
         if self._turns is not None:
             for script in (self._cas, self._start_poll, self._start_reserve, self._cas_release):
-                assert self._turns.script(script.script) == script.sha  # EVALSHA script.sha
+                sha = self._turns.script(script.script)  # known for reloading after NOSCRIPT
+                assert sha == script.sha  # the sha _script sends
         self._offset = 0.0
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
         self._reads: Batch[str, OperationRecord | StoreError] = Batch(self._fetch)
@@ -318,8 +319,9 @@ class RedisStore(Store):
         return found
 
     async def _fetch(self, keys: list[str]) -> dict[str, OperationRecord | StoreError]:
-        """The records of ``keys``: one command for one, else one pipeline. A record that
-        cannot be read fails its own callers only."""
+        """The records of ``keys``: on one Redis in this turn's pipeline (Turns); on a
+        cluster one command for one, else one pipeline. A record that cannot be read fails
+        its own callers only."""
         if self._turns is not None:
             reads = (("HGET", key, "d") for key in keys)
             rows = await self._call("get", self._turns.call(*reads))
