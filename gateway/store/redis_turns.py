@@ -6,8 +6,8 @@ reads) to the one pipeline that goes next. What it guarantees:
 - At most one pipeline is in flight, on the one connection of the client given. Commands
   given within one loop turn, and all given while the pipeline before was in flight, go
   together as the next pipeline (``transaction=False``: not atomic together, each command
-  is). A caller's commands go in its order, next to each other, and only after every
-  command a caller was answered for: Redis runs them in the order they were asked.
+  is). A caller's commands go in its order, next to each other (WAIT aside, below), and
+  only after every command a caller was answered for: Redis runs them in the order asked.
 - Each caller gets its own answers; a command that fails in Redis (a script's error,
   WRONGTYPE) fails its own caller only, with that error.
 - Scripts go as EVALSHA with the sha computed here (``script``), never SCRIPT EXISTS or
@@ -19,11 +19,14 @@ reads) to the one pipeline that goes next. What it guarantees:
   nobody waits through two timeouts of a Redis that does not answer.
 - At most ``bound`` commands wait for their pipeline; past that a caller is refused at once
   (``Overloaded``) instead of queueing behind a Redis that cannot keep up.
+- WAIT answers for the writes sent before it on its connection, and blocks that connection
+  until it answers: the WAITs of one pipeline are sent once each (the same replicas and
+  timeout), after its other commands, and their callers share the answer. A replica that
+  does not acknowledge holds up one pipeline by WAIT's timeout, not one per caller.
 
-It never opens a transaction and must not be given blocking commands other than WAIT (a
-WAIT holds up every command behind it on this connection; it answers for the writes sent
-before it on this connection, so writes that must reach replicas go here too). Redis
-Cluster is not served here: its pipelines split by node (the store keeps its pool path).
+It never opens a transaction and must not be given blocking commands other than WAIT.
+Redis Cluster is not served here: its pipelines split by node (the store keeps its pool
+path).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ class Turns:
 
     async def _send(self, batch: list[Waiting]) -> None:
         commands = [command for group, _ in batch for command in group]
-        answers = await self._pipeline(commands)
+        answers = await self._waits_last(commands)
         unloaded = [n for n, a in enumerate(answers) if self._reloadable(commands[n], a)]
         if unloaded:
             shas = dict.fromkeys(str(commands[n][1]) for n in unloaded)
@@ -120,6 +123,17 @@ class Turns:
                 future.set_result(mine)
             else:
                 future.set_exception(error)
+
+    async def _waits_last(self, commands: list[Command]) -> list[Any]:
+        """The answers to ``commands``, each distinct WAIT sent once, after the rest."""
+        waits = list(dict.fromkeys(c for c in commands if c[0] == "WAIT"))
+        if not waits:
+            return await self._pipeline(commands)
+        rest = [c for c in commands if c[0] != "WAIT"]
+        answers = await self._pipeline(rest + waits)
+        shared = dict(zip(waits, answers[len(rest) :], strict=True))
+        others = iter(answers[: len(rest)])
+        return [shared[c] if c[0] == "WAIT" else next(others) for c in commands]
 
     def _reloadable(self, command: Command, answer: Any) -> bool:
         return (

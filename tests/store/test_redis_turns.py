@@ -5,7 +5,11 @@ round trip, and a Redis that cannot answer or keep up fails callers at once."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +27,7 @@ from gateway.store import store_from_url
 from gateway.store.redis import RedisStore
 from gateway.store.redis_turns import Overloaded, Turns
 
-from conftest import pending_record
+from conftest import RedisServer, pending_record
 
 Sends = list[AbstractConnection]
 
@@ -171,3 +175,53 @@ async def test_a_redis_that_does_not_answer_fails_every_caller_at_once() -> None
         assert time.perf_counter() - started < 1.0
     finally:
         await turns.aclose()
+
+
+@pytest.fixture
+def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A private redis-server and a replica of it, in sync."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH: cannot start a primary and its replica")
+    primary, replica = RedisServer(), RedisServer()
+    primary.start()
+    replica.start()
+    client = sync_redis.Redis(port=replica.port)
+    client.replicaof("127.0.0.1", str(primary.port))
+    deadline = time.monotonic() + 10
+    while client.info("replication").get("master_link_status") != "up":
+        assert time.monotonic() < deadline, "the replica never synced"
+        time.sleep(0.05)
+    client.close()
+    yield primary, replica
+    if replica.process is not None:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    replica.stop()
+    primary.stop()
+
+
+async def test_wait_replicas_holds_each_write_to_its_replica(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    """With wait_replicas=1, concurrent writes count once the replica has them; with the
+    replica stalled every one fails closed within a second, their WAITs sent as one (a
+    stalled replica costs a pipeline one WAIT timeout, not one per writer)."""
+    primary, replica = primary_and_replica
+    store = store_from_url(f"{primary.url}?prefix=waits&wait_replicas=1")
+    assert isinstance(store, RedisStore)
+    client = sync_redis.Redis(port=primary.port)
+    try:
+        records = [await store.create(record(n)) for n in range(20)]
+        saves = [store.save(r.evolve(early_refusals=1)) for r in records]
+        assert await asyncio.gather(*saves) == [True] * 20
+        assert replica.process is not None
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        client.config_resetstat()
+        started = time.perf_counter()
+        saves = [store.save(r.evolve(early_refusals=2, version=2)) for r in records]
+        answers = await asyncio.gather(*saves, return_exceptions=True)
+        assert time.perf_counter() - started < 1.0
+        assert all(isinstance(a, StoreError) and "0 of 1" in str(a) for a in answers), answers
+        assert client.info("commandstats")["cmdstat_wait"]["calls"] == 1
+    finally:
+        client.close()
+        await store.close()
