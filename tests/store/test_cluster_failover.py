@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from redis.asyncio.client import Pipeline
 
 from gateway.errors import StoreError
 from gateway.store import store_from_url
@@ -97,10 +98,11 @@ async def test_killing_a_primary_under_load_gives_503_never_500(
     ],
 )
 async def test_whatever_the_cluster_client_raises_becomes_a_store_error(
-    redis_url: str, failure: Exception
+    redis_url: str, failure: Exception, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A driver failure of any type (what redis-py's cluster client raises while a primary
-    fails over) leaves the store as StoreError, so the gateway answers 503, never 500."""
+    fails over) leaves the store as StoreError, so the gateway answers 503, never 500: from
+    the pool and from the hot path's pipelines alike."""
     store = store_from_url(redis_url)
     assert isinstance(store, RedisStore)
 
@@ -109,6 +111,7 @@ async def test_whatever_the_cluster_client_raises_becomes_a_store_error(
 
     store._redis.hget = broken
     store._redis.get = broken
+    monkeypatch.setattr(Pipeline, "execute", broken)
     try:
         with pytest.raises(StoreError) as caught:
             await store.get("op_failover")
