@@ -10,6 +10,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -178,11 +179,12 @@ async def test_a_redis_that_does_not_answer_fails_every_caller_at_once() -> None
 
 
 @pytest.fixture
-def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
-    """A private redis-server and a replica of it, in sync."""
+def primary_and_replica(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A private redis-server and a replica of it, in sync (their files, the sync's RDB
+    among them, in ``tmp_path``, not the working directory)."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not on PATH: cannot start a primary and its replica")
-    primary, replica = RedisServer(), RedisServer()
+    primary, replica = RedisServer(tmp_path / "primary"), RedisServer(tmp_path / "replica")
     primary.start()
     replica.start()
     client = sync_redis.Redis(port=replica.port)
