@@ -426,11 +426,18 @@ async def _record(
         known=reserved.evolve(version=reserved.version + 1),
         lease=lease.name,
         token=lease.token,
+        durable=_ended,
     )
     detail = _answer_detail(answer, decided)
     found = effects.of_decision(policy, decided, done, http_status=answer.status, detail=detail)
     await runtime.effects.carry_out(found)
     return decided
+
+
+def _ended(decision: Decision) -> bool:
+    """An answer's write must be durable before anyone hears it when the operation stopped
+    waiting (an outcome, an escalation); a pending answer need not: its reservation was."""
+    return decision.record.outcome is not Outcome.PENDING
 
 
 async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float) -> Decision:
