@@ -29,7 +29,7 @@ from gateway.core.models import (
     Reason,
 )
 from gateway.core.schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
-from gateway.core.values import bounded
+from gateway.core.values import bounded, parse_json
 from gateway.settings.policy import ProviderPolicy, RequiredField, placeholders
 
 
@@ -566,10 +566,7 @@ def lookup(data: Any, dotted: str | None) -> Any:
 
 
 def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        return None
+    return parse_json(body)
 
 
 def state_text(state: Any) -> str:

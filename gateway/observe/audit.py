@@ -1,9 +1,10 @@
 """The hash-chained audit log (SPEC section 8): pure chain and verify functions, and a writer.
 
-One JSON object per line; ``hash = SHA-256(prev + canonical_json(line without hash))``, or
-HMAC-SHA256 with a key. ``prev`` of the first line is 64 zeros. ``verify`` needs nothing but
-the file (and the key), so it runs offline. The writer appends and never rewrites; a torn
-final line left by a crash is moved aside (to ``<file>.torn-<time>``) before appending.
+One JSON object per line (its other members sorted, ``hash`` last); ``hash = SHA-256(prev +
+canonical_json(line without hash))``, or HMAC-SHA256 with a key. ``prev`` of the first line
+is 64 zeros. ``verify`` needs nothing but the file (and the key), so it runs offline. The
+writer appends and never rewrites; a torn final line left by a crash is moved aside (to
+``<file>.torn-<time>``) before appending.
 Secrets never enter a line: callers pass only ids, states, numbers and fixed texts.
 
 A line is written whole or not at all: a write the disk cut short is truncated back to the
@@ -84,17 +85,14 @@ _ORJSON_EXACT = frozenset({str, int, bool, type(None)})
 
 def chain_hash(prev: str, line: dict[str, Any], key: bytes | None) -> str:
     """The hash of ``line`` (without its ``hash`` member) chained onto ``prev``."""
-    message = prev.encode() + canonical_json(line)
+    return _digest(prev, canonical_json(line), key)
+
+
+def _digest(prev: str, canonical: bytes, key: bytes | None) -> str:
+    message = prev.encode() + canonical
     if key is not None:
         return hmac.new(key, message, hashlib.sha256).hexdigest()
     return hashlib.sha256(message).hexdigest()
-
-
-def seal(fields: dict[str, Any], seq: int, prev: str, key: bytes | None) -> dict[str, Any]:
-    """A complete line: ``fields`` plus seq, prev and hash."""
-    line = {**fields, "seq": seq, "prev": prev}
-    line["hash"] = chain_hash(prev, line, key)
-    return line
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +329,10 @@ class AuditLog:
     def _write_whole(self, fields: dict[str, Any]) -> dict[str, Any] | None:
         """One line, whole or not at all: ``write`` may write less than asked on a nearly
         full disk, and what it wrote is then cut off again. None when it was refused."""
-        line = seal(fields, self._seq + 1, self._prev, self._key)
-        data = canonical_json(line) + b"\n"
+        line = {**fields, "seq": self._seq + 1, "prev": self._prev}
+        canonical = canonical_json(line)  # serialised once: hashed, then written with
+        line["hash"] = _digest(self._prev, canonical, self._key)  # the hash put last
+        data = b'%s,"hash":"%s"}\n' % (canonical[:-1], line["hash"].encode())
         fd = self._file.fileno()
         start = os.fstat(fd).st_size
         try:
