@@ -150,9 +150,11 @@ async def test_sqlite_answers_what_the_file_holds_after_a_turn_the_disk_refused(
             store.save(first), store.create(big), return_exceptions=True
         )
         assert isinstance(created, StoreError) and "full" in str(created)
-        on_file = sqlite3.connect(tmp_path / "g.db").execute(
-            "SELECT version FROM operations WHERE operation_id = 'op_1'"
-        ).fetchone()[0]
+        on_file = (
+            sqlite3.connect(tmp_path / "g.db")
+            .execute("SELECT version FROM operations WHERE operation_id = 'op_1'")
+            .fetchone()[0]
+        )
         assert on_file == first.version + (1 if saved is True else 0), saved
         answered = await store.get("op_1")
         assert answered is not None and answered.version == on_file
