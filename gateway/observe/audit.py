@@ -70,14 +70,23 @@ MIN_FREE = 64 << 10  # below this much free space the gateway takes no new work
 
 def canonical_json(data: dict[str, Any]) -> bytes:
     """Sorted keys, no spaces, UTF-8: ``json.dumps(sort_keys=True, separators=(",", ":"),
-    ensure_ascii=False)``. A flat line of strings, integers, booleans and nulls (every line
-    the gateway writes) goes through orjson, which writes those byte for byte the same
-    (tests/test_audit.py checks it) five times faster; anything else (a float, which the two
-    format differently) through json, so the chain never depends on which one ran."""
-    if all(type(value) in _ORJSON_EXACT for value in data.values()):
+    ensure_ascii=False)``. A flat line of strings, integers, booleans, nulls and floats
+    written without an exponent (every line the gateway writes) goes through orjson, which
+    writes those byte for byte the same (tests/observe/test_audit.py checks it) five times
+    faster; anything else (a float json writes as ``1e-05``, which orjson spells otherwise)
+    through json, so the chain never depends on which one ran."""
+    if all(_exact(value) for value in data.values()):
         with contextlib.suppress(orjson.JSONEncodeError):  # an integer past 64 bits
             return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _exact(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:
+        size = abs(float(value))
+        return size == 0 or 1e-4 <= size < 1e16  # repr without an exponent
+    return kind in _ORJSON_EXACT
 
 
 _ORJSON_EXACT = frozenset({str, int, bool, type(None)})
