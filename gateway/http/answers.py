@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import orjson
 from aiohttp import web
 
 from gateway.core.decide import Decision, Reply
@@ -139,7 +140,10 @@ def rewrite_body(call: Call, body: bytes, content_type: str) -> bytes:
     data = parse_json(body)
     if data is None or not call.runtime.rewriter(call.policy).body_fields(data, fields):
         return body
-    return json.dumps(data).encode()
+    try:
+        return orjson.dumps(data)
+    except orjson.JSONEncodeError:  # an integer past 64 bits, which json writes
+        return json.dumps(data).encode()
 
 
 def _raw(status: int, headers: dict[str, str], body: bytes, content_type: str) -> web.Response:
