@@ -205,14 +205,14 @@ class SQLiteStore(Store):
             )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            if role == "write":
+            if role == "write":  # the layout is the writer's (``open`` writes first)
                 conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on the reader
-            try:
-                migrated = _migrate(conn)
-            except BaseException:
-                conn.close()
-                raise
-            self._migrated = self._migrated or migrated
+                try:
+                    migrated = _migrate(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._migrated = self._migrated or migrated
             self._connections[role] = conn
         return conn
 
@@ -254,6 +254,10 @@ class SQLiteStore(Store):
         """``work`` on the reader thread, over committed rows: this turn's writes are
         committed first, so a caller reads its own writes."""
         self._claim()
+        try:
+            self._connection("write")  # the layout first (a read may come before any write)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite {operation}: {exc}", operation=operation) from exc
         self._commit_turn()
         loop = asyncio.get_running_loop()
         try:
