@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -27,7 +28,8 @@ from gateway.core.problems import PROBLEMS
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 REQUEST_BUCKETS = (1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, 200)
 ROUTES = ("submit", "status", "result", "cancel", "passthrough")
-AGENT_OUTCOMES = ("forwarded", "cached", *PROBLEMS)
+# ``overloaded`` is refused before the provider and route are known: its own counter
+AGENT_OUTCOMES = ("forwarded", "cached", *(slug for slug in PROBLEMS if slug != "overloaded"))
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error", "timeout")
 FINISHED = (*(o.value for o in Outcome if o.terminal), "abandoned")
 GUIDANCE = ("provider_retry_after", "provider_poll_hint", "hint_rejected")
@@ -85,6 +87,7 @@ def status_class(status: int | None, failure: str | None = None) -> str:
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         r = self.registry
         self.agent_requests = Counter(
             "statusgate_agent_requests",
@@ -162,6 +165,11 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.overloaded = Counter(
+            "statusgate_overloaded_requests",
+            "Agent requests answered 503 overloaded (limits.max_in_flight were in hand)",
+            registry=r,
+        )
 
         self.escalations_open = Gauge(
             "statusgate_escalations_open",
@@ -205,6 +213,17 @@ class Metrics:
         self.last_reload_ok.set(1)
         for operation in STORE_OPERATIONS:
             self.store_errors.labels(operation)
+
+    def child(self, metric: str, *labels: str) -> Any:
+        """``getattr(self, metric).labels(*labels)``, kept: the hot path asks for the same
+        few series on every request, and prometheus_client's ``labels`` takes a lock and
+        builds a key each time. Label values come from the config (providers, routes,
+        outcomes, slugs), so the series are few."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = getattr(self, metric).labels(*labels)
+        return found
 
     def prime(self, providers: Iterable[str]) -> None:
         """Every series of every configured provider exists from the start at 0, so that

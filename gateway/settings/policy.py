@@ -422,11 +422,16 @@ class ProviderPolicy(Strict):
     def state_class(self, state: Any) -> str | None:
         """Which class of the state table ``state`` (a JSON value, None when absent)
         belongs to, or None when unknown. Values compare as JSON: false is not "false"."""
-        key = json_key(state)
-        for name, states in self._classes():
-            if any(json_key(known) == key for known in states):
-                return name
-        return None
+        kept = _TABLES.get(id(self.states))
+        if kept is None or kept[0] is not self.states:
+            table: dict[tuple[str, Any], str] = {}
+            for name, states in self._classes():
+                for known in states:
+                    table.setdefault(json_key(known), name)  # the first class listing it
+            if len(_TABLES) >= MAX_TABLES:
+                _TABLES.clear()
+            kept = _TABLES[id(self.states)] = (self.states, table)
+        return kept[1].get(json_key(state))
 
     def _classes(self) -> list[tuple[str, list[StateValue]]]:
         s = self.states
@@ -460,6 +465,12 @@ class ProviderPolicy(Strict):
     def multi_segment(self) -> bool:
         """Job ids are resource names of several segments (``{job_id*}``)."""
         return "{job_id*}" in self.routes.status.path
+
+
+# Each state table as a lookup by JSON key, made once per table (every status answer is
+# classified); keyed by the table object, which is kept with it so its id stays its own.
+_TABLES: dict[int, tuple[States, dict[tuple[str, Any], str]]] = {}
+MAX_TABLES = 256
 
 
 def json_key(value: Any) -> tuple[str, Any]:
