@@ -85,6 +85,7 @@ def create_app(
             middleware.observe,
             *spans,
             middleware.listeners,
+            middleware.bounded,
             middleware.errors,
             middleware.audit_gate,
         ],

@@ -126,6 +126,14 @@ PROBLEMS: Mapping[str, ProblemType] = {
         "The gateway cannot reach its store and fails closed: nothing was forwarded.",
         retry=True,
     ),
+    "overloaded": ProblemType(
+        503,
+        "Overloaded",
+        "The gateway already has limits.max_in_flight requests in hand and answers at once "
+        "rather than queue this one: nothing was read, stored or forwarded. Retry after the "
+        "Retry-After header.",
+        retry=True,
+    ),
     "action-not-permitted": ProblemType(
         409,
         "Action not permitted",

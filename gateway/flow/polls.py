@@ -109,7 +109,8 @@ async def held(
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Wait for the next permitted poll, poll for the asker, and keep waiting through
     pending answers until the job ends, waiting must end, ``wait`` seconds pass, the
-    deadline comes, the asker goes away or the gateway stops. Costs only timers.
+    deadline comes, the asker goes away or the gateway stops. Between looks it is parked
+    (``Runtime.park``): a timer, not counted against ``limits.max_in_flight``.
 
     ``early``: wait for the next permitted poll only (up to ``max_hold``) and answer that
     poll, pending or not.
@@ -131,7 +132,7 @@ async def held(
             if due > end or asker.gone():
                 break
             wake = min(max(due, now + MIN_HOLD_STEP), end)
-            if not await runtime.pause(wake - now):
+            if not await runtime.park(wake - now):
                 break
             current = await runtime.records.get(record.operation_id)
             assert current is not None
@@ -426,11 +427,18 @@ async def _record(
         known=reserved.evolve(version=reserved.version + 1),
         lease=lease.name,
         token=lease.token,
+        durable=_ended,
     )
     detail = _answer_detail(answer, decided)
     found = effects.of_decision(policy, decided, done, http_status=answer.status, detail=detail)
     await runtime.effects.carry_out(found)
     return decided
+
+
+def _ended(decision: Decision) -> bool:
+    """An answer's write must be durable before anyone hears it when the operation stopped
+    waiting (an outcome, an escalation); a pending answer need not: its reservation was."""
+    return decision.record.outcome is not Outcome.PENDING
 
 
 async def _paused(asker: Asker, record: OperationRecord, now: float, wait: float) -> Decision:

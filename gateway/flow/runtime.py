@@ -49,6 +49,9 @@ class Runtime:
     inflight: dict[str, PollTask] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     holding: int = 0  # status calls held for Prefer: wait right now
+    in_flight: int = 0  # agent requests (/p/..., /mcp) being answered (middleware.bounded)
+    parked: int = 0  # of those, waiting on a timer only (park): not held to max_in_flight
+    max_in_flight: int | None = field(init=False)  # limits.max_in_flight of the running set
     spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
     pauses: PauseNotes = field(default_factory=PauseNotes)  # clamped pauses already logged
     admin_port: int | None = None  # the admin listener's bound port, once serving
@@ -83,6 +86,7 @@ class Runtime:
             credentials,
         )
         limits = settings.file.limits
+        self.max_in_flight = limits.max_in_flight
         self.upstream.configure(
             timeout=limits.upstream_timeout, max_response_body=limits.max_response_body
         )
@@ -125,6 +129,16 @@ class Runtime:
             sleeper.cancel()
             stopper.cancel()
         return not self.stopping.is_set()
+
+    async def park(self, seconds: float) -> bool:
+        """``pause`` for an agent's request that only waits (a held call between two looks
+        at its operation): it costs a timer, not work, so while parked it is not counted
+        against ``limits.max_in_flight``."""
+        self.parked += 1
+        try:
+            return await self.pause(seconds)
+        finally:
+            self.parked -= 1
 
     async def space_sends(self, provider: str, rate: float) -> None:
         """Wait until a status call to ``provider`` may leave this process (pacing.Spacer)."""

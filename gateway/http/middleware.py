@@ -1,8 +1,9 @@
 """The middlewares every request passes: request id, duration, metrics and the log line
 (``observe``); the server span (``traced``, only when tracing is on); which listener serves
-which paths (``listeners``); every error as problem+json, the store failing closing the gate
-(``errors``); no new work while the audit log cannot be written (``audit_gate``). Also what
-reaches the log from aiohttp's own HTTP parser (``ParserNoise``)."""
+which paths (``listeners``); no agent request queued behind too many others (``bounded``);
+every error as problem+json, the store failing closing the gate (``errors``); no new work
+while the audit log cannot be written (``audit_gate``). Also what reaches the log from
+aiohttp's own HTTP parser (``ParserNoise``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ from gateway.observe.logs import request_line
 log = logging.getLogger("statusgate")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STORE_RETRY_AFTER = 2.0
+OVERLOAD_RETRY_AFTER = 1.0
+OVERLOADED = (
+    "The gateway has as many requests in hand as it takes at once (limits.max_in_flight); "
+    "nothing was read, stored or forwarded. Retry after the Retry-After header."
+)
 
 
 def _route(request: web.Request) -> str:
@@ -135,6 +141,28 @@ async def listeners(request: web.Request, handler: Handler) -> web.StreamRespons
     if path.startswith(AGENT_PATHS) and on_admin:
         return problem("route-not-allowed", "Agents use the agent listener.")
     return await handler(request)
+
+
+@web.middleware
+async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Issue 23: with ``limits.max_in_flight`` agent requests in hand in this process (held
+    calls parked between looks not counted), a new one is answered 503 ``overloaded`` with
+    ``Retry-After: 1`` at once, before its token is read or anything reaches the store or a
+    provider: a caller told to come back beats one queued for seconds. Hot path: a prefix
+    test and an integer compare. Operator, console, health, metrics and problem paths are
+    never bounded (a health check answers under overload)."""
+    if not request.path.startswith(AGENT_PATHS):
+        return await handler(request)
+    runtime = request.app[RUNTIME]
+    bound = runtime.max_in_flight
+    if bound is not None and runtime.in_flight - runtime.parked >= bound:
+        runtime.effects.metrics.overloaded.inc()
+        return problem("overloaded", OVERLOADED, retry_after=OVERLOAD_RETRY_AFTER)
+    runtime.in_flight += 1
+    try:
+        return await handler(request)
+    finally:
+        runtime.in_flight -= 1
 
 
 def _local_port(request: web.Request) -> int | None:

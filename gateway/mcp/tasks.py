@@ -231,7 +231,7 @@ async def _progress(caller: Caller, record: OperationRecord, left: float) -> Ope
         pause = min(hold, max(0.005, record.next_poll_at - runtime.clock()))
     if pause <= 0:
         return record
-    if not await runtime.pause(pause):
+    if not await runtime.park(pause):
         return None
     fresh = await owned(caller, record.operation_id)
     if fresh is None:

@@ -27,7 +27,8 @@ from gateway.core.problems import PROBLEMS
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 REQUEST_BUCKETS = (1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, 200)
 ROUTES = ("submit", "status", "result", "cancel", "passthrough")
-AGENT_OUTCOMES = ("forwarded", "cached", *PROBLEMS)
+# ``overloaded`` is refused before the provider and route are known: its own counter
+AGENT_OUTCOMES = ("forwarded", "cached", *(slug for slug in PROBLEMS if slug != "overloaded"))
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error", "timeout")
 FINISHED = (*(o.value for o in Outcome if o.terminal), "abandoned")
 GUIDANCE = ("provider_retry_after", "provider_poll_hint", "hint_rejected")
@@ -160,6 +161,11 @@ class Metrics:
             "statusgate_store_errors",
             "Store calls that failed; the gateway answered store-unavailable",
             ["operation"],
+            registry=r,
+        )
+        self.overloaded = Counter(
+            "statusgate_overloaded_requests",
+            "Agent requests answered 503 overloaded (limits.max_in_flight were in hand)",
             registry=r,
         )
 

@@ -35,6 +35,7 @@ from gateway.settings.policy import ProviderPolicy, read_policies
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024  # limits.cache_bytes unless configured
+DEFAULT_MAX_IN_FLIGHT = 256  # limits.max_in_flight unless configured (its docstring: why)
 
 
 def secret_key(secret: str) -> bytes:
@@ -110,6 +111,11 @@ class Limits(Strict):
     """How long a whole request body may take to arrive."""
     cache_bytes: Size = DEFAULT_CACHE_BYTES
     """The SQLite store's record cache."""
+    max_in_flight: Annotated[int, Field(ge=1)] | None = DEFAULT_MAX_IN_FLIGHT
+    """Agent requests (/p/..., /mcp) one process works on at once; past it a new one is
+    answered 503 overloaded at once. Held calls waiting between polls are not counted;
+    null: no bound. 256: at ~1 ms of event loop per forwarded poll, a caller waits at most
+    ~0.25 s behind the others, and providers answering within 250 ms still fill the loop."""
 
 
 class EscalationSettings(Strict):

@@ -289,9 +289,16 @@ class Store(Records, Coordination):
         known: OperationRecord,
         lease: str,
         token: str,
+        durable: Callable[[T], bool] | None = None,
     ) -> T:
         """``mutate`` (trying ``known`` first), then release the poll lease. Shared stores
-        write and release in one round trip when ``known`` is current."""
+        write and release in one round trip when ``known`` is current.
+
+        ``durable(result)`` False lets a store answer before the write is durable (SQLite
+        answers a still-pending answer before its turn's commit: the reservation before
+        it is durable, so a crash in between costs the answer, never a budget, and the
+        restarted gateway audits the call as interrupted). Stores that make every write
+        durable before answering ignore it; so does this default."""
         try:
             return await self.mutate(operation_id, change, known=known)
         finally:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any, ClassVar
 
@@ -611,6 +611,7 @@ class PostgresStore(Store):
         known: OperationRecord,
         lease: str,
         token: str,
+        durable: Callable[[T], bool] | None = None,
     ) -> T:
         """Fenced: the write computed from ``known`` and the release in one call while the
         token holds the lease; when ``known`` was not current, one transaction with the

@@ -25,6 +25,7 @@ import contextlib
 import json
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import orjson
@@ -651,6 +652,7 @@ class RedisStore(Store):
         known: OperationRecord,
         lease: str,
         token: str,
+        durable: Callable[[T], bool] | None = None,
     ) -> T:
         """The write computed from ``known`` and the lease release in one script; when
         ``known`` was not current, the usual compare-and-set loop, then the release."""
@@ -667,7 +669,7 @@ class RedisStore(Store):
                 await self._replicated("save")
                 return result
         return await super().finish_poll(
-            operation_id, change, known=known, lease=lease, token=token
+            operation_id, change, known=known, lease=lease, token=token, durable=durable
         )
 
     async def release_lease(self, name: str, token: str) -> None:

@@ -101,6 +101,7 @@ def test_missing_required_field_and_bad_yaml(
 BAD_CONFIGS: list[tuple[dict[str, Any], str, str]] = [
     ({"limits": {"max_request_body": "lots"}}, "limits.max_request_body", "size like"),
     ({"limits": {"upstream_timeout": "30"}}, "limits.upstream_timeout", "duration"),
+    ({"limits": {"max_in_flight": 0}}, "limits.max_in_flight", "greater than or equal to 1"),
     (
         {"accounts": [{"id": "x", "token_sha256": "abc", "providers": ["*"]}]},
         "accounts[0].token_sha256",
