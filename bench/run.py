@@ -798,11 +798,14 @@ def _overload(
     rate = OVERLOAD_TIMES * closed
     try:
         with _serving(folder, store + "o", agent, audit=True, limits=limits) as (gateway, paths):
+            pid = PIDS[int(gateway.rsplit(":", 1)[1])]
+            before = cpu_seconds(pid)
             OVERLOAD.update(open_loop(gateway, paths, agent, rate, seconds, fast=True))
+            busy = (cpu_seconds(pid) - before) / OVERLOAD["elapsed_s"]
     except RuntimeError as exc:  # spawn: the gateway exited at start
         OVERLOAD["skipped"] = str(exc)
         return
-    OVERLOAD.update(rate=rate, seconds=seconds, bound=OVERLOAD_BOUND)
+    OVERLOAD.update(rate=rate, seconds=seconds, bound=OVERLOAD_BOUND, busy=busy)
 
 
 def _refused(folder: Path, limits: dict[str, Any]) -> str | None:

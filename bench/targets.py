@@ -142,7 +142,9 @@ def open_p99(
 
 def past_the_bound(overload: Mapping[str, Any]) -> list[Target | str]:
     """G2 far past its in-flight bound: 503s answered at once, no caller queued for seconds.
-    Latencies here run from the moment each request left the generator."""
+    Waits run from the moment each request left the generator; beside them, the same once
+    the connection was open, and how many new connections took a second or more to open
+    (their SYN retried past a full listen queue: a wait in the kernel, not in the handler)."""
     if not overload:
         return ["G2 past its in-flight bound: not run (no Redis)"]
     if "skipped" in overload:
@@ -150,7 +152,7 @@ def past_the_bound(overload: Mapping[str, Any]) -> list[Target | str]:
     kinds: dict[str, dict[str, float]] = overload["kinds"]
     refused = kinds.get(OVERLOADED)
     answered = [k["max_ms"] for kind, k in kinds.items() if kind not in (OVERLOADED, "error")]
-    longest = max(k["max_ms"] for k in kinds.values())
+    connects = f"{overload['slow_connects']} of {overload['connections']} new connections"
     return [
         _burst(overload),
         Target(
@@ -159,17 +161,27 @@ def past_the_bound(overload: Mapping[str, Any]) -> list[Target | str]:
             "<",
             50.0,
             unit="ms",
-            beside=f"max {refused['max_ms']:.1f} ms" if refused else "no 503 overloaded answer",
+            beside=_refusals(refused),
         ),
         Target(
             "G2 longest wait of any caller, past the bound",
-            longest,
+            max(k["max_ms"] for k in kinds.values()),
             "<",
             1000.0,
             unit="ms",
-            beside=f"answered ones: max {max(answered):.1f} ms" if answered else "none answered",
+            beside=(f"answered ones: max {max(answered):.1f} ms" if answered else "none answered")
+            + f"; {connects} took >= 1 s to open",
         ),
     ]
+
+
+def _refusals(refused: Mapping[str, float] | None) -> str:
+    if refused is None:
+        return "no 503 overloaded answer"
+    return (
+        f"max {refused['max_ms']:.1f} ms; once connected p99 "
+        f"{refused['connected_p99_ms']:.1f} ms, max {refused['connected_max_ms']:.1f} ms"
+    )
 
 
 def _burst(overload: Mapping[str, Any]) -> str:
@@ -179,7 +191,9 @@ def _burst(overload: Mapping[str, Any]) -> str:
     return (
         f"G2 past its in-flight bound (limits.max_in_flight {overload['bound']}): "
         f"{overload['rate']:.0f}/s offered for {overload['seconds']:g} s, {sent} requests:\n"
-        f"    {shares}; the generator sent up to {overload['late_p99_ms']:.0f} ms late (p99)"
+        f"    {shares}; gateway CPU {overload['busy']:.0%} of a core, generator late "
+        f"{overload['late_p99_ms']:.0f} ms at p99\n"
+        "    (near 100% CPU: the gateway is the bottleneck; a generator late by much: the client)"
     )
 
 
