@@ -408,7 +408,9 @@ def main() -> None:
         "--paired-only", action="store_true", help="only the audit and tracing ratios"
     )
     parser.add_argument(
-        "--stores-only", action="store_true", help="only G1-G3 and their fixed-rate latency"
+        "--stores-only",
+        action="store_true",
+        help="only G1-G3, their fixed-rate latency, the open-loop search and the overload step",
     )
     args = parser.parse_args()
     seconds = args.seconds or (2.0 if args.quick else 5.0)
@@ -510,7 +512,8 @@ def _stores_only(
     rows: dict[tuple[str, str], Result],
     steps: int,
 ) -> None:
-    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity."""
+    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity (G1 and
+    G2 also at 60% of their open-loop capacity), and G2 past its in-flight bound."""
     stores, redis, postgres = _stores(folder)
     try:
         for name, store in stores:
