@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +27,10 @@ from gateway.core.models import (
     Outcome,
     ProviderAnswer,
     Reason,
+    evolver,
 )
 from gateway.core.schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
-from gateway.core.values import bounded
+from gateway.core.values import bounded, parse_json
 from gateway.settings.policy import ProviderPolicy, RequiredField, placeholders
 
 
@@ -52,6 +53,15 @@ class Decision:
     plan: Plan | None = None
     detail: str | None = None  # why, for the agent, when the record does not say it
     cut_at: float | None = None  # an earlier request reserved then, its answer never recorded
+
+    def evolve(self, **changes: Any) -> Decision:
+        """``dataclasses.replace`` at about a quarter of its cost (a poll makes several)."""
+        return _DECISION_EVOLVE(self, changes)
+
+
+_DECISION_EVOLVE: Callable[[Decision, dict[str, Any]], Decision] = evolver(
+    Decision, tuple(f.name for f in dataclasses.fields(Decision))
+)
 
 
 def as_write(decision: Decision | None) -> tuple[OperationRecord | None, Decision | None]:
@@ -149,7 +159,7 @@ def overdue(policy: ProviderPolicy, record: OperationRecord, now: float) -> Deci
         return None
     detail = "the deadline has passed"
     decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail, inflight_at=None)
-    return dataclasses.replace(decision, cut_at=record.inflight_at)
+    return decision.evolve(cut_at=record.inflight_at)
 
 
 def paused(policy: ProviderPolicy, record: OperationRecord, now: float, wait: float) -> Decision:
@@ -180,15 +190,13 @@ def take(
         record = record.evolve(inflight_at=None)
     decision = admit(policy, record, now)
     if decision.forward:
-        decision = dataclasses.replace(
-            decision, record=reserve(record, now, refusals), changed=True
-        )
+        decision = decision.evolve(record=reserve(record, now, refusals), changed=True)
     elif decision.changed and refusals:
         folded = decision.record.evolve(early_refusals=decision.record.early_refusals + refusals)
-        decision = dataclasses.replace(decision, record=folded)
+        decision = decision.evolve(record=folded)
     elif cut is not None:
-        decision = dataclasses.replace(decision, changed=True)
-    return decision if cut is None else dataclasses.replace(decision, cut_at=cut)
+        decision = decision.evolve(changed=True)
+    return decision if cut is None else decision.evolve(cut_at=cut)
 
 
 def recover(record: OperationRecord) -> Decision | None:
@@ -306,7 +314,7 @@ def classify(
     if decision.record.inflight_at is None:
         return decision
     cleared = decision.record.evolve(inflight_at=None)
-    return dataclasses.replace(decision, record=cleared, changed=True)
+    return decision.evolve(record=cleared, changed=True)
 
 
 def _remember(decision: Decision, answer: ProviderAnswer, now: float, *, keep: bool) -> Decision:
@@ -320,7 +328,7 @@ def _remember(decision: Decision, answer: ProviderAnswer, now: float, *, keep: b
     last = _kept(answer, now) if keep and pending and ok else None
     if last == record.last_answer:
         return decision
-    return dataclasses.replace(decision, record=record.evolve(last_answer=last), changed=True)
+    return decision.evolve(record=record.evolve(last_answer=last), changed=True)
 
 
 def _kept(answer: ProviderAnswer, now: float) -> LastAnswer:
@@ -511,7 +519,7 @@ def _schedule(
     if the_plan.beyond_deadline:
         detail = "the provider asked to wait past the operation's deadline"
         decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail)
-        return dataclasses.replace(decision, plan=the_plan)
+        return decision.evolve(plan=the_plan)
     new = record.evolve(next_poll_at=the_plan.next_poll_at, delay_source=the_plan.source)
     if kind is AnswerKind.UNAVAILABLE:
         problem: str | None = (
@@ -566,10 +574,7 @@ def lookup(data: Any, dotted: str | None) -> Any:
 
 
 def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        return None
+    return parse_json(body)
 
 
 def state_text(state: Any) -> str:

@@ -242,7 +242,7 @@ class OperationRecord:
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(OperationRecord))
 
 
-def _evolver(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, dict[str, Any]], Any]:
+def evolver(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, dict[str, Any]], Any]:
     """A copier for a frozen slotted dataclass written out field by field (no per-field
     loop, no keyword binding, no __init__), generated from the fields so a new field is
     never left out. Unknown names raise TypeError, as dataclasses.replace does."""
@@ -259,7 +259,7 @@ def _evolver(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, dict[str,
     return evolve
 
 
-_EVOLVE: Callable[[OperationRecord, dict[str, Any]], OperationRecord] = _evolver(
+_EVOLVE: Callable[[OperationRecord, dict[str, Any]], OperationRecord] = evolver(
     OperationRecord, _RECORD_FIELDS
 )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.core.decide import lookup
+from gateway.core.values import parse_json
 from gateway.settings.policy import (
     PLACEHOLDER,
     Passthrough,
@@ -159,11 +160,7 @@ def valid_job(policy: ProviderPolicy, job_id: str) -> bool:
 
 def job_id_from_body(body: bytes, path: str) -> str | None:
     """The job id at ``path`` in a JSON request body (``{from: request, path: P}``)."""
-    try:
-        data = json.loads(body) if body else None
-    except (ValueError, RecursionError):
-        return None
-    return job_id_value(lookup(data, path))
+    return job_id_value(lookup(parse_json(body) if body else None, path))
 
 
 def body_with_job_id(path: str, job_id: str) -> bytes:

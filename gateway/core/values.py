@@ -9,6 +9,10 @@ and SHA-256, so it can still be matched against the provider's own logs. Pure.
 from __future__ import annotations
 
 import hashlib
+import json
+from typing import Any
+
+import orjson
 
 MAX_VALUE = 256  # bytes of a provider value kept whole
 KEPT = 96  # bytes of a longer value kept before the marker
@@ -24,3 +28,18 @@ def bounded(text: str) -> str:
     start = raw[:KEPT].decode("utf-8", "ignore")  # never half a character
     digest = hashlib.sha256(raw).hexdigest()
     return f"{start}…[truncated: {len(raw)} bytes, sha256 {digest}]"
+
+
+def parse_json(body: bytes) -> Any:
+    """A provider's or agent's JSON body, or None when it is not JSON. orjson first (several
+    times faster; every answer is parsed on the hot path), then the json module for what
+    orjson refuses and json reads (integers past 64 bits, UTF-16 bodies), so what parses
+    does not depend on which parser ran."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None

@@ -13,6 +13,7 @@ from gateway.core.escalation import problem_members
 from gateway.core.models import Failure, OperationRecord, Outcome, ProviderAnswer
 from gateway.core.problems import retry_after_ms, retry_after_value
 from gateway.core.routing import Match
+from gateway.core.values import parse_json
 from gateway.flow.runtime import Runtime
 from gateway.http.problems import problem
 from gateway.provider.client import UpstreamResponse
@@ -135,11 +136,8 @@ def rewrite_body(call: Call, body: bytes, content_type: str) -> bytes:
     fields = call.policy.routes.submit.status_url_fields
     if not fields or "json" not in content_type.lower():
         return body
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return body
-    if not call.runtime.rewriter(call.policy).body_fields(data, fields):
+    data = parse_json(body)
+    if data is None or not call.runtime.rewriter(call.policy).body_fields(data, fields):
         return body
     return json.dumps(data).encode()
 

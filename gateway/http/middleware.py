@@ -51,11 +51,11 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     elapsed = time.perf_counter() - started
     route = _route(request)
     metrics = request.app[RUNTIME].effects.metrics
-    metrics.request_duration.labels(route).observe(elapsed)
+    metrics.child("request_duration", route).observe(elapsed)
     provider = request.get(PROVIDER)
     if provider is not None:
         outcome = response.get(SLUG) or request.get(OUTCOME, "forwarded")
-        metrics.agent_requests.labels(provider, route, outcome).inc()
+        metrics.child("agent_requests", provider, route, outcome).inc()
     request_line(
         {
             "request_id": context.request_id,

@@ -1,9 +1,10 @@
 """The hash-chained audit log (SPEC section 8): pure chain and verify functions, and a writer.
 
-One JSON object per line; ``hash = SHA-256(prev + canonical_json(line without hash))``, or
-HMAC-SHA256 with a key. ``prev`` of the first line is 64 zeros. ``verify`` needs nothing but
-the file (and the key), so it runs offline. The writer appends and never rewrites; a torn
-final line left by a crash is moved aside (to ``<file>.torn-<time>``) before appending.
+One JSON object per line (its other members sorted, ``hash`` last); ``hash = SHA-256(prev +
+canonical_json(line without hash))``, or HMAC-SHA256 with a key. ``prev`` of the first line
+is 64 zeros. ``verify`` needs nothing but the file (and the key), so it runs offline. The
+writer appends and never rewrites; a torn final line left by a crash is moved aside (to
+``<file>.torn-<time>``) before appending.
 Secrets never enter a line: callers pass only ids, states, numbers and fixed texts.
 
 A line is written whole or not at all: a write the disk cut short is truncated back to the
@@ -69,14 +70,23 @@ MIN_FREE = 64 << 10  # below this much free space the gateway takes no new work
 
 def canonical_json(data: dict[str, Any]) -> bytes:
     """Sorted keys, no spaces, UTF-8: ``json.dumps(sort_keys=True, separators=(",", ":"),
-    ensure_ascii=False)``. A flat line of strings, integers, booleans and nulls (every line
-    the gateway writes) goes through orjson, which writes those byte for byte the same
-    (tests/test_audit.py checks it) five times faster; anything else (a float, which the two
-    format differently) through json, so the chain never depends on which one ran."""
-    if all(type(value) in _ORJSON_EXACT for value in data.values()):
+    ensure_ascii=False)``. A flat line of strings, integers, booleans, nulls and floats
+    written without an exponent (every line the gateway writes) goes through orjson, which
+    writes those byte for byte the same (tests/observe/test_audit.py checks it) five times
+    faster; anything else (a float json writes as ``1e-05``, which orjson spells otherwise)
+    through json, so the chain never depends on which one ran."""
+    if all(_exact(value) for value in data.values()):
         with contextlib.suppress(orjson.JSONEncodeError):  # an integer past 64 bits
             return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _exact(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:
+        size = abs(float(value))
+        return size == 0 or 1e-4 <= size < 1e16  # repr without an exponent
+    return kind in _ORJSON_EXACT
 
 
 _ORJSON_EXACT = frozenset({str, int, bool, type(None)})
@@ -84,17 +94,14 @@ _ORJSON_EXACT = frozenset({str, int, bool, type(None)})
 
 def chain_hash(prev: str, line: dict[str, Any], key: bytes | None) -> str:
     """The hash of ``line`` (without its ``hash`` member) chained onto ``prev``."""
-    message = prev.encode() + canonical_json(line)
+    return _digest(prev, canonical_json(line), key)
+
+
+def _digest(prev: str, canonical: bytes, key: bytes | None) -> str:
+    message = prev.encode() + canonical
     if key is not None:
         return hmac.new(key, message, hashlib.sha256).hexdigest()
     return hashlib.sha256(message).hexdigest()
-
-
-def seal(fields: dict[str, Any], seq: int, prev: str, key: bytes | None) -> dict[str, Any]:
-    """A complete line: ``fields`` plus seq, prev and hash."""
-    line = {**fields, "seq": seq, "prev": prev}
-    line["hash"] = chain_hash(prev, line, key)
-    return line
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +338,10 @@ class AuditLog:
     def _write_whole(self, fields: dict[str, Any]) -> dict[str, Any] | None:
         """One line, whole or not at all: ``write`` may write less than asked on a nearly
         full disk, and what it wrote is then cut off again. None when it was refused."""
-        line = seal(fields, self._seq + 1, self._prev, self._key)
-        data = canonical_json(line) + b"\n"
+        line = {**fields, "seq": self._seq + 1, "prev": self._prev}
+        canonical = canonical_json(line)  # serialised once: hashed, then written with
+        line["hash"] = _digest(self._prev, canonical, self._key)  # the hash put last
+        data = b'%s,"hash":"%s"}\n' % (canonical[:-1], line["hash"].encode())
         fd = self._file.fileno()
         start = os.fstat(fd).st_size
         try:

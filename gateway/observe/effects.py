@@ -73,7 +73,7 @@ class Effects:
                 if self.audit is not None:
                     await self._append(dict(effect.fields))
             elif isinstance(effect, Count):
-                child = getattr(self.metrics, effect.metric).labels(*effect.labels)
+                child = self.metrics.child(effect.metric, *effect.labels)
                 if effect.observe:
                     child.observe(effect.value)
                 else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -86,6 +87,7 @@ def status_class(status: int | None, failure: str | None = None) -> str:
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         r = self.registry
         self.agent_requests = Counter(
             "statusgate_agent_requests",
@@ -211,6 +213,17 @@ class Metrics:
         self.last_reload_ok.set(1)
         for operation in STORE_OPERATIONS:
             self.store_errors.labels(operation)
+
+    def child(self, metric: str, *labels: str) -> Any:
+        """``getattr(self, metric).labels(*labels)``, kept: the hot path asks for the same
+        few series on every request, and prometheus_client's ``labels`` takes a lock and
+        builds a key each time. Label values come from the config (providers, routes,
+        outcomes, slugs), so the series are few."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = getattr(self, metric).labels(*labels)
+        return found
 
     def prime(self, providers: Iterable[str]) -> None:
         """Every series of every configured provider exists from the start at 0, so that

@@ -55,12 +55,16 @@ def format_size(size: int) -> str:
     return f"{size}B"
 
 
-@functools.lru_cache(maxsize=4096)
 def rfc3339(instant: float, *, millis: bool = False) -> str:
-    """An instant as RFC 3339 UTC with a ``Z``; milliseconds when asked. Cached: the same
-    deadlines and next-poll times are formatted for every refusal of an operation."""
+    """An instant as RFC 3339 UTC with a ``Z``; milliseconds when asked. The whole seconds
+    are formatted once (cached): the same deadlines and next-poll times come back for every
+    refusal of an operation, and audit lines of one second share theirs."""
     whole = math.floor(instant)
-    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
     if millis:
-        text += f".{min(999, round((instant - whole) * 1000)):03d}"
-    return text + "Z"
+        return f"{_seconds(whole)}.{min(999, round((instant - whole) * 1000)):03d}Z"
+    return _seconds(whole) + "Z"
+
+
+@functools.lru_cache(maxsize=4096)
+def _seconds(whole: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))

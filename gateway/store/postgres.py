@@ -113,6 +113,12 @@ class PostgresStore(Store):
         self._checking: asyncio.Task[None] | None = None
         self._start_sql = _START.format(s=self._s, cas=_CAS)
         self._finish_sql = f"SELECT {self._s}.sg_finish(%s, %s, {_CAS})"
+        # the same, committed without waiting for the WAL flush (set_config local to the
+        # statement's own transaction: safe behind PgBouncer's transaction pooling)
+        self._lazy_sql = (
+            f"SELECT {self._s}.sg_finish(%s, %s, {_CAS}),"
+            " set_config('synchronous_commit', 'off', true)"
+        )
         self._cas_sql = f"SELECT {self._s}.sg_cas({_CAS})"
 
     # -- plumbing -----------------------------------------------------------------------
@@ -617,11 +623,18 @@ class PostgresStore(Store):
         token holds the lease; when ``known`` was not current, one transaction with the
         lease and the row locked. A lost lease (expired, or taken by another poll) writes
         nothing: ``change`` is applied to the stored record and its result returned when it
-        writes nothing (a poll superseded by a later one), else LeaseLost is raised."""
+        writes nothing (a poll superseded by a later one), else LeaseLost is raised.
+
+        A result ``durable`` calls not durable yet (a pending answer) commits without
+        waiting for the WAL flush (``synchronous_commit`` off for that transaction alone):
+        its reservation was flushed, so a database crash can cost the answer (the gateway
+        then audits the call as interrupted), never a budget; the next flushed commit
+        flushes it too."""
         new, result = change(known)
         if new is not None:
             await self._index(new)  # first (a lost write leaves a row find_result ignores)
-            row = await self._one("save", self._finish_sql, (lease, token, *cas_args(new)))
+            finish = self._finish_sql if durable is None or durable(result) else self._lazy_sql
+            row = await self._one("save", finish, (lease, token, *cas_args(new)))
             if row[0] != -3 and self._wrote(new, row[0]):
                 return result
         return await self._locked("save", operation_id, change, (lease, token))

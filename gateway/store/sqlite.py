@@ -386,7 +386,7 @@ class SQLiteStore(Store):
 
     def _remember(self, record: OperationRecord | None) -> OperationRecord | None:
         if record is not None:
-            self._cache.read(record, self._cache.writes)
+            self._cache.wrote(record)
         return record
 
     async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.core.decide import Decision, Reply
 from gateway.core.models import OperationRecord, Outcome
 
 from conftest import pending_record
@@ -49,3 +50,26 @@ def test_evolve_copies_every_field() -> None:
     copy = record.evolve()
     for field in dataclasses.fields(OperationRecord):
         assert getattr(copy, field.name) == getattr(record, field.name)
+
+
+@given(
+    st.booleans(),
+    st.booleans(),
+    st.one_of(st.none(), st.floats(allow_nan=False)),
+    st.one_of(st.none(), st.text(max_size=20)),
+)
+def test_a_decision_evolves_as_dataclasses_replace_does(
+    changed: bool, forward: bool, retry_after: float | None, detail: str | None
+) -> None:
+    """Decisions use the same generated copier: equal to dataclasses.replace, every field."""
+    decision = Decision(pending_record(), Reply.PROVIDER, problem="too-early", cut_at=1.0)
+    changes: dict[str, Any] = {
+        "changed": changed,
+        "forward": forward,
+        "retry_after": retry_after,
+        "detail": detail,
+    }
+    assert decision.evolve(**changes) == dataclasses.replace(decision, **changes)
+    assert decision.evolve() == decision
+    with pytest.raises(TypeError, match="unknown fields"):
+        decision.evolve(forwarded=True)

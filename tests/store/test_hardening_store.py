@@ -5,6 +5,7 @@ SQLite file belongs to one store at a time."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 
@@ -117,18 +118,52 @@ def test_cache_evicts_least_recently_used_and_skips_what_is_too_big() -> None:
     assert cache.get("op_9") is None and cache.size <= cache.limit
 
 
-def test_cache_keeps_no_read_that_raced_a_write() -> None:
-    """A read begun before a write and done after it is not cached, even when the write's
-    own record is no longer cached to compare versions with."""
-    cache = Cache(limit=footprint(op(1)) * 2)
-    stale = op(1)
-    since = cache.writes
-    cache.wrote(stale.evolve(version=2, early_refusals=1))
-    cache.drop("op_1")  # evicted meanwhile
-    cache.read(stale, since)
-    assert cache.get("op_1") is None
-    cache.read(stale, cache.writes)  # a read begun after the write is trusted
-    assert cache.get("op_1") == stale
+def test_cache_forgets_a_record_gone_and_keeps_the_job_index_in_step() -> None:
+    """A record deleted or rolled back leaves the cache whole: by id, by job, in bytes."""
+    cache = Cache(limit=footprint(op(1)) * 3)
+    cache.wrote(op(1))
+    cache.wrote(op(1).evolve(version=2, early_refusals=1))  # the newer version replaces it
+    assert cache.size == footprint(op(1)) and cache.get("op_1").version == 2  # type: ignore[union-attr]
+    found = cache.find(op(1).account, op(1).provider, op(1).provider_job_id)
+    assert found is not None and found.version == 2
+    cache.gone("op_1")
+    assert cache.get("op_1") is None and cache.size == 0
+    assert cache.find(op(1).account, op(1).provider, op(1).provider_job_id) is None
+
+
+async def test_sqlite_answers_what_the_file_holds_after_a_turn_the_disk_refused(
+    tmp_path: Path,
+) -> None:
+    """SQLite writes of one turn of the loop share one transaction. When the disk refuses one
+    of them (a page limit stands in for a full disk), the store afterwards answers what the
+    file holds, and no caller was told of a write the file does not have; once room
+    returns, writes go through again."""
+    store = SQLiteStore(str(tmp_path / "g.db"))
+    await store.open()
+    try:
+        first = await store.create(op(1))
+        conn = store._connections["write"]  # the page limit is the writer connection's own
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+        big = op(2, final_response=FinalResponse(200, "text/plain", b"x" * 400_000))
+        saved, created = await asyncio.gather(
+            store.save(first), store.create(big), return_exceptions=True
+        )
+        assert isinstance(created, StoreError) and "full" in str(created)
+        on_file = (
+            sqlite3.connect(tmp_path / "g.db")
+            .execute("SELECT version FROM operations WHERE operation_id = 'op_1'")
+            .fetchone()[0]
+        )
+        assert on_file == first.version + (1 if saved is True else 0), saved
+        answered = await store.get("op_1")
+        assert answered is not None and answered.version == on_file
+        assert await store.get("op_2") is None
+        conn.execute("PRAGMA max_page_count = 1073741823")
+        assert await store.save(answered)
+        assert (await store.create(big)).operation_id == "op_2"
+    finally:
+        await store.close()
 
 
 async def test_cache_bytes_reaches_the_store_from_the_url_helper(tmp_path: Path) -> None:
