@@ -5,10 +5,14 @@ Everything runs on loopback in this one run: the demo provider (B0 direct), ngin
 (G1), on Redis (G2, when a Redis answers) and on PostgreSQL (G3, when one answers at
 STATUSGATE_BENCH_POSTGRES, else STATUSGATE_TEST_POSTGRES, else 127.0.0.1:5432 as postgres).
 Capacity is measured closed-loop with wrk (or a Python closed loop when wrk is missing),
-latency open-loop at a fixed rate of about 60% of G1's forwarded capacity. Nothing here is
-asserted; the targets are printed beside the ratios. Options: --quick (shorter runs),
---growth N (stored operations for the growth row), --stores-only (the Statusgate rows G1-G3
-and their fixed-rate latency, nothing else).
+latency open-loop at a fixed rate of 60% of a forwarded capacity (G1's for the baselines, a
+store's own for it). For G1 and G2 the open-loop capacity is searched too (the highest rate
+bench/openloop.py sustains) and latency shown at 60% of both. G2 is then driven far past a
+small in-flight bound (limits.max_in_flight) to see how fast it refuses. Nothing here is
+asserted: every target of the open issues is printed beside its figure, met or MISSED, in
+one block at the end (bench/targets.py). Options: --quick (shorter runs), --growth N (stored
+operations for the growth row), --stores-only (the Statusgate rows G1-G3, their fixed-rate
+latency and the overload step, nothing else).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import targets
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,16 +219,71 @@ def capacity(
     return asyncio.run(_python_closed_loop(urls, headers, seconds, method))
 
 
+def open_loop(
+    base: str,
+    paths: list[str],
+    headers: dict[str, str],
+    rate: float,
+    seconds: float,
+    *,
+    fast: bool = False,
+) -> dict[str, Any]:
+    """bench/openloop.py at ``rate`` for ``seconds`` (on uvloop when ``fast``): its summary."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
+        listing.write("\n".join(base + p for p in paths))
+    args = [PY, str(ROOT / "bench/openloop.py"), *(["--uvloop"] if fast else [])]
+    args += [str(rate), str(seconds), listing.name, *(f"{k}: {v}" for k, v in headers.items())]
+    out: dict[str, Any] = json.loads(
+        subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    )
+    os.unlink(listing.name)
+    return out
+
+
 def fixed_rate(
     base: str, paths: list[str], headers: dict[str, str], rate: float, seconds: float
 ) -> Result:
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
-        listing.write("\n".join(base + p for p in paths))
-    args = [PY, str(ROOT / "bench/openloop.py"), str(rate), str(seconds), listing.name]
-    args += [f"{k}: {v}" for k, v in headers.items()]
-    out = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
-    os.unlink(listing.name)
+    out = open_loop(base, paths, headers, rate, seconds)
     return Result(rate, out["p50_ms"], out["p99_ms"])
+
+
+# Open-loop capacity: the highest rate bench/openloop.py sustains, where the answers keep
+# pace (at least SUSTAINED_SHARE of the offered rate), the p99 stays at SUSTAINED_P99_MS or
+# under and under 1% are errors. Found by bisection between 0 and 1.5x closed-loop capacity,
+# a bounded number of steps of SEARCH_SECONDS each.
+SUSTAINED_SHARE = 0.95
+SUSTAINED_P99_MS = 200.0
+SEARCH_SECONDS = 2.0
+SEARCHED = ("G1 Statusgate SQLite", "G2 Statusgate Redis")
+OPEN_STEPS: dict[str, list[tuple[float, bool]]] = {}  # target -> (rate, sustained) per step
+AT_OPEN: dict[str, Result] = {}  # target -> latency at 60% of (G1's) open-loop capacity
+FIXED = 0.6  # the fixed rates' share of a capacity
+
+
+def open_capacity(name: str) -> float:
+    """The highest rate found sustained for a target; 0 when none was or none searched."""
+    return max((rate for rate, held in OPEN_STEPS.get(name, ()) if held), default=0.0)
+
+
+def sustains(out: dict[str, Any], rate: float) -> bool:
+    return bool(
+        out["achieved_rps"] >= SUSTAINED_SHARE * rate
+        and out["p99_ms"] <= SUSTAINED_P99_MS
+        and out["errors"] < 0.01 * out["sent"]
+    )
+
+
+def open_loop_capacity(
+    name: str, base: str, paths: list[str], headers: dict[str, str], closed: float, steps: int
+) -> float:
+    """The highest rate found sustained (0 when none was), each step kept in OPEN_STEPS."""
+    low, high = 0.0, 1.5 * closed
+    for _ in range(steps):
+        rate = (low + high) / 2
+        held = sustains(open_loop(base, paths, headers, rate, SEARCH_SECONDS), rate)
+        OPEN_STEPS.setdefault(name, []).append((rate, held))
+        low, high = (rate, high) if held else (low, rate)
+    return open_capacity(name)
 
 
 # -- setup --------------------------------------------------------------------------------
@@ -244,8 +304,10 @@ def bench_policy(folder: Path, upstream: str) -> None:
     (folder / "policies/bench.yaml").write_text(yaml.safe_dump(policy))
 
 
-def gateway_config(folder: Path, port: int, store: str, audit: bool) -> Path:
-    config = {
+def gateway_config(
+    folder: Path, port: int, store: str, audit: bool, limits: dict[str, Any] | None = None
+) -> Path:
+    config: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "public_base_url": f"http://127.0.0.1:{port}",
         "store": store,
@@ -256,6 +318,8 @@ def gateway_config(folder: Path, port: int, store: str, audit: bool) -> Path:
         config["logging"] = {"level": os.environ["BENCH_LOG_LEVEL"]}
     if audit:
         config["audit"] = {"path": f"audit-{next(RUNS)}.jsonl"}  # one per gateway run
+    if limits:
+        config["limits"] = limits
     path = folder / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -344,10 +408,13 @@ def main() -> None:
         "--paired-only", action="store_true", help="only the audit and tracing ratios"
     )
     parser.add_argument(
-        "--stores-only", action="store_true", help="only G1-G3 and their fixed-rate latency"
+        "--stores-only",
+        action="store_true",
+        help="only G1-G3, their fixed-rate latency, the open-loop search and the overload step",
     )
     args = parser.parse_args()
     seconds = args.seconds or (2.0 if args.quick else 5.0)
+    steps = 4 if args.quick else 6  # of the open-loop capacity search
     rows: dict[tuple[str, str], Result] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -370,7 +437,7 @@ def main() -> None:
             )
             job_paths = [f"/v1/jobs/{j}" for j in jobs]
             if args.stores_only:
-                _stores_only(folder, agent, seconds, rows)
+                _stores_only(folder, agent, seconds, rows, steps)
                 return
             rows[("B0 provider", "forwarded poll")] = capacity(
                 provider, job_paths, direct_headers, seconds
@@ -399,20 +466,27 @@ def main() -> None:
                 _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
             _paired(folder, agent, rows, 3 if args.quick else ROUNDS)
             _extra_rows(folder, agent, seconds, rows, redis, postgres)
-            rate = 0.6 * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
+            rate = FIXED * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
             fixed: dict[str, Result] = {}
             fixed["B0 provider"] = fixed_rate(provider, job_paths, direct_headers, rate, seconds)
             with _bare(folder, provider) as base:
                 assert base is not None
                 fixed["B2 bare proxy"] = fixed_rate(base, job_paths, direct_headers, rate, seconds)
-            rates = {name: 0.6 * rows[(name, "forwarded poll")].rps for name, _ in stores}
-            fixed.update(_gateway_fixed(folder, agent, rates, seconds, stores))
+            closed = {name: rows[(name, "forwarded poll")].rps for name, _ in stores}
+            fixed.update(_gateway_fixed(folder, agent, closed, seconds, stores, steps))
+            found = open_capacity("G1 Statusgate SQLite")
+            if found > 0:
+                AT_OPEN["B0 provider"] = fixed_rate(
+                    provider, job_paths, direct_headers, FIXED * found, seconds
+                )
+            if redis is not None:
+                _overload(folder, agent, redis, closed["G2 Statusgate Redis"], seconds)
             growth = _growth(folder, provider, jobs, agent, rate, seconds, args.growth)
             if redis is not None:
                 _forget(redis)
             if postgres is not None:
                 _forget_postgres(postgres)
-    _print(rows, fixed, rate, growth, args.growth)
+    _print(rows, fixed, growth, args.growth)
 
 
 def _stores(folder: Path) -> tuple[list[tuple[str, str]], str | None, str | None]:
@@ -432,22 +506,29 @@ def _stores(folder: Path) -> tuple[list[tuple[str, str]], str | None, str | None
 
 
 def _stores_only(
-    folder: Path, agent: dict[str, str], seconds: float, rows: dict[tuple[str, str], Result]
+    folder: Path,
+    agent: dict[str, str],
+    seconds: float,
+    rows: dict[tuple[str, str], Result],
+    steps: int,
 ) -> None:
-    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity."""
+    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity (G1 and
+    G2 also at 60% of their open-loop capacity), and G2 past its in-flight bound."""
     stores, redis, postgres = _stores(folder)
     try:
         for name, store in stores:
             _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
         _extra_rows(folder, agent, seconds, rows, redis, postgres)
-        rates = {name: 0.6 * rows[(name, "forwarded poll")].rps for name, _ in stores}
-        fixed = _gateway_fixed(folder, agent, rates, seconds, stores)
+        closed = {name: rows[(name, "forwarded poll")].rps for name, _ in stores}
+        fixed = _gateway_fixed(folder, agent, closed, seconds, stores, steps)
+        if redis is not None:
+            _overload(folder, agent, redis, closed["G2 Statusgate Redis"], seconds)
     finally:
         if redis is not None:
             _forget(redis)
         if postgres is not None:
             _forget_postgres(postgres)
-    _print(rows, fixed, rates["G1 Statusgate SQLite"], {}, 0)
+    _print(rows, fixed, {}, 0)
 
 
 @contextlib.contextmanager
@@ -488,11 +569,12 @@ def _serving(
     audit: bool,
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> Iterator[tuple[str, list[str]]]:
     """A gateway process with REAL_OPS running operations, each polled once: its base URL
     and the agent paths of those operations."""
     port = free_port()
-    config = gateway_config(folder, port, store, audit)
+    config = gateway_config(folder, port, store, audit, limits)
     with spawn(
         [PY, "-m", "gateway", "serve", "--config", str(config), *args],
         port,
@@ -671,11 +753,13 @@ def _extra_rows(
 def _gateway_fixed(
     folder: Path,
     agent: dict[str, str],
-    rates: dict[str, float],
+    closed: dict[str, float],
     seconds: float,
     stores: list[tuple[str, str]],
+    steps: int,
 ) -> dict[str, Result]:
-    """Each Statusgate store at 60% of its own forwarded capacity."""
+    """Each Statusgate store at 60% of its own closed-loop forwarded capacity; those in
+    SEARCHED then also at 60% of their open-loop capacity, searched on the same gateway."""
     results = {}
     for name, store in stores:
         store = store.replace(".db", "-fixed.db") if store.startswith("sqlite") else store + "f"
@@ -687,10 +771,57 @@ def _gateway_fixed(
             base = f"http://127.0.0.1:{port}/p/bench"
             jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
             paths = [f"/p/bench/v1/jobs/{j}" for j in jobs]
-            results[name] = fixed_rate(
-                f"http://127.0.0.1:{port}", paths, agent, rates[name], seconds
-            )
+            gateway = f"http://127.0.0.1:{port}"
+            results[name] = fixed_rate(gateway, paths, agent, FIXED * closed[name], seconds)
+            if name in SEARCHED:
+                found = open_loop_capacity(name, gateway, paths, agent, closed[name], steps)
+                if found > 0:
+                    AT_OPEN[name] = fixed_rate(gateway, paths, agent, FIXED * found, seconds)
     return results
+
+
+OVERLOAD_BOUND = 32  # limits.max_in_flight of the overload step's gateway (the default: 256)
+OVERLOAD_TIMES = 3  # its burst's rate over G2's closed-loop capacity
+OVERLOAD: dict[str, Any] = {}  # openloop.py's summary of the burst, or {"skipped": reason}
+
+
+def _overload(
+    folder: Path, agent: dict[str, str], store: str, closed: float, seconds: float
+) -> None:
+    """G2 driven far past its in-flight bound: an open-loop burst at OVERLOAD_TIMES its
+    closed-loop capacity for ``seconds`` over up to 512 connections (each request bounded by
+    openloop.py's timeout), at a gateway started with limits.max_in_flight OVERLOAD_BOUND.
+    Skipped, with the reason, when the gateway refuses that setting. The generator runs on
+    uvloop: the plain loop cannot send several times G2's capacity here."""
+    limits = {"max_in_flight": OVERLOAD_BOUND}
+    refused = _refused(folder, limits)
+    if refused is not None:
+        OVERLOAD["skipped"] = f"the gateway refuses the config: {refused}"
+        return
+    rate = OVERLOAD_TIMES * closed
+    try:
+        with _serving(folder, store + "o", agent, audit=True, limits=limits) as (gateway, paths):
+            pid = PIDS[int(gateway.rsplit(":", 1)[1])]
+            before = cpu_seconds(pid)
+            OVERLOAD.update(open_loop(gateway, paths, agent, rate, seconds, fast=True))
+            busy = (cpu_seconds(pid) - before) / OVERLOAD["elapsed_s"]
+    except RuntimeError as exc:  # spawn: the gateway exited at start
+        OVERLOAD["skipped"] = str(exc)
+        return
+    OVERLOAD.update(rate=rate, seconds=seconds, bound=OVERLOAD_BOUND, busy=busy)
+
+
+def _refused(folder: Path, limits: dict[str, Any]) -> str | None:
+    """Why the gateway refuses a config with these limits (its first problem), or None."""
+    from gateway.errors import ConfigError
+    from gateway.settings.config import load_settings
+
+    config = gateway_config(folder, free_port(), "memory://", audit=False, limits=limits)
+    try:
+        load_settings(config, {**os.environ, "DEMO_API_KEY": KEY})
+    except ConfigError as exc:
+        return exc.problems[0].removeprefix(f"{config}: ") if exc.problems else str(exc)
+    return None
 
 
 def _growth(
@@ -751,10 +882,26 @@ def _growth(
 def _print(
     rows: dict[tuple[str, str], Result],
     fixed: dict[str, Result],
-    rate: float,
     growth: dict[int, Result],
     stored: int,
 ) -> None:
+    _print_machine()
+    print("\nCapacity (closed loop, 32 connections)")
+    print(f"{'target':<24} {'path':<18} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    for (target, path), result in rows.items():
+        print(f"{target:<24} {path:<18} {result.rps:>9.0f} {result.p50:>8.2f} {result.p99:>8.2f}")
+    _print_fixed(fixed)
+    _print_open_capacity(rows)
+    _print_ratios(rows, growth, stored)
+    sections = {
+        "Targets (issue 23)": targets.issue_23(rows, fixed, AT_OPEN, OVERLOAD),
+        "Targets (issue 24)": targets.issue_24(rows, fixed, AT_OPEN),
+    }
+    for line in targets.block(sections):
+        print(line)
+
+
+def _print_machine() -> None:
     cpu = "unknown CPU"
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -765,42 +912,59 @@ def _print(
         f"\nMachine: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, "
         f"load tool {'wrk' if shutil.which('wrk') else 'python closed loop'}"
     )
-    print("\nCapacity (closed loop, 32 connections)")
-    print(f"{'target':<24} {'path':<18} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-    for (target, path), result in rows.items():
-        print(f"{target:<24} {path:<18} {result.rps:>9.0f} {result.p50:>8.2f} {result.p99:>8.2f}")
-    print("\nLatency at a fixed rate (open loop, forwarded poll; 60% of G1's capacity, G2 and G3")
-    print("at 60% of their own)")
-    print(f"{'target':<24} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-    for target, result in fixed.items():
-        print(f"{target:<24} {result.rps:>9.0f} {result.p50:>8.2f} {result.p99:>8.2f}")
+
+
+def _print_fixed(fixed: dict[str, Result]) -> None:
+    """Each row at 60% of a closed-loop capacity (wrk's, the issues' tables) and, below it,
+    at 60% of an open-loop one where that was searched: B0 and B2 at G1's, a store at its own."""
+    print("\nLatency at a fixed rate (open loop, forwarded poll)")
+    print(f"{'target':<24} {'rate: 60% of':<28} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    for target, closed in fixed.items():
+        whose = "G1's" if target.startswith("B") else "its"
+        for kind, result in (("closed", closed), ("open", AT_OPEN.get(target))):
+            if result is not None:
+                basis = f"{whose} {kind}-loop capacity"
+                print(
+                    f"{target:<24} {basis:<28} {result.rps:>9.0f} {result.p50:>8.2f} "
+                    f"{result.p99:>8.2f}"
+                )
+
+
+def _print_open_capacity(rows: dict[tuple[str, str], Result]) -> None:
+    if not OPEN_STEPS:
+        return
+    print(
+        f"\nOpen-loop capacity: the highest rate bench/openloop.py sustains (answers at "
+        f">= {SUSTAINED_SHARE:.0%} of\nthe offered rate, p99 <= {SUSTAINED_P99_MS:.0f} ms, "
+        f"< 1% errors), by bisection in steps of {SEARCH_SECONDS:g} s"
+    )
+    for name, steps in OPEN_STEPS.items():
+        found, closed = open_capacity(name), rows[(name, "forwarded poll")].rps
+        shown = f"{found:.0f}/s" if found else f"none sustained down to {steps[-1][0]:.0f}/s"
+        tried = ", ".join(f"{rate:.0f} {'ok' if held else 'no'}" for rate, held in steps)
+        print(f"{name:<24} {shown} ({found / closed:.2f}x closed-loop {closed:.0f}/s; {tried})")
+
+
+def _print_ratios(
+    rows: dict[tuple[str, str], Result], growth: dict[int, Result], stored: int
+) -> None:
+    """The ratios outside the targets block, some with an earlier round's target."""
 
     def ratio(a: tuple[str, str], b: tuple[str, str]) -> str:
         return f"{rows[a].rps / rows[b].rps:.2f}" if a in rows and b in rows else "n/a"
 
-    g1, g2, b2, b0 = "G1 Statusgate SQLite", "G2 Statusgate Redis", "B2 bare proxy", "B0 provider"
-    fwd, early = "forwarded poll", "too-early refusal"
-    print("\nRatios [target]")
+    g1, g2, g3 = targets.G1, targets.G2, targets.G3
+    b2, fwd, early = targets.B2, targets.FWD, targets.EARLY
+    print("\nOther ratios [an earlier round's target]")
     cached = "cached terminal"
-    print(f"G1 forwarded / B2 forwarded throughput: {ratio((g1, fwd), (b2, fwd))} [>= 0.6]")
     print(f"G1 too-early / B2 forwarded throughput: {ratio((g1, early), (b2, fwd))} [>= 2.5]")
     print(f"G1 cached / B2 forwarded throughput: {ratio((g1, cached), (b2, fwd))} [>= 2.5]")
-    floor = ("B3 aiohttp floor", "fixed answer")
     print(
-        f"  (B3 / B2 forwarded: {ratio(floor, (b2, fwd))}, the most any answer served by "
-        f"aiohttp reaches; G1 too-early / B3: {ratio((g1, early), floor)})"
+        f"  (B3 / B2 forwarded: {ratio(targets.B3, (b2, fwd))}, the most any answer served by "
+        "aiohttp reaches)"
     )
-    print(f"G2 forwarded / G1 forwarded throughput: {ratio((g2, fwd), (g1, fwd))} [>= 0.8]")
     print(f"G2 too-early / G1 too-early throughput: {ratio((g2, early), (g1, early))} [>= 0.8]")
-    g3 = "G3 Statusgate PostgreSQL"
-    print(f"G3 forwarded / G1 forwarded throughput: {ratio((g3, fwd), (g1, fwd))} [>= 0.8]")
     print(f"G3 too-early / G1 too-early throughput: {ratio((g3, early), (g1, early))}")
-    if g3 in fixed:
-        print(f"G3 open-loop p99 at 60% of its capacity: {fixed[g3].p99:.2f} ms [<= 100 ms]")
-    if g1 in fixed and b0 in fixed:
-        added50, added99 = fixed[g1].p50 - fixed[b0].p50, fixed[g1].p99 - fixed[b0].p99
-        print(f"G1 added latency over B0 at the fixed rate: p50 {added50:.2f} ms [< 2 ms], ")
-        print(f"                                            p99 {added99:.2f} ms [< 8 ms]")
     small, large = growth.get(REAL_OPS), growth.get(stored)
     if small and large:
         print(
@@ -812,7 +976,7 @@ def _print(
     print(f"G2 2 workers / 1 worker forwarded throughput: {workers}")
     workers = ratio(("G3 2 workers", fwd), (g3, fwd))
     print(f"G3 2 workers / 1 worker forwarded throughput: {workers}")
-    chosen = ("B2 bare proxy", "G1 Statusgate SQLite", "G2 Statusgate Redis", g3)
+    chosen = (b2, g1, g2, g3)
     shown = ", ".join(f"{name} {CPU_US[name]:.0f} us" for name in chosen if name in CPU_US)
     print(f"CPU of the serving process per forwarded poll: {shown}")
     for what, per_request in COMMANDS.items():

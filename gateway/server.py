@@ -75,6 +75,12 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     return 0
 
 
+# Connections the kernel queues before the gateway accepts them. aiohttp's default (128)
+# overflowed in a burst (the overload bench: hundreds of clients waited a second or more for
+# SYN retries before a 503 could even be sent); the kernel caps it at net.core.somaxconn.
+BACKLOG = 4096
+
+
 async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -> dict[str, int]:
     """Bind every listener; the port each one got (``agent``, and ``admin`` when set)."""
     wanted = {"agent": settings.file.listen}
@@ -82,7 +88,9 @@ async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -
         wanted["admin"] = settings.file.admin_listen
     bound: dict[str, int] = {}
     for role, listen in wanted.items():
-        site = web.TCPSite(runner, listen.host, listen.port, reuse_port=reuse_port or None)
+        site = web.TCPSite(
+            runner, listen.host, listen.port, reuse_port=reuse_port or None, backlog=BACKLOG
+        )
         try:
             await site.start()
         except OSError as exc:

@@ -256,7 +256,8 @@ def test_canonical_json_is_the_json_module_form_whichever_encoder_writes_it(
     line: dict[str, object],
 ) -> None:
     """The chain hashes canonical_json: the fast path (orjson, for flat lines of strings,
-    integers, booleans, nulls, floats without an exponent) must be byte for byte json.dumps(sort_keys, compact, UTF-8),
-    or files written by one build would not verify with another."""
+    integers, booleans, nulls, floats without an exponent) must be byte for byte
+    json.dumps(sort_keys, compact, UTF-8), or files written by one build would not verify
+    with another."""
     expected = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert canonical_json(line) == expected.encode()
