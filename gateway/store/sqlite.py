@@ -2,17 +2,20 @@
 
 Writes run on the event loop itself, at once, inside the transaction of the current turn of
 the loop (``BEGIN IMMEDIATE`` at the turn's first write); one callback at the start of the
-next turn commits them all together: one commit (one fsync) for every write of a turn, and
-no hop to a thread (a hop cost ~190 us even idle; a commit with fsync ~80 us, ten writes in
-one commit ~13 us each). A caller of a write waits for that commit before it hears back,
-except where it says the result need not be durable yet (``finish_poll`` of an answer that
-leaves the operation pending: its reservation is durable already, so a crash before the
-commit costs the answer, never a budget; the restarted gateway audits the call as
-interrupted). Every read-modify-write (``mutate``) runs whole on the loop with no await
-inside, so it is atomic by construction; the compare-and-set on ``version`` still proves it.
+next turn commits them all together, and no write hops to a thread (a hop cost ~190 us even
+idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): with
+``?synchronous=full`` (default) the store fsyncs the WAL on a thread of its own and answers
+a durable write only after an fsync that began after its commit, so the loop never waits for
+the disk and one fsync serves every turn committed while the one before ran (group commit,
+as PostgreSQL does). A caller of a write waits for that, except where it says the result
+need not be durable yet (``finish_poll`` of an answer that leaves the operation pending:
+its reservation is durable already, so a crash before the fsync costs the answer, never a
+budget; the restarted gateway audits the call as interrupted). Every read-modify-write
+(``mutate``) runs whole on the loop with no await inside, so it is atomic by construction;
+the compare-and-set on ``version`` still proves it.
 
-``?synchronous=full`` (default) fsyncs every commit: nothing durable is lost even on power
-loss; ``normal`` survives any process crash but may lose the last commits on power loss.
+``?synchronous=normal`` makes no fsync of its own: nothing is lost when the process dies,
+but the last commits may be lost on power loss (SQLite syncs the WAL at checkpoints).
 ``?busy_timeout=2s`` bounds how long a write waits for another process's write lock before
 the gateway fails closed; it waits on the loop, so only a foreign writer (the sqlite3 shell)
 can make it wait at all: a statusgate process never shares its file.
@@ -135,9 +138,13 @@ class SQLiteStore(Store):
         cache_bytes: int = DEFAULT_CACHE_BYTES,
     ):
         self._path = path
-        self._synchronous = synchronous.upper()
+        self._fsync = synchronous.lower() == "full" and path != ":memory:"
         self._busy_timeout = busy_timeout
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
+        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-fsync")
+        self._unsynced: list[asyncio.Future[None]] = []  # committed, waiting for an fsync
+        self._syncing: asyncio.Task[None] | None = None
+        self._wal: int | None = None  # a descriptor of FILE-wal, for fsync
         self._connections: dict[str, sqlite3.Connection] = {}
         self._turn: _Turn | None = None  # the transaction open in this turn of the loop
         self._commits = 0
@@ -204,7 +211,7 @@ class SQLiteStore(Store):
                 check_same_thread=False,
             )
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            conn.execute("PRAGMA synchronous=NORMAL")  # the WAL's fsync is the store's own
             if role == "write":  # the layout is the writer's (``open`` writes first)
                 conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on the reader
                 try:
@@ -320,9 +327,14 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             self._abort(turn, exc)
             return
-        for waiter in turn.waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._fsync and turn.waiters:
+            self._unsynced += turn.waiters
+            if self._syncing is None:
+                self._syncing = asyncio.ensure_future(self._sync())
+        else:
+            for waiter in turn.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0 and self._checkpoint is None:
             self._checkpoint = asyncio.ensure_future(self._checkpoint_wal())
@@ -343,6 +355,47 @@ class SQLiteStore(Store):
                 error = StoreError(f"sqlite commit: {exc}", operation="commit")
                 error.__cause__ = exc
                 waiter.set_exception(error)
+
+    async def _sync(self) -> None:
+        """Group commit: fsync the WAL on a thread of its own, then answer every waiter
+        whose turn was committed before the fsync began; turns committed meanwhile share
+        the next one. The loop never waits for the disk, and one fsync serves every turn
+        committed while the one before ran."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._unsynced:
+                waiters, self._unsynced = self._unsynced, []
+                try:
+                    await loop.run_in_executor(self._syncer, self._fsync_wal)
+                except (OSError, RuntimeError) as exc:  # EIO, ENOSPC; or closed
+                    reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+                    message = f"sqlite fsync: {self._path}-wal: {reason}"
+                    error = StoreError(message, operation="commit")
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(error)
+                    continue
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        finally:
+            self._syncing = None
+
+    def _fsync_wal(self) -> None:
+        """On the fsync thread: the WAL's data to the disk (its directory too, once, when
+        the file is first opened here). A WAL unlinked meanwhile is opened again."""
+        fd = self._wal
+        if fd is not None and os.fstat(fd).st_nlink == 0:
+            os.close(fd)
+            fd = self._wal = None
+        if fd is None:
+            fd = self._wal = os.open(self._path + "-wal", os.O_RDONLY)
+            folder = os.open(Path(self._path).parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+        os.fsync(fd)
 
     async def _checkpoint_wal(self) -> None:
         """Copy the WAL into the file on the reader thread (PASSIVE: writers never wait)."""
@@ -586,9 +639,10 @@ class SQLiteStore(Store):
         if "write" in self._connections:
             self._commit_turn()
         self._closed = True
-        if self._checkpoint is not None:
-            with contextlib.suppress(StoreError):
-                await self._checkpoint
+        for task in (self._checkpoint, self._syncing):
+            if task is not None:
+                with contextlib.suppress(StoreError):
+                    await task
         conn = self._connections.pop("write", None)
         if conn is not None:
             conn.close()
@@ -596,6 +650,10 @@ class SQLiteStore(Store):
         if reader is not None:
             await asyncio.get_running_loop().run_in_executor(self._reader, reader.close)
         self._reader.shutdown(wait=True)
+        self._syncer.shutdown(wait=True)
+        if self._wal is not None:
+            os.close(self._wal)
+            self._wal = None
         if self._lock is not None:
             os.close(self._lock)  # releases the file's lock
             self._lock = None

@@ -5,6 +5,8 @@ SQLite file belongs to one store at a time."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -162,6 +164,62 @@ async def test_sqlite_answers_what_the_file_holds_after_a_turn_the_disk_refused(
         conn.execute("PRAGMA max_page_count = 1073741823")
         assert await store.save(answered)
         assert (await store.create(big)).operation_id == "op_2"
+    finally:
+        await store.close()
+
+
+async def test_sqlite_writes_of_a_turn_share_one_fsync_of_the_wal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: fifty writes made in one turn of the loop are answered after one
+    fsync of the WAL (on a thread of its own, the real call, counted here), not fifty; with
+    synchronous=normal none is made."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    for synchronous, most in (("full", 3), ("normal", 0)):
+        store = SQLiteStore(str(tmp_path / f"{synchronous}.db"), synchronous=synchronous)
+        await store.open()
+        try:
+            records = [await store.create(op(i)) for i in range(50)]
+            synced.clear()
+            assert all(await asyncio.gather(*(store.save(r) for r in records)))
+            assert len(synced) <= most, synced  # one for the WAL (its folder once, at first)
+            if most:
+                assert synced
+        finally:
+            await store.close()
+
+
+async def test_sqlite_a_failed_fsync_fails_the_writes_waiting_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fails the WAL's fsync (EIO) fails the writes that waited for it with a
+    StoreError (503 store-unavailable upstream), never an answer the disk may not hold; the
+    next fsync that succeeds serves writes again."""
+    failing = [True]
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if failing[0]:
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    store = SQLiteStore(str(tmp_path / "g.db"))
+    await store.open()
+    try:
+        first = await store.create(op(1))
+        monkeypatch.setattr(os, "fsync", fsync)
+        with pytest.raises(StoreError, match=r"fsync.*Input/output error"):
+            await store.save(first)
+        failing[0] = False
+        current = await store.get("op_1")
+        assert current is not None and await store.save(current)
     finally:
         await store.close()
 
