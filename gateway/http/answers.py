@@ -42,6 +42,23 @@ class Call:
 
 
 def operation_headers(record: OperationRecord, now: float) -> dict[str, str]:
+    """The Statusgate-* headers of an answer about ``record`` (and Retry-After while it
+    is pending). All but Retry-After depend on the record alone, so they are made once per
+    record version: an operation refused many times between two writes reuses them."""
+    key = (record.operation_id, record.version)
+    fixed = _FIXED.get(key)
+    if fixed is None or fixed[0] is not record:
+        fixed = (record, _fixed_headers(record))
+        if len(_FIXED) >= FIXED_HEADERS:
+            _FIXED.clear()
+        _FIXED[key] = fixed
+    headers = dict(fixed[1])
+    if record.outcome is Outcome.PENDING:
+        headers["Retry-After"] = retry_after_value(record.next_poll_at - now)
+    return headers
+
+
+def _fixed_headers(record: OperationRecord) -> dict[str, str]:
     headers = {
         "Statusgate-Operation": record.operation_id,
         "Statusgate-Outcome": record.outcome.value,
@@ -53,9 +70,14 @@ def operation_headers(record: OperationRecord, now: float) -> dict[str, str]:
     if record.last_known_state is not None:
         headers["Statusgate-Provider-State"] = header_safe(record.last_known_state)
     if record.outcome is Outcome.PENDING:
-        headers["Retry-After"] = retry_after_value(record.next_poll_at - now)
         headers["Statusgate-Next-Poll-At"] = rfc3339(record.next_poll_at, millis=True)
     return headers
+
+
+# (operation id, version) -> (the record, its fixed headers); the record is kept to tell a
+# version written again after a rollback from the one cached. Cleared when full.
+_FIXED: dict[tuple[str, int], tuple[OperationRecord, dict[str, str]]] = {}
+FIXED_HEADERS = 4096
 
 
 def render(
