@@ -132,6 +132,7 @@ class _Writer:
         self.front = _Dropping(self.queue)
         self.json_lines = json_lines
         self._turn: list[bytes] | None = None  # rendered lines of this turn of the loop
+        self._turn_loop: asyncio.AbstractEventLoop | None = None  # ... of this loop
         self._handler = handler
         self._thread = threading.Thread(target=self._run, name="statusgate-log", daemon=True)
         self._thread.start()
@@ -141,15 +142,19 @@ class _Writer:
         On the event loop, the lines of one turn of the loop go to the thread together at
         the next turn's start: one hand-off (one wake-up of the thread, one contest for
         the GIL) per turn instead of per request."""
-        if self._turn is not None:
-            self._turn.append(data)
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            loop = None
+        if self._turn is not None:
+            if loop is self._turn_loop:
+                self._turn.append(data)
+                return
+            self._hand_over()  # a loop that ended before its turn's hand-off ran
+        if loop is None:
             self._put(data, 1)
             return
-        self._turn = [data]
+        self._turn, self._turn_loop = [data], loop
         loop.call_soon(self._hand_over)
 
     def _hand_over(self) -> None:

@@ -38,6 +38,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
@@ -125,7 +126,9 @@ class RedisStore(Store):
                 max_connections=1,
                 socket_timeout=timeout,
                 socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 1),
+                # again once on a broken connection (a restarted Redis), never after a
+                # timeout: the pipeline may have run, and its scripts must not run twice
+                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
                 **QUIET_CONNECT,
             )
             self._turns = Turns(aioredis.Redis(connection_pool=own))

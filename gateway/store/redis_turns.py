@@ -18,7 +18,9 @@ reads) to the one pipeline that goes next. What it guarantees:
   client's own retry) fails every caller in it, and every caller that queued behind it:
   nobody waits through two timeouts of a Redis that does not answer.
 - At most ``bound`` commands wait for their pipeline; past that a caller is refused at once
-  (``Overloaded``) instead of queueing behind a Redis that cannot keep up.
+  (``Overloaded``) instead of queueing behind a Redis that cannot keep up. A call that
+  finds nothing waiting is taken whatever its size (one turn's batch of reads can be
+  larger than the bound).
 - WAIT answers for the writes sent before it on its connection, and blocks that connection
   until it answers: the WAITs of one pipeline are sent once each (the same replicas and
   timeout), after its other commands, and their callers share the answer. A replica that
@@ -71,7 +73,7 @@ class Turns:
     async def call(self, *commands: Command) -> list[Any]:
         """The answers to ``commands``, sent with the rest of this turn's; raises the first
         error among them, or the pipeline's."""
-        if self._count + len(commands) > self._bound:
+        if self._count and self._count + len(commands) > self._bound:  # alone, any size
             raise Overloaded(f"{self._count} commands already waiting for Redis")
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[list[Any]] = loop.create_future()

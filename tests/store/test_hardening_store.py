@@ -8,6 +8,7 @@ import asyncio
 import errno
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -196,31 +197,88 @@ async def test_sqlite_writes_of_a_turn_share_one_fsync_of_the_wal(
             await store.close()
 
 
-async def test_sqlite_a_failed_fsync_fails_the_writes_waiting_for_it(
+async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A disk that fails the WAL's fsync (EIO) fails the writes that waited for it with a
-    StoreError (503 store-unavailable upstream), never an answer the disk may not hold; the
-    next fsync that succeeds serves writes again."""
-    failing = [True]
+    StoreError (503 store-unavailable upstream), and every call after it: Linux may drop
+    the pages that failed and report the next fsync clean, so nothing this process holds
+    can be trusted durable. A restart (a new store on the file) serves again, from what
+    the disk holds."""
     real_fsync = os.fsync
 
-    def fsync(fd: int) -> None:
-        if failing[0]:
-            raise OSError(errno.EIO, "Input/output error")
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    store = SQLiteStore(str(tmp_path / "g.db"))
+    await store.open()
+    first = await store.create(op(1))
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(StoreError, match=r"fsync.*Input/output error"):
+        await store.save(first)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    for call in (store.get("op_1"), store.save(first), store.ping(), store.create(op(2))):
+        with pytest.raises(StoreError, match="until the gateway restarts"):
+            await call
+    await store.close()
+    again = SQLiteStore(str(tmp_path / "g.db"))
+    await again.open()
+    try:
+        current = await again.get("op_1")
+        assert current is not None and await again.save(current)
+    finally:
+        await again.close()
+
+
+async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer that ends an operation is written and answered only once durable; a
+    reader of that record meanwhile (another agent's status call) waits for the same
+    fsync, never answering from an outcome the disk may not hold. A still-pending answer
+    (finish_poll's ``durable`` says so) is answered before its fsync."""
+    held = threading.Event()
+    real_fsync = os.fsync
+
+    def slow(fd: int) -> None:
+        held.wait(10)
         real_fsync(fd)
 
     store = SQLiteStore(str(tmp_path / "g.db"))
     await store.open()
     try:
         first = await store.create(op(1))
-        monkeypatch.setattr(os, "fsync", fsync)
-        with pytest.raises(StoreError, match=r"fsync.*Input/output error"):
-            await store.save(first)
-        failing[0] = False
-        current = await store.get("op_1")
-        assert current is not None and await store.save(current)
+        await store.acquire_lease("lease", "t", 0.0, 60.0)
+        monkeypatch.setattr(os, "fsync", slow)
+
+        def running(current: OperationRecord) -> tuple[OperationRecord, str]:
+            return current.evolve(last_known_state="running"), "pending"
+
+        pending = await asyncio.wait_for(
+            store.finish_poll(
+                "op_1", running, known=first, lease="lease", token="t", durable=lambda r: False
+            ),
+            1.0,
+        )
+        assert pending == "pending"  # answered with its fsync still held
+
+        def ended(current: OperationRecord) -> tuple[OperationRecord, str]:
+            return current.evolve(outcome=Outcome.SUCCEEDED, ended_at=1.0), "ended"
+
+        finishing = asyncio.ensure_future(
+            store.finish_poll(
+                "op_1", ended, known=first, lease="lease", token="t", durable=lambda r: True
+            )
+        )
+        reading = asyncio.ensure_future(store.get("op_1"))
+        await asyncio.sleep(0.2)
+        assert not finishing.done() and not reading.done()
+        held.set()
+        assert await asyncio.wait_for(finishing, 5) == "ended"
+        read = await asyncio.wait_for(reading, 5)
+        assert read is not None and read.outcome is Outcome.SUCCEEDED
     finally:
+        held.set()
         await store.close()
 
 

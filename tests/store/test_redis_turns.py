@@ -153,6 +153,8 @@ async def test_past_the_bound_callers_are_refused_at_once(redis_base_url: str) -
         assert answers[:3] == [[True]] * 3
         assert isinstance(answers[3], Overloaded)
         assert await turns.call(("PING",), ("PING",)) == [True, True]  # the queue drained
+        alone = await turns.call(*[("PING",)] * 5)  # larger than the bound, nothing waiting
+        assert alone == [True] * 5
     finally:
         await turns.aclose()
 
