@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gateway.app import create_app
+from gateway.core import decide
 from gateway.core.models import FinalResponse, OperationRecord, Outcome
 from gateway.errors import StoreError
 from gateway.flow.runtime import RUNTIME
@@ -280,6 +282,48 @@ async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(
     finally:
         held.set()
         await store.close()
+
+
+async def test_sqlite_killed_after_a_pending_answer_before_its_commit(tmp_path: Path) -> None:
+    """The window the pending answer's early reply opens: the gateway answered "running"
+    and died before the turn's commit. What the disk then holds (the files copied in that
+    same turn of the loop, as a SIGKILL would leave them) is the durable reservation: the
+    budget counts the call, and recovery reports it as a call cut short (the audited
+    ``polled``/``interrupted``), never a lost or doubled request."""
+    store = SQLiteStore(str(tmp_path / "g.db"))
+    await store.open()
+    try:
+        created = await store.create(op(1))
+        reserved = decide.reserve(created, 100.0)
+        assert await store.save(reserved)  # durable: the provider is called after this
+        await store.acquire_lease("lease", "t", 100.0, 60.0)
+
+        def running(current: OperationRecord) -> tuple[OperationRecord, str]:
+            answered = current.evolve(inflight_at=None, last_known_state="running")
+            return answered, "pending"
+
+        answered = await store.finish_poll(
+            "op_1", running, known=reserved, lease="lease", token="t", durable=lambda r: False
+        )
+        assert answered == "pending"  # the agent hears this now ...
+        crashed = tmp_path / "crashed"  # ... and the process dies in this very turn
+        crashed.mkdir()
+        for name in ("g.db", "g.db-wal"):
+            if (tmp_path / name).exists():
+                shutil.copy(tmp_path / name, crashed / name)
+    finally:
+        await store.close()
+    again = SQLiteStore(str(crashed / "g.db"))
+    await again.open()
+    try:
+        record = await again.get("op_1")
+        assert record is not None
+        assert record.status_requests_used == 1  # the call sent is counted
+        assert record.last_known_state != "running" and record.inflight_at == 100.0
+        recovered = decide.recover(record)
+        assert recovered is not None and recovered.cut_at == 100.0
+    finally:
+        await again.close()
 
 
 async def test_cache_bytes_reaches_the_store_from_the_url_helper(tmp_path: Path) -> None:
