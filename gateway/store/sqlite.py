@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import sqlite3
+from asyncio import CancelledError
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,6 +64,7 @@ PROBE_KEY = "statusgate readiness probe"
 PROBE_BYTES = 4096  # the readiness probe's write: about one record's pages
 CHECKPOINT_EVERY = 256  # commits between WAL checkpoints (on the reader thread)
 PURGE_CHUNK = 64  # records a turn of the loop deletes
+LAZY_SYNC = 0.01  # seconds a committed pending answer waits at most for an fsync
 LAST_TURNS = 16_384  # operations remembered with the turn that last wrote them
 WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint resets it
 
@@ -155,7 +157,8 @@ class SQLiteStore(Store):
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-fsync")
         self._unsynced: list[asyncio.Future[None]] = []  # committed, waiting for an fsync
-        self._syncing: asyncio.Task[None] | None = None
+        self._syncing: asyncio.Future[None] | None = None  # the fsync running
+        self._lazy: asyncio.TimerHandle | None = None  # an fsync due for pending answers
         self._turns = 0  # turns begun
         self._committed_through = 0  # every turn up to this number is committed ...
         self._durable_through = 0  # ... and durable (fsynced, where the store fsyncs)
@@ -353,15 +356,16 @@ class SQLiteStore(Store):
             self._abort(turn, exc)
             return
         self._committed_through = turn.number
-        if self._fsync:  # every committed turn, pending answers too, within one fsync
-            self._unsynced += turn.waiters
-            if self._syncing is None:
-                self._syncing = asyncio.ensure_future(self._sync())
-        else:
+        if not self._fsync:
             self._durable_through = turn.number
             for waiter in turn.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+        elif turn.waiters:  # a durable write waits: fsync now (with every turn before it)
+            self._unsynced += turn.waiters
+            self._sync_soon()
+        elif self._lazy is None:  # pending answers only: the next fsync, LAZY_SYNC at most
+            self._lazy = asyncio.get_running_loop().call_later(LAZY_SYNC, self._lazy_sync)
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0 and self._checkpoint is None:
             self._checkpoint = asyncio.ensure_future(self._checkpoint_wal())
@@ -385,36 +389,53 @@ class SQLiteStore(Store):
                 error.__cause__ = exc
                 waiter.set_exception(error)
 
-    async def _sync(self) -> None:
-        """Group commit: fsync the WAL on a thread of its own, then answer every waiter
-        whose turn was committed before the fsync began; turns committed meanwhile share
-        the next one. The loop never waits for the disk, and one fsync serves every turn
-        committed while the one before ran."""
-        loop = asyncio.get_running_loop()
+    def _lazy_sync(self) -> None:
+        self._lazy = None
+        self._sync_soon()
+
+    def _sync_soon(self) -> None:
+        """Group commit: unless one is running, start an fsync of the WAL on a thread of its
+        own for every turn committed so far; its waiters are answered when it ends, and
+        turns committed meanwhile share the next one. The loop never waits for the disk."""
+        if self._syncing is not None:
+            return
+        if self._broken is not None:
+            self._break(self._broken, [])
+            return
+        if not self._unsynced and self._durable_through >= self._committed_through:
+            return
+        waiters, self._unsynced = self._unsynced, []
+        through = self._committed_through
+        if not self._fsync:  # committed is durable here (only a power cut can cost it)
+            self._synced(waiters, through, None)
+            return
         try:
-            while self._unsynced or self._durable_through < self._committed_through:
-                if self._broken is not None:
-                    self._break(self._broken, [])
-                    return
-                waiters, self._unsynced = self._unsynced, []
-                through = self._committed_through
-                try:
-                    if self._fsync:  # else committed is durable (the process may die)
-                        await loop.run_in_executor(self._syncer, self._fsync_wal)
-                except (OSError, RuntimeError) as exc:  # EIO, ENOSPC; or closed
-                    reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-                    self._break(f"sqlite fsync: {self._path}-wal: {reason}", waiters)
-                    return
-                self._durable_through = through
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
-                if len(self._last_turn) > LAST_TURNS:
-                    self._last_turn = {
-                        k: n for k, n in self._last_turn.items() if n > self._durable_through
-                    }
-        finally:
-            self._syncing = None
+            running = asyncio.get_running_loop().run_in_executor(self._syncer, self._fsync_wal)
+        except RuntimeError:  # the store closed
+            _fail_all(waiters, StoreError("sqlite store is closed", operation="commit"))
+            return
+        self._syncing = running
+        running.add_done_callback(lambda done: self._synced(waiters, through, done))
+
+    def _synced(
+        self, waiters: list[asyncio.Future[None]], through: int, done: asyncio.Future[None] | None
+    ) -> None:
+        self._syncing = None
+        failure = None
+        if done is not None:
+            failure = CancelledError("cancelled") if done.cancelled() else done.exception()
+        if failure is not None:
+            reason = failure.strerror if isinstance(failure, OSError) else None
+            self._break(f"sqlite fsync: {self._path}-wal: {reason or failure!r}", waiters)
+            return
+        self._durable_through = max(self._durable_through, through)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if len(self._last_turn) > LAST_TURNS:
+            durable = self._durable_through
+            self._last_turn = {k: n for k, n in self._last_turn.items() if n > durable}
+        self._sync_soon()
 
     def _break(self, reason: str, waiters: list[asyncio.Future[None]]) -> None:
         """A failed fsync: what it should have made durable may never reach the disk (Linux
@@ -510,8 +531,7 @@ class SQLiteStore(Store):
             self._turn.waiters.append(waiter)
         else:  # committed, its fsync to come: the next one that begins covers it
             self._unsynced.append(waiter)
-            if self._syncing is None:
-                self._syncing = asyncio.ensure_future(self._sync())
+            self._sync_soon()
         try:
             await waiter
         except StoreError:
@@ -730,10 +750,17 @@ class SQLiteStore(Store):
         if "write" in self._connections:
             self._commit_turn()
         self._closed = True
-        for task in (self._checkpoint, self._syncing):
-            if task is not None:
-                with contextlib.suppress(StoreError):
-                    await task
+        if self._checkpoint is not None:
+            with contextlib.suppress(StoreError):
+                await self._checkpoint
+        if self._lazy is not None:
+            self._lazy.cancel()
+            self._lazy = None
+            self._sync_soon()
+        while self._syncing is not None:  # each fsync may start the next
+            with contextlib.suppress(OSError):
+                await asyncio.shield(self._syncing)
+            await asyncio.sleep(0)  # a done fsync's callback runs (it clears _syncing)
         conn = self._connections.pop("write", None)
         if conn is not None:
             conn.close()
@@ -760,6 +787,12 @@ OVERDUE = (
     " AND json_extract(data, '$.deadline_at') <= ?"
     " ORDER BY json_extract(data, '$.deadline_at') LIMIT ?"
 )
+
+
+def _fail_all(waiters: list[asyncio.Future[None]], error: StoreError) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_exception(error)
 
 
 def _probe(conn: sqlite3.Connection) -> None:

@@ -23,6 +23,7 @@ from gateway.flow.runtime import RUNTIME
 from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
 from gateway.store.cache import Cache, footprint
+from gateway.store.sqlite import LAZY_SYNC
 
 from conftest import PROVIDER_KEY, pending_record, write_config
 
@@ -197,6 +198,40 @@ async def test_sqlite_writes_of_a_turn_share_one_fsync_of_the_wal(
                 assert synced
         finally:
             await store.close()
+
+
+async def test_sqlite_a_pending_answer_alone_is_fsynced_soon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pending answer is answered before its fsync, but not left to the next durable
+    write: with nothing else written, its turn is fsynced within LAZY_SYNC."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    store = SQLiteStore(str(tmp_path / "g.db"))
+    await store.open()
+    try:
+        first = await store.create(op(1))
+        monkeypatch.setattr(os, "fsync", counted)
+
+        def running(current: OperationRecord) -> tuple[OperationRecord, str]:
+            return current.evolve(last_known_state="running"), "pending"
+
+        await store.finish_poll(
+            "op_1", running, known=first, lease="l", token="t", durable=lambda r: False
+        )
+        assert synced == []  # answered first
+        for _ in range(100):
+            if synced:
+                break
+            await asyncio.sleep(LAZY_SYNC)
+        assert synced, "the pending answer's turn was never fsynced"
+    finally:
+        await store.close()
 
 
 async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(
