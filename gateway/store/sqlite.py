@@ -8,7 +8,8 @@ idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): wit
 a durable write only after an fsync that began after its commit, so the loop never waits for
 the disk and one fsync serves every turn committed while the one before ran (group commit,
 as PostgreSQL does; the loop waits for the disk only when SQLite rewrites the WAL header
-after a checkpoint). A caller of a write waits for that, except where it says the result
+after a checkpoint). A turn of pending answers alone is fsynced with the next fsync, or
+after LAZY_SYNC at most. A caller of a write waits for that, except where it says the result
 need not be durable yet (``finish_poll`` of an answer that leaves the operation pending:
 its reservation is durable already, so a crash before the fsync costs the answer, never a
 budget; the restarted gateway audits the call as interrupted). Every read-modify-write
