@@ -180,6 +180,48 @@ async def test_a_redis_that_does_not_answer_fails_every_caller_at_once() -> None
         await turns.aclose()
 
 
+async def test_callers_queued_behind_a_pipeline_that_times_out_fail_with_it() -> None:
+    """A Redis that takes the connection and never answers: the pipeline in flight times
+    out, and the callers that queued behind it meanwhile fail at the same moment, not one
+    timeout later each (nor are its commands sent again: no retry after a timeout)."""
+    received: list[bytes] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(65536):
+            if b"HELLO" in chunk:  # the handshake is answered (RESP3), nothing after it
+                writer.write(b"%2\r\n$6\r\nserver\r\n$5\r\nredis\r\n$5\r\nproto\r\n:3\r\n")
+            elif b"CLIENT" in chunk:
+                writer.write(b"+OK\r\n")
+            else:
+                received.append(chunk)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = aioredis.Redis(
+        port=port,
+        socket_connect_timeout=0.3,
+        socket_timeout=0.3,
+        max_connections=1,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),  # as the store's
+        driver_info=None,
+    )
+    turns = Turns(client)
+    try:
+        started = time.perf_counter()
+        first = asyncio.ensure_future(turns.call(("SET", "x", "1")))
+        await asyncio.sleep(0.1)  # the first pipeline is out, waiting for its answer
+        behind = [asyncio.ensure_future(turns.call(("GET", "x"))) for _ in range(3)]
+        answers = await asyncio.gather(first, *behind, return_exceptions=True)
+        elapsed = time.perf_counter() - started
+        assert all(isinstance(a, Exception) for a in answers), answers
+        assert elapsed < 0.55, elapsed  # one timeout (0.3 s), not two
+        assert b"".join(received).count(b"SET") == 1  # sent once, never again
+    finally:
+        await turns.aclose()
+        server.close()
+        await server.wait_closed()
+
+
 @pytest.fixture
 def primary_and_replica(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
     """A private redis-server and a replica of it, in sync (their files, the sync's RDB
