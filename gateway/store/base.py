@@ -420,6 +420,28 @@ class Batch(Generic[K, V]):
                     answer.set_result(found.get(key))
 
 
+CLOCK_SAMPLES = 3  # readings of a shared store's clock per sync
+CLOCK_TRIP = 0.01  # seconds: a sync whose best reading took longer keeps the offset there was
+
+
+async def measure_offset(read: Callable[[], Awaitable[float]]) -> tuple[float, float]:
+    """(the store's clock minus this one, round trip) from the reading with the shortest
+    round trip of CLOCK_SAMPLES: off by at most half that round trip. A reading whose answer
+    waited behind a busy event loop is off by up to half of a long one (seen: a replica's
+    next poll time 150 ms early under load), so the caller keeps its old offset past
+    CLOCK_TRIP."""
+    best: tuple[float, float] | None = None
+    for _ in range(CLOCK_SAMPLES):
+        before = time.time()
+        theirs = await read()
+        after = time.time()
+        sample = (theirs - (before + after) / 2, after - before)
+        if best is None or sample[1] < best[1]:
+            best = sample
+    assert best is not None
+    return best
+
+
 async def stop(task: asyncio.Task[None] | None) -> None:
     """Cancel a store's background task and wait for it to end. Cancelled again until it
     does: a driver may swallow one cancellation (redis-py did, cancelled in the middle of a

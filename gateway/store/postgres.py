@@ -36,6 +36,7 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import StoreError
 from gateway.store.base import (
+    CLOCK_TRIP,
     PURGE_BATCH,
     Batch,
     Copies,
@@ -46,6 +47,7 @@ from gateway.store.base import (
     Queue,
     Store,
     T,
+    measure_offset,
     newer_layout,
     stop,
 )
@@ -109,6 +111,7 @@ class PostgresStore(Store):
         self._copies = Copies()  # pending records as last written or read here (``known``)
         self._finds: Batch[Job, OperationRecord] = Batch(self._find_many)
         self._offset = 0.0
+        self._clock_synced = False  # an offset measured yet
         self._resync: asyncio.Task[None] | None = None
         self._checking: asyncio.Task[None] | None = None
         self._start_sql = _START.format(s=self._s, cas=_CAS)
@@ -272,10 +275,13 @@ class PostgresStore(Store):
         return time.time() + self._offset
 
     async def _sync_clock(self) -> None:
-        before = time.time()
+        offset, trip = await measure_offset(self._database_time)
+        if trip <= CLOCK_TRIP or not self._clock_synced:
+            self._offset, self._clock_synced = offset, True
+
+    async def _database_time(self) -> float:
         row = await self._one("time", f"SELECT {self._s}.sg_now()")
-        after = time.time()
-        self._offset = float(row[0]) - (before + after) / 2
+        return float(row[0])
 
     async def _keep_synced(self) -> None:
         while True:

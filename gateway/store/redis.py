@@ -46,6 +46,7 @@ from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import NotAdmissible, StatusgateError, StoreError
 from gateway.store import redis_layout as lua
 from gateway.store.base import (
+    CLOCK_TRIP,
     PURGE_BATCH,
     Batch,
     Ids,
@@ -55,6 +56,7 @@ from gateway.store.base import (
     Store,
     T,
     matches,
+    measure_offset,
     newer_layout,
     purgeable,
     stop,
@@ -147,6 +149,7 @@ class RedisStore(Store):
                 sha = self._turns.script(script.script)  # known for reloading after NOSCRIPT
                 assert sha == script.sha  # the sha _script sends
         self._offset = 0.0
+        self._clock_synced = False  # an offset measured yet
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
         self._reads: Batch[str, OperationRecord | StoreError] = Batch(self._fetch)
         self._copies: dict[str, OperationRecord] = {}  # as last written or read here, bounded
@@ -191,10 +194,13 @@ class RedisStore(Store):
         return time.time() + self._offset
 
     async def _sync_clock(self) -> None:
-        before = time.time()
+        offset, trip = await measure_offset(self._redis_time)
+        if trip <= CLOCK_TRIP or not self._clock_synced:
+            self._offset, self._clock_synced = offset, True
+
+    async def _redis_time(self) -> float:
         seconds, micros = await self._call("time", self._redis.time())
-        after = time.time()
-        self._offset = seconds + micros / 1e6 - (before + after) / 2
+        return float(seconds) + float(micros) / 1e6
 
     async def _keep_synced(self) -> None:
         while True:

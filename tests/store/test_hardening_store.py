@@ -22,6 +22,7 @@ from gateway.errors import StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
+from gateway.store.base import measure_offset
 from gateway.store.cache import Cache, footprint
 from gateway.store.sqlite import LAZY_SYNC
 
@@ -401,3 +402,19 @@ def test_limits_cache_bytes_reaches_the_gateway_store(tmp_path: Path) -> None:
     settings = load_settings(path, env={"DEMO_API_KEY": PROVIDER_KEY})
     store = create_app(settings)[RUNTIME].store
     assert isinstance(store, SQLiteStore) and store.cache_limit == 2 * MiB
+
+
+async def test_a_shared_stores_clock_offset_comes_from_its_quickest_reading() -> None:
+    """Replicas decide on the store's clock: of a sync's readings, the one with the shortest
+    round trip sets the offset (one that waited behind a busy loop is off by half its wait),
+    and its round trip is reported so a slow sync can keep the offset there was."""
+    delays = iter([0.2, 0.0, 0.1])
+
+    async def read() -> float:
+        now = time.time()
+        await asyncio.sleep(next(delays))
+        return now + 5.0  # the store's clock: 5 s ahead, read at the start of each wait
+
+    offset, trip = await measure_offset(read)
+    assert trip < 0.05  # the quick one
+    assert offset == pytest.approx(5.0, abs=0.03)
