@@ -427,9 +427,8 @@ CLOCK_TRIP = 0.01  # seconds: a sync whose best reading took longer keeps the of
 async def measure_offset(read: Callable[[], Awaitable[float]]) -> tuple[float, float]:
     """(the store's clock minus this one, round trip) from the reading with the shortest
     round trip of CLOCK_SAMPLES: off by at most half that round trip. A reading whose answer
-    waited behind a busy event loop is off by up to half of a long one (seen: a replica's
-    next poll time 150 ms early under load), so the caller keeps its old offset past
-    CLOCK_TRIP."""
+    waited behind a busy event loop is off by up to half of a long one, and a replica's
+    schedule by as much, so the caller keeps its old offset past CLOCK_TRIP."""
     best: tuple[float, float] | None = None
     for _ in range(CLOCK_SAMPLES):
         before = time.time()
