@@ -1,4 +1,5 @@
-"""`make bench-instructions`: instructions per forwarded poll, tracing off and on, per thread.
+"""`make bench-instructions`: instructions per forwarded poll, tracing off and on, and per
+too-early refusal, per thread.
 
 Throughput on a shared 2-core VM moves by 5-20% between runs of the same configuration, too
 much to read a few percent off. Instructions do not: callgrind (valgrind) counts what the
@@ -31,8 +32,12 @@ OPERATIONS = 200
 WARM_UP = 400
 
 
-def _counted(folder: Path, env: dict[str, str], polls: int) -> dict[str, float]:
-    """Instructions per poll by thread ("loop" is the main thread, "others" all the rest)."""
+def _counted(
+    folder: Path, env: dict[str, str], polls: int, *, early: bool = False
+) -> dict[str, float]:
+    """Instructions per poll by thread ("loop" is the main thread, "others" all the rest):
+    forwarded polls, or (``early``) polls of one operation whose next poll is an hour away,
+    each refused 429 too-early from the record."""
     port = free_port()
     config = gateway_config(folder, port, f"sqlite:///{folder}/cg-{port}.db", audit=True)
     out = folder / f"cg-{port}"
@@ -48,17 +53,22 @@ def _counted(folder: Path, env: dict[str, str], polls: int) -> dict[str, float]:
         _wait_up(port, gateway)
         agent = {"Authorization": f"Bearer {TOKEN}"}
         base = f"http://127.0.0.1:{port}/p/bench"
-        jobs = asyncio.run(submit_many(base, agent, OPERATIONS, [{"state": "running"}]))
+        if early:
+            script = [{"state": "running", "poll_after_seconds": 3600}]
+            jobs = asyncio.run(submit_many(base, agent, 1, script))
+        else:
+            jobs = asyncio.run(submit_many(base, agent, OPERATIONS, [{"state": "running"}]))
         paths = [f"/p/bench/v1/jobs/{job}" for job in jobs]
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        expected = 429 if early else 200
 
         def poll(count: int) -> None:
             for n in range(count):
                 connection.request("GET", paths[n % len(paths)], headers=agent)
                 answer = connection.getresponse()
                 answer.read()
-                if answer.status != 200:
-                    raise RuntimeError(f"a poll was answered {answer.status}, not forwarded")
+                if answer.status != expected and not (early and n == 0 and count == WARM_UP):
+                    raise RuntimeError(f"a poll was answered {answer.status}, not {expected}")
 
         poll(WARM_UP)
         subprocess.run(
@@ -115,11 +125,14 @@ def main() -> None:
             off = _counted(folder, {}, polls)
             traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}"}
             on = _counted(folder, traced, polls)
+            early = _counted(folder, {}, polls, early=True)
     print(f"Instructions per forwarded poll (callgrind, {polls} polls one at a time, SQLite)")
     print(f"{'':<14} {'event loop':>12} {'other threads':>14} {'all':>12}")
     for name, counted in (("tracing off", off), ("tracing on", on)):
         total = counted["loop"] + counted["others"]
         print(f"{name:<14} {counted['loop']:>12,.0f} {counted['others']:>14,.0f} {total:>12,.0f}")
+    refused = early["loop"] + early["others"]
+    print(f"{'too-early':<14} {early['loop']:>12,.0f} {early['others']:>14,.0f} {refused:>12,.0f}")
     loop = on["loop"] / off["loop"]
     total = (on["loop"] + on["others"]) / (off["loop"] + off["others"])
     print(f"tracing on / off: event loop {loop:.3f}, all threads {total:.3f}")

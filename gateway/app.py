@@ -77,20 +77,8 @@ def create_app(
         effects=effects,
         sleep=sleep if sleep is not None else asyncio.sleep,
     )
-    # the span middleware only when tracing is on (tracing.setup runs before the app):
-    # off, every request would pass through it for nothing
-    spans = [middleware.traced] if tracing.enabled() else []
-    app = web.Application(
-        middlewares=[
-            middleware.observe,
-            *spans,
-            middleware.listeners,
-            middleware.bounded,
-            middleware.errors,
-            middleware.audit_gate,
-        ],
-        client_max_size=limits.max_request_body,
-    )
+    runtime.traced = tracing.enabled()  # tracing.setup runs before the app
+    app = web.Application(middlewares=[middleware.gate], client_max_size=limits.max_request_body)
     app[RUNTIME] = runtime
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

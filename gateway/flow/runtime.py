@@ -49,12 +49,13 @@ class Runtime:
     inflight: dict[str, PollTask] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     holding: int = 0  # status calls held for Prefer: wait right now
-    in_flight: int = 0  # agent requests (/p/..., /mcp) being answered (middleware.bounded)
+    in_flight: int = 0  # agent requests (/p/..., /mcp) being answered (middleware.guarded)
     parked: int = 0  # of those, waiting on a timer only (park): not held to max_in_flight
     max_in_flight: int | None = field(init=False)  # limits.max_in_flight of the running set
     spacer: Spacer = field(default_factory=Spacer)  # sends spaced under a provider's ceiling
     pauses: PauseNotes = field(default_factory=PauseNotes)  # clamped pauses already logged
     admin_port: int | None = None  # the admin listener's bound port, once serving
+    traced: bool = False  # tracing on: the gate opens a server span per request
     refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
     releases: Releases = field(default_factory=Releases)  # leases given back in the background
     background: set[asyncio.Task[None]] = field(default_factory=set)  # cancelled at stop

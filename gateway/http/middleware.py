@@ -1,9 +1,10 @@
-"""The middlewares every request passes: request id, duration, metrics and the log line
-(``observe``); the server span (``traced``, only when tracing is on); which listener serves
-which paths (``listeners``); no agent request queued behind too many others (``bounded``);
-every error as problem+json, the store failing closing the gate (``errors``); no new work
-while the audit log cannot be written (``audit_gate``). Also what reaches the log from
-aiohttp's own HTTP parser (``ParserNoise``)."""
+"""The one middleware every request passes (``gate``): request id, duration, metrics and the
+log line; the server span (``traced``, only when tracing is on); which listener serves which
+paths (``misrouted``); no agent request queued behind too many others (``overloaded``); no
+new work while the audit log cannot be written; every error as problem+json, the store
+failing closing the gate (``failed``). One middleware, not one per concern: each costs a
+coroutine frame and a call on every request. Also what reaches the log from aiohttp's own
+HTTP parser (``ParserNoise``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.errors import AuditUnavailable, StoreError
-from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
+from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from gateway.http.bodies import BodyTimeout, BodyTooLarge
 from gateway.http.problems import SLUG, problem
 from gateway.observe import tracing
@@ -37,20 +38,26 @@ def _route(request: web.Request) -> str:
 
 
 @web.middleware
-async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Request id (kept or made, echoed), duration of every answer, agent requests by
-    provider, route and outcome, and one log line per request (SPEC 13)."""
+async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one middleware every request passes (one frame, not one per concern): request id
+    (kept or made, echoed), duration of every answer, agent requests by provider, route and
+    outcome, and one log line per request (SPEC 13); around ``guarded``, or around the
+    server span (``traced``, only when tracing is on) that wraps it."""
     started = time.perf_counter()
     context = RequestContext(request_id_from(request.headers.get("X-Request-Id")))
     token = CURRENT.set(context)
+    runtime = request.app[RUNTIME]
     try:
-        response = await handler(request)
+        if runtime.traced:
+            response = await traced(request, handler)
+        else:
+            response = await guarded(request, handler)
     finally:
         CURRENT.reset(token)
     response.headers["X-Request-Id"] = context.request_id
     elapsed = time.perf_counter() - started
     route = _route(request)
-    metrics = request.app[RUNTIME].effects.metrics
+    metrics = runtime.effects.metrics
     metrics.child("request_duration", route).observe(elapsed)
     provider = request.get(PROVIDER)
     if provider is not None:
@@ -81,20 +88,19 @@ METHODS = frozenset(
 TRACED_TOP = frozenset({"p", "admin", "mcp", "console", "problems"})
 
 
-@web.middleware
 async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A server span per request (SPEC 17), continuing the agent's trace context; provider
     calls made for it (held polls included) become its client spans. Its name and the
     attributes kept from span to span are of bounded variety, whatever an agent sends."""
     path = request.path
     if path.startswith(UNTRACED):
-        return await handler(request)
+        return await guarded(request, handler)
     method = request.method if request.method in METHODS else "_OTHER"
     top = path.split("/", 2)[1] if path != "/" else ""
     name = f"{method} /{top if top in TRACED_TOP else '*'}"
     with tracing.server_span(name, request.headers) as span:
         if not span.recording:
-            return await handler(request)
+            return await guarded(request, handler)
         context = CURRENT.get()
         span.update(  # before the answer: a request cut short still says what it was
             {
@@ -104,7 +110,7 @@ async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
                 "statusgate.request_id": context.request_id if context else None,
             }
         )
-        response = await handler(request)
+        response = await guarded(request, handler)
         headers = response.headers
         span.update(
             {
@@ -125,44 +131,47 @@ ADMIN_PATHS = ("/admin", "/console", "/metrics")
 AGENT_PATHS = ("/p/", "/mcp")
 
 
-@web.middleware
-async def listeners(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The handler behind the gate's checks, in this order: the listener serving the path
+    (``misrouted``); no agent request beyond ``limits.max_in_flight`` (``overloaded``); no
+    new work while the audit log cannot be written (``check_audit``); every error leaves as
+    problem+json, the store failing closing the gate (``failed``)."""
+    runtime = request.app[RUNTIME]
+    path = request.path
+    if runtime.settings.file.admin_listen is not None:
+        refused = misrouted(request, runtime, path)
+        if refused is not None:
+            return refused
+    agent = path.startswith(AGENT_PATHS)
+    if agent:
+        bound = runtime.max_in_flight
+        if bound is not None and runtime.in_flight - runtime.parked >= bound:
+            runtime.effects.metrics.overloaded.inc()
+            return problem("overloaded", OVERLOADED, retry_after=OVERLOAD_RETRY_AFTER)
+        runtime.in_flight += 1
+    try:
+        if _may_act(request, path):
+            runtime.effects.check_audit()
+        return await handler(request)
+    except Exception as exc:
+        return failed(request, exc)
+    finally:
+        if agent:
+            runtime.in_flight -= 1
+
+
+def misrouted(request: web.Request, runtime: Runtime, path: str) -> web.Response | None:
     """With ``admin_listen`` set (SPEC 13), the operator API, the console and the metrics
     answer only on the admin listener, and agents' paths only on the agent listener;
     health checks and problem explanations answer on both."""
-    runtime = request.app[RUNTIME]
     admin = runtime.settings.file.admin_listen
-    if admin is None:
-        return await handler(request)
+    assert admin is not None
     on_admin = _local_port(request) == (runtime.admin_port or admin.port)
-    path = request.path
     if path.startswith(ADMIN_PATHS) and not on_admin:
         return problem("route-not-allowed", "This path is served on the admin listener only.")
     if path.startswith(AGENT_PATHS) and on_admin:
         return problem("route-not-allowed", "Agents use the agent listener.")
-    return await handler(request)
-
-
-@web.middleware
-async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Issue 23: with ``limits.max_in_flight`` agent requests in hand in this process (held
-    calls parked between looks not counted), a new one is answered 503 ``overloaded`` with
-    ``Retry-After: 1`` at once, before its token is read or anything reaches the store or a
-    provider: a caller told to come back beats one queued for seconds. Hot path: a prefix
-    test and an integer compare. Operator, console, health, metrics and problem paths are
-    never bounded (a health check answers under overload)."""
-    if not request.path.startswith(AGENT_PATHS):
-        return await handler(request)
-    runtime = request.app[RUNTIME]
-    bound = runtime.max_in_flight
-    if bound is not None and runtime.in_flight - runtime.parked >= bound:
-        runtime.effects.metrics.overloaded.inc()
-        return problem("overloaded", OVERLOADED, retry_after=OVERLOAD_RETRY_AFTER)
-    runtime.in_flight += 1
-    try:
-        return await handler(request)
-    finally:
-        runtime.in_flight -= 1
+    return None
 
 
 def _local_port(request: web.Request) -> int | None:
@@ -171,18 +180,20 @@ def _local_port(request: web.Request) -> int | None:
     return int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
 
 
-@web.middleware
-async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves as problem+json; the store failing closes the gate (503)."""
-    try:
-        return await handler(request)
-    except BodyTimeout as exc:
+def failed(request: web.Request, exc: Exception) -> web.Response:
+    """What an error raised while answering becomes: problem+json, never a traceback; the
+    store (or the audit log) failing closes the gate with 503 and Retry-After. SPEC 8: audit
+    lines are written before the agent hears back, so while the audit log cannot be
+    written, a request that may submit, poll or change a record is answered 503 before
+    anything is forwarded or stored; ``check_audit`` writes the lines the disk refused once
+    it can, so service resumes by itself."""
+    if isinstance(exc, BodyTimeout):
         response = problem("request-timeout", str(exc))
         response.force_close()  # the rest of a stalled body is not waited for
         return response
-    except BodyTooLarge as exc:
+    if isinstance(exc, BodyTooLarge):
         return problem("request-too-large", str(exc))
-    except StoreError as exc:
+    if isinstance(exc, StoreError):
         tracing.record_exception(exc)
         log.warning("store unavailable: %s", exc)
         request.app[RUNTIME].effects.metrics.store_errors.labels(exc.operation).inc()
@@ -192,33 +203,22 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             else "The gateway cannot reach its store; nothing was forwarded."
         )
         return problem("store-unavailable", detail, retry_after=STORE_RETRY_AFTER)
-    except web.HTTPRequestEntityTooLarge:
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return problem("request-too-large", "The request body is too large.")
-    except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+    if isinstance(exc, (web.HTTPNotFound, web.HTTPMethodNotAllowed)):
         return problem("route-not-allowed", "Agents use /p/{provider}/... with declared routes.")
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status >= 400:
             return problem("invalid-request", exc.reason)
-        raise
-    except Exception as exc:
-        tracing.record_exception(exc)
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return problem("internal-error", "The gateway failed to handle this request.")
+        raise exc
+    tracing.record_exception(exc)
+    log.exception("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    return problem("internal-error", "The gateway failed to handle this request.")
 
 
-@web.middleware
-async def audit_gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """SPEC 8: audit lines are written before the agent hears back. While the audit log
-    cannot be written, a request that may submit, poll or change a record is answered 503
-    (by ``errors``) before anything is forwarded or stored; the check writes the lines the
-    disk refused once it can, so service resumes by itself."""
-    if _may_act(request):
-        request.app[RUNTIME].effects.check_audit()
-    return await handler(request)
-
-
-def _may_act(request: web.Request) -> bool:
-    path = request.path
+def _may_act(request: web.Request, path: str) -> bool:
+    """Whether a request may submit, poll or change a record: agents' provider calls, MCP
+    calls and operator decisions."""
     if path.startswith("/p/"):
         return True
     return request.method == "POST" and (path == "/mcp" or path.startswith("/admin/operations/"))

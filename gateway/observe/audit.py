@@ -83,10 +83,13 @@ def canonical_json(data: dict[str, Any]) -> bytes:
 
 def _exact(value: Any) -> bool:
     kind = type(value)
+    if kind in _ORJSON_EXACT:
+        return True
     if kind is float:
         size = abs(float(value))
         return size == 0 or 1e-4 <= size < 1e16  # repr without an exponent
-    return kind in _ORJSON_EXACT
+    # a str enum (the ``event`` of every line): both write its string, byte for byte
+    return isinstance(value, str)
 
 
 _ORJSON_EXACT = frozenset({str, int, bool, type(None)})

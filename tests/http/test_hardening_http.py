@@ -23,7 +23,7 @@ from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
 from gateway.flow.sweep import escalate_overdue
 from gateway.http.bodies import read_limited
-from gateway.http.middleware import errors
+from gateway.http.middleware import Handler, failed
 
 from conftest import (
     AGENT_TOKEN,
@@ -235,6 +235,15 @@ async def test_a_stalled_body_is_cut_with_408(
     assert b"/problems/request-timeout" in body
     assert not demo.log
     assert "Traceback" not in served.stop()
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """What the gate does with an error, alone (no runtime behind it)."""
+    try:
+        return await handler(request)
+    except Exception as exc:
+        return failed(request, exc)
 
 
 async def test_read_limited_answers_408_and_413_through_the_errors_middleware() -> None:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.cli import main
+from gateway.core.models import Event
 from gateway.observe.audit import AuditLog, Fsync, canonical_json, read_lines, verify
 
 from conftest import PROVIDER_KEY, Harness
@@ -248,6 +249,7 @@ async def test_workers_append_to_one_chain(tmp_path: Path) -> None:
             st.floats(allow_nan=False, allow_infinity=False),
             st.floats(min_value=-1e16, max_value=1e16),  # orjson's range too
             st.floats(min_value=1e-4, max_value=1.0),
+            st.sampled_from(list(Event)),  # a str enum, as every line's event is
         ),
         max_size=20,
     )
