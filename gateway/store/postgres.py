@@ -12,10 +12,16 @@ fenced: written only while the poll's token still holds the lease, the lease row
 until commit. The gateway's clock is the database clock (an offset refreshed in the
 background), the one all replicas share.
 
+The hot statements (a poll's ``sg_start`` and ``sg_finish``, ``sg_cas``, ``get``, the
+turn's finds) go through postgres_turns.Turns: one pipeline per turn of the event loop on
+connections of their own, each caller's statements its own implicit transaction. The rest
+(create, idempotency, leases, lists, purge, the locked fallbacks, the clock) take a pooled
+connection.
+
 Never here: session advisory locks (poolers hand sessions around), NOTIFY (a global lock at
 commit), hot counters in indexes. Driver errors (refused, dropped, timeouts, an exhausted
-pool) become StoreError in ``_connection`` and nowhere else; every call is bounded by
-``timeout`` (1 s), so the gateway fails closed quickly and the pool reconnects by itself.
+pool) become StoreError in ``_failed`` and nowhere else; every call is bounded by
+``timeout`` (1 s), so the gateway fails closed quickly and reconnects by itself.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from gateway.store.postgres_rows import (
     operation_row,
     written,
 )
+from gateway.store.postgres_turns import LINKS, Call, Rows, Statement, Turns
 
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 CLOCK_RESYNC = 10.0
@@ -85,6 +92,7 @@ class PostgresStore(Store):
         *,
         schema: str = "public",
         pool: int = 10,
+        pipelines: int = LINKS,
         prepare: bool = True,
         timeout: float = 1.0,
     ) -> None:
@@ -123,6 +131,38 @@ class PostgresStore(Store):
             " set_config('synchronous_commit', 'off', true)"
         )
         self._cas_sql = f"SELECT {self._s}.sg_cas({_CAS})"
+        self._index_sql = (
+            f"INSERT INTO {self._s}.result_values SELECT %s::text, %s::text, v, %s::text"
+            " FROM unnest(%s::text[]) AS v ON CONFLICT DO NOTHING"
+        )
+        self._prepare = prepare
+        self._start_st = Statement.of("sg_start", self._start_sql)
+        self._finish_st = Statement.of("sg_finish", self._finish_sql)
+        self._lazy_st = Statement.of("sg_finish_lazy", self._lazy_sql)
+        self._cas_st = Statement.of("sg_cas", self._cas_sql)
+        self._index_st = Statement.of("sg_index", self._index_sql)
+        self._get_st = Statement.of(
+            "sg_get", f"SELECT data FROM {self._s}.operations WHERE operation_id = %s"
+        )
+        self._find_st = Statement.of(
+            "sg_find",
+            f"SELECT data FROM {self._s}.operations"
+            " WHERE account = %s AND provider = %s AND provider_job_id = %s",
+        )
+        self._finds_st = Statement.of(
+            "sg_finds",
+            f"SELECT o.data FROM {self._s}.operations o JOIN"
+            " unnest(%s::text[], %s::text[], %s::text[]) AS j (a, p, k)"
+            " ON o.account = j.a AND o.provider = j.p AND o.provider_job_id = j.k",
+        )
+        hot = (self._start_st, self._finish_st, self._lazy_st, self._cas_st, self._index_st)
+        self._turns = Turns(
+            self._turn_connection,
+            (*hot, self._get_st, self._find_st, self._finds_st),
+            prepare=prepare,
+            timeout=timeout,
+            links=pipelines,
+        )
 
     # -- plumbing -----------------------------------------------------------------------
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -139,26 +179,42 @@ class PostgresStore(Store):
             with contextlib.suppress(psycopg.Error):
                 await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 
+    async def _turn_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of the turns' own (``Turns`` puts it in pipeline mode)."""
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        if self._prepare:
+            await self._configure(conn)
+        return conn
+
+    def _failed(self, operation: str, exc: BaseException) -> StoreError:
+        """The one place driver errors become StoreError."""
+        self._check_soon()
+        if isinstance(exc, PoolTimeout):
+            said = f"no connection within {self._timeout:g}s"
+        else:
+            said = describe(exc)
+        return StoreError(f"postgresql {operation}: {said}", operation=operation)
+
     @contextlib.asynccontextmanager
     async def _connection(self, operation: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled connection for one call, within ``timeout``; the one place driver errors
-        become StoreError."""
+        """A pooled connection for one call, within ``timeout``."""
         if not self._opened:
             raise StoreError(f"postgresql {operation}: the store is not open", operation=operation)
         try:
             async with asyncio.timeout(self._timeout), self._pool.connection() as conn:
                 yield conn
-        except PoolTimeout as exc:
-            self._check_soon()
-            raise StoreError(
-                f"postgresql {operation}: no connection within {self._timeout:g}s",
-                operation=operation,
-            ) from exc
         except (psycopg.Error, OSError, TimeoutError) as exc:
-            self._check_soon()
-            raise StoreError(
-                f"postgresql {operation}: {describe(exc)}", operation=operation
-            ) from exc
+            raise self._failed(operation, exc) from exc
+
+    async def _turn(self, operation: str, *calls: Call) -> list[Rows]:
+        """The rows of each of ``calls``, sent in this turn's pipeline (one transaction
+        for them all), within ``timeout``."""
+        if not self._opened:
+            raise StoreError(f"postgresql {operation}: the store is not open", operation=operation)
+        try:
+            return await self._turns.call(*calls)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            raise self._failed(operation, exc) from exc
 
     def _check_soon(self) -> None:
         """After a failure, have the pool test its idle connections in the background, so
@@ -187,6 +243,7 @@ class PostgresStore(Store):
         database that cannot be reached, or refuses these credentials, is one clear line."""
         await self.migrate()
         await self._pool.open(wait=False)
+        await self._turns.open()
         self._opened = True
         with contextlib.suppress(StoreError):
             await self._sync_clock()
@@ -197,6 +254,7 @@ class PostgresStore(Store):
             await stop(task)
         if self._opened:
             self._opened = False
+            await self._turns.aclose()
             await self._pool.close()
 
     async def ping(self) -> None:
@@ -317,10 +375,8 @@ class PostgresStore(Store):
         return existing
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        row = await self._one(
-            "get", f"SELECT data FROM {self._s}.operations WHERE operation_id = %s", (operation_id,)
-        )
-        return self._seen(load(row))
+        [rows] = await self._turn("get", (self._get_st, (operation_id,)))
+        return self._seen(load(rows[0]) if rows else None)
 
     def _seen(self, record: OperationRecord | None) -> OperationRecord | None:
         if record is not None:
@@ -337,30 +393,27 @@ class PostgresStore(Store):
         return self._seen(await self._finds.ask((account, provider, job_id)))
 
     async def _find_many(self, jobs: list[Job]) -> dict[Job, OperationRecord]:
-        s = self._s
         if len(jobs) == 1:
-            rows = await self._all(
-                "find",
-                f"SELECT data FROM {s}.operations"
-                " WHERE account = %s AND provider = %s AND provider_job_id = %s",
-                jobs[0],
-            )
+            [rows] = await self._turn("find", (self._find_st, jobs[0]))
         else:
-            accounts, providers, job_ids = (list(column) for column in zip(*jobs, strict=True))
-            rows = await self._all(
-                "find",
-                f"SELECT o.data FROM {s}.operations o JOIN"
-                " unnest(%s::text[], %s::text[], %s::text[]) AS j (a, p, k)"
-                " ON o.account = j.a AND o.provider = j.p AND o.provider_job_id = j.k",
-                (accounts, providers, job_ids),
-            )
-        records = [OperationRecord.from_dict(orjson.loads(row[0])) for row in rows]
+            columns = tuple(list(column) for column in zip(*jobs, strict=True))
+            [rows] = await self._turn("find", (self._finds_st, columns))
+        records = [record for row in rows if (record := load(row)) is not None]
         return {(r.account, r.provider, r.provider_job_id): r for r in records}
 
     async def save(self, record: OperationRecord) -> bool:
-        await self._index(record)  # first: a write that returned is always findable
-        row = await self._one("save", self._cas_sql, cas_args(record))
-        return self._wrote(record, row[0])
+        # the index in the write's own transaction: a write that returned is always findable
+        answers = await self._turn("save", *self._indexed(record), (self._cas_st, cas_args(record)))
+        return self._wrote(record, _integer(answers[-1]))
+
+    def _indexed(self, record: OperationRecord) -> list[Call]:
+        """The statement that indexes ``record``'s result values (none without values),
+        for the turn that writes it."""
+        values = record.result_values
+        if not values:
+            return []
+        args = (record.account, record.provider, record.operation_id, list(values))
+        return [(self._index_st, args)]
 
     async def _index(
         self, record: OperationRecord, conn: psycopg.AsyncConnection[Any] | None = None
@@ -373,16 +426,13 @@ class PostgresStore(Store):
         values = record.result_values
         if not values:
             return
-        rows = ", ".join(["(%s, %s, %s, %s)"] * len(values))
-        query = f"INSERT INTO {self._s}.result_values VALUES {rows} ON CONFLICT DO NOTHING"
-        args: list[Any] = []
-        for value in values:
-            args += [record.account, record.provider, value, record.operation_id]
+        query = self._index_sql.encode()
+        args = (record.account, record.provider, record.operation_id, list(values))
         if conn is not None:
-            await conn.execute(query.encode(), args)
+            await conn.execute(query, args)
             return
         async with self._connection("save") as fresh:
-            await fresh.execute(query.encode(), args)
+            await fresh.execute(query, args)
 
     async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
         """From the result_values table; the record itself is checked to still list it."""
@@ -603,7 +653,8 @@ class PostgresStore(Store):
     ) -> tuple[float | None, bool, OperationRecord | None]:
         cas = cas_args(reserve) if reserve is not None else (None,) * 11
         args = (lease, token, ttl, provider, rate or 0.0, GUARD, MIN_WAIT, *cas)
-        wait, written, moved = await self._one("acquire_lease", self._start_sql, args)
+        [rows] = await self._turn("acquire_lease", (self._start_st, args))
+        wait, written, moved = float(rows[0][0] or 0), int(rows[0][1] or 0), rows[0][2]
         if wait < 0:
             return None, False, None
         if reserve is not None and written != 0:
@@ -638,10 +689,13 @@ class PostgresStore(Store):
         flushes it too."""
         new, result = change(known)
         if new is not None:
-            await self._index(new)  # first (a lost write leaves a row find_result ignores)
-            finish = self._finish_sql if durable is None or durable(result) else self._lazy_sql
-            row = await self._one("save", finish, (lease, token, *cas_args(new)))
-            if row[0] != -3 and self._wrote(new, row[0]):
+            # the index in the write's transaction (a lost write leaves rows find_result ignores)
+            finish = self._finish_st if durable is None or durable(result) else self._lazy_st
+            answers = await self._turn(
+                "save", *self._indexed(new), (finish, (lease, token, *cas_args(new)))
+            )
+            answer = _integer(answers[-1])
+            if answer != -3 and self._wrote(new, answer):
                 return result
         return await self._locked("save", operation_id, change, (lease, token))
 
@@ -677,6 +731,11 @@ class PostgresStore(Store):
 
 
 Fence = tuple[str, str] | None  # (lease name, token) a write must still hold
+
+
+def _integer(rows: Rows) -> int:
+    """A function's integer answer: the first column of the one row."""
+    return int(rows[0][0] or 0)
 
 
 async def _holds(conn: psycopg.AsyncConnection[Any], s: str, name: str, token: str) -> bool:

@@ -96,7 +96,7 @@ def _nodes(netloc: str) -> list[tuple[str, int]]:
     return nodes
 
 
-OPTIONS = ("pool", "schema", "prepare", "timeout")
+OPTIONS = ("pool", "pipelines", "schema", "prepare", "timeout")
 PASSED = frozenset(
     {
         "sslmode",
@@ -118,8 +118,9 @@ PASSED = frozenset(
 
 def postgres(url: str) -> PostgresStore:
     """``postgresql://`` or ``postgres://`` with the options ``pool`` (10 connections per
-    process), ``schema`` (public), ``prepare=off`` (PgBouncer in transaction mode),
-    ``timeout`` (1s, each store call) and libpq's ``sslmode`` and friends passed through."""
+    process), ``pipelines`` (8 more, for the poll path's pipelines), ``schema`` (public),
+    ``prepare=off`` (PgBouncer in transaction mode), ``timeout`` (1s, each store call) and
+    libpq's ``sslmode`` and friends passed through."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -139,11 +140,14 @@ def postgres(url: str) -> PostgresStore:
     problems = []
     try:
         pool = int(options.get("pool", "10"))
+        pipelines = int(options.get("pipelines", "8"))
         timeout = parse_duration(options.get("timeout", "1s"))
     except ValueError as exc:
         raise ConfigError([f"store: {exc}"]) from None
     if not 1 <= pool <= 1000:
         problems.append("store: pool must be between 1 and 1000 connections")
+    if not 1 <= pipelines <= 64:
+        problems.append("store: pipelines must be between 1 and 64 connections")
     schema = options.get("schema", "public")
     if not schema or len(schema) > 63:
         problems.append("store: schema must be a name of 1 to 63 characters")
@@ -156,6 +160,7 @@ def postgres(url: str) -> PostgresStore:
         make_conninfo("", **params),
         schema=schema,
         pool=pool,
+        pipelines=pipelines,
         prepare=prepare == "on",
         timeout=timeout,
     )

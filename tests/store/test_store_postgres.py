@@ -199,14 +199,16 @@ async def test_records_survive_every_replica_closing(postgres_url: str) -> None:
 
 
 def test_url_options_and_their_errors() -> None:
-    """pool, schema, prepare=off and timeout are ours; sslmode and other libpq parameters
-    pass through; anything else is a clear error; both schemes work; the store is shared."""
+    """pool, pipelines, schema, prepare=off and timeout are ours; sslmode and other libpq
+    parameters pass through; anything else is a clear error; both schemes work; the store is
+    shared."""
     store = store_from_url(
         "postgres://u:secret@db.example:6543/gw?pool=3&schema=sg&prepare=off"
-        "&sslmode=require&timeout=500ms"
+        "&sslmode=require&timeout=500ms&pipelines=2"
     )
     assert store.schema == "sg"
     assert store._pool.max_size == 3
+    assert len(store._turns._links) == 2 and not store._turns._prepare
     assert store._pool.kwargs["prepare_threshold"] is None
     assert store._timeout == 0.5
     info = psycopg.conninfo.conninfo_to_dict(store._conninfo)
@@ -219,6 +221,8 @@ def test_url_options_and_their_errors() -> None:
         store_from_url("postgresql://h/db?pool=0")
     with pytest.raises(ConfigError, match="prepare must be"):
         store_from_url("postgresql://h/db?prepare=maybe")
+    with pytest.raises(ConfigError, match="pipelines must be"):
+        store_from_url("postgresql://h/db?pipelines=0")
 
 
 def test_the_password_may_come_from_the_environment(tmp_path: Path) -> None:
@@ -585,21 +589,22 @@ async def test_sigkill_mid_poll_then_both_replicas_restarted(
 
 
 async def test_finds_in_one_loop_turn_share_one_query(pg: Any) -> None:
-    """Thirty finds for three jobs (and one unknown) asked at once are one query; each caller
-    gets its own job's record, the unknown one None."""
+    """Thirty finds for three jobs (and one unknown) asked at once are one query in one
+    pipeline; each caller gets its own job's record, the unknown one None."""
     for n in range(3):
         await pg.create(record(operation_id=f"op_{n}", provider_job_id=f"j{n}"))
     queries = 0
-    real = pg._all
+    real = pg._turn
 
     async def counted(*args: Any) -> Any:
         nonlocal queries
-        queries += 1
+        queries += len(args) - 1  # the statements after the operation's name
         return await real(*args)
 
-    pg._all = counted
+    pg._turn = counted
+    sent = pg._turns.pipelines
     found = await asyncio.gather(*(pg.find("team-a", "demo-jobs", f"j{n % 4}") for n in range(30)))
-    assert queries == 1
+    assert queries == 1 and pg._turns.pipelines == sent + 1
     for n, got in enumerate(found):
         assert (got is None) if n % 4 == 3 else (got.provider_job_id == f"j{n % 4}")
 

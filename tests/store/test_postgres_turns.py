@@ -1,0 +1,331 @@
+"""The PostgreSQL hot path's pipelines (gateway/store/postgres_turns.py), on a real server: what
+one loop turn asks for goes in one pipeline, each caller gets its own answer or error, a
+caller's statements are one transaction, a database that hangs or goes away fails callers
+within the timeout and is reconnected by itself, and nothing abandoned runs later or twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.core.models import OperationRecord
+from gateway.errors import StoreError
+from gateway.store import store_from_url
+from gateway.store.postgres import PostgresStore
+from gateway.store.postgres_turns import Overloaded, Statement, Turns
+
+from conftest import PostgresServer, pending_record, postgres_bindir
+
+psycopg = pytest.importorskip("psycopg", reason="pip install -e '.[postgres]'")
+
+
+def record(n: int) -> OperationRecord:
+    return pending_record(operation_id=f"op_{n}", provider_job_id=f"job_{n}")
+
+
+async def opened(url: str, count: int) -> tuple[PostgresStore, list[OperationRecord]]:
+    store = store_from_url(url)
+    assert isinstance(store, PostgresStore)
+    await store.open()
+    return store, [await store.create(record(n)) for n in range(count)]
+
+
+@pytest.fixture
+async def counters(postgres_base_url: str) -> AsyncIterator[tuple[str, str]]:
+    """A table of this test's own, ``(id, n)`` with row 1 at 0: (base URL, its name)."""
+    base = postgres_base_url.split("?", 1)[0]
+    table = f"sgturns_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, n int NOT NULL)")
+        conn.execute(f"INSERT INTO {table} VALUES (1, 0)")
+    yield base, table
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def turns_on(url: str, *statements: Statement, **kw: Any) -> Turns:
+    async def connect() -> Any:
+        return await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+    return Turns(connect, statements, **kw)
+
+
+def counted(base: str, table: str) -> int:
+    with psycopg.connect(base, autocommit=True) as conn:
+        row = conn.execute(f"SELECT n FROM {table} WHERE id = 1").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_one_turns_statements_go_in_one_pipeline(postgres_url: str) -> None:
+    """Twenty record writes and twenty poll starts asked for in one loop turn are one
+    pipeline on one connection, and each caller gets its own answer."""
+    store, records = await opened(postgres_url, 20)
+    try:
+        sent = store._turns.pipelines
+        writes = [store.save(r.evolve(early_refusals=1)) for r in records]
+        starts = [
+            store.start_poll(f"poll:op_{n}", "t", time.time(), 5.0, "demo-jobs", None)
+            for n in range(20)
+        ]
+        answers = await asyncio.gather(*writes, *starts)
+        assert answers == [True] * 20 + [0.0] * 20
+        assert store._turns.pipelines == sent + 1
+        again = await asyncio.gather(
+            *(
+                store.start_poll(f"poll:op_{n}", "u", time.time(), 5.0, "demo-jobs", None)
+                for n in range(20)
+            )
+        )
+        assert again == [None] * 20  # the leases are held: each caller saw its own lease
+        assert store._turns.pipelines == sent + 2
+        stored = await asyncio.gather(*(store.get(r.operation_id) for r in records))
+        assert {(r.version, r.early_refusals) for r in stored if r} == {(2, 1)}
+    finally:
+        await store.close()
+
+
+async def test_a_failing_statement_fails_its_own_caller_only(postgres_url: str) -> None:
+    """A write whose statement fails in the database (a budget out of the integer range)
+    raises StoreError for its caller; the reads and writes sent in the same pipeline go
+    through. A parameter the database could not take (NUL) is refused before sending."""
+    store, records = await opened(postgres_url, 5)
+    try:
+        sent = store._turns.pipelines
+        writes = [r.evolve(early_refusals=1) for r in records]
+        writes[2] = records[2].evolve(max_status_requests=2**40)
+        answers = await asyncio.gather(
+            store.get("op_0"),
+            store.get("op_\x00"),
+            *(store.save(w) for w in writes),
+            store.get("op_4"),
+            return_exceptions=True,
+        )
+        assert store._turns.pipelines == sent + 1
+        assert answers[0] == records[0]
+        assert isinstance(answers[1], StoreError)
+        assert isinstance(answers[4], StoreError) and "out of range" in str(answers[4])
+        assert answers[2:4] + answers[5:7] == [True] * 4
+        assert answers[7] == records[4].evolve(early_refusals=1, version=2)
+        assert await store.get("op_2") == records[2]
+    finally:
+        await store.close()
+
+
+async def test_a_callers_statements_are_one_transaction(counters: tuple[str, str]) -> None:
+    """Two statements of one caller commit together or not at all: when the second fails the
+    first is rolled back, and the callers around it are answered as usual."""
+    base, table = counters
+    bump = Statement.of("bump", f"UPDATE {table} SET n = n + %s WHERE id = 1 RETURNING n")
+    divide = Statement.of("divide", "SELECT 1 / %s::int")
+    turns = turns_on(base, bump, divide)
+    try:
+        answers = await asyncio.gather(
+            turns.call((bump, (1,))),
+            turns.call((bump, (10,)), (divide, (0,))),
+            turns.call((bump, (100,)), (divide, (1,))),
+            return_exceptions=True,
+        )
+        assert answers[0] == [[(b"1",)]]
+        assert isinstance(answers[1], psycopg.errors.DivisionByZero)
+        assert answers[2] == [[(b"101",)], [(b"1",)]]
+        assert counted(base, table) == 101
+        assert turns.pipelines == 1
+    finally:
+        await turns.aclose()
+
+
+async def test_prepare_off_sends_unnamed_statements(postgres_url: str) -> None:
+    """With prepare=off (PgBouncer) nothing is prepared on the turns' connections, and a
+    poll's statements answer as with prepared ones."""
+    store, records = await opened(postgres_url.replace("?", "?prepare=off&"), 3)
+    try:
+        assert not store._turns._prepare
+        reserved = records[0].evolve(status_requests_used=1, inflight_at=time.time())
+        started = await store.start_and_reserve(
+            "poll:op_0", "t", time.time(), 5.0, "demo-jobs", None, reserved
+        )
+        assert started == (0.0, True, None)
+        assert await store.find("team-a", "demo-jobs", "job_1") == records[1]
+        prepared = Statement.of("prepared", "SELECT count(*) FROM pg_prepared_statements")
+        answers = await asyncio.gather(*(store._turns.call((prepared, ())) for _ in range(8)))
+        assert answers == [[[(b"0",)]]] * 8
+    finally:
+        await store.close()
+
+
+async def test_past_the_bound_callers_are_refused_at_once(postgres_base_url: str) -> None:
+    """With more statements waiting than the bound, a caller is refused without waiting;
+    a call that finds nothing waiting is taken whatever its size."""
+    one = Statement.of("one", "SELECT 1")
+    turns = turns_on(postgres_base_url.split("?", 1)[0], one, links=1, bound=3)
+    try:
+        asked = [turns.call((one, ())) for _ in range(3)]
+        with pytest.raises(Overloaded):
+            turns.call((one, ()))
+        assert await asyncio.gather(*asked) == [[[(b"1",)]]] * 3
+        alone = await turns.call(*[(one, ())] * 5)
+        assert alone == [[(b"1",)]] * 5
+    finally:
+        await turns.aclose()
+
+
+async def test_an_abandoned_pipeline_never_runs_later(counters: tuple[str, str]) -> None:
+    """Callers whose statements wait on a lock past the timeout all fail within it (those
+    queued behind too); their statements do not run once the lock is released (the
+    connection is reset and the one running cancelled) and are never sent again."""
+    base, table = counters
+    bump = Statement.of("bump", f"UPDATE {table} SET n = n + 1 WHERE id = 1 RETURNING n")
+    turns = turns_on(base, bump, links=1, timeout=0.4)
+    try:
+        with psycopg.connect(base, autocommit=True) as holder, holder.transaction():
+            holder.execute(f"SELECT 1 FROM {table} WHERE id = 1 FOR UPDATE")
+            started = time.perf_counter()
+            first = [turns.call((bump, ())) for _ in range(5)]
+            await asyncio.sleep(0.1)  # the first pipeline is out, waiting for the lock
+            behind = [turns.call((bump, ())) for _ in range(5)]
+            answers = await asyncio.gather(*first, *behind, return_exceptions=True)
+            took = time.perf_counter() - started
+        assert all(isinstance(a, TimeoutError) for a in answers), answers
+        assert took < 0.8, took
+        await asyncio.sleep(0.5)
+        assert counted(base, table) == 0
+        assert await turns.call((bump, ())) == [[(b"1",)]]  # a new connection
+        await asyncio.sleep(0.2)
+        assert counted(base, table) == 1 and turns.pipelines <= 3
+    finally:
+        await turns.aclose()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test's own, to stop, pause and start again."""
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip("initdb/pg_ctl are not installed: cannot stop a private PostgreSQL")
+    folder = Path(tempfile.mkdtemp(prefix="statusgate-pg-"))
+    server = PostgresServer(folder, bindir)
+    try:
+        server.init()
+        server.start()
+        yield server
+        resume(server)
+        server.stop("immediate")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def server_pids(server: PostgresServer) -> list[int]:
+    """The postmaster and its children (backends and helpers)."""
+    postmaster = int((server.folder / "data" / "postmaster.pid").read_text().split()[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def signal_all(server: PostgresServer, number: signal.Signals) -> None:
+    if not (server.folder / "data" / "postmaster.pid").exists():
+        return
+    for pid in server_pids(server):
+        with contextlib.suppress(ProcessLookupError):  # a backend that just ended
+            os.kill(pid, number)
+
+
+def pause(server: PostgresServer) -> None:
+    signal_all(server, signal.SIGSTOP)
+
+
+def resume(server: PostgresServer) -> None:
+    signal_all(server, signal.SIGCONT)
+
+
+async def recovered(call: Any, seconds: float = 5.0) -> float:
+    """Seconds until ``call()`` succeeds, retrying every 0.1 s."""
+    started = time.perf_counter()
+    while True:
+        try:
+            await call()
+            return time.perf_counter() - started
+        except StoreError:
+            assert time.perf_counter() - started < seconds, "the store never recovered"
+            await asyncio.sleep(0.1)
+
+
+async def test_a_database_that_stops_answering_fails_callers_within_the_timeout(
+    own_postgres: PostgresServer,
+) -> None:
+    """The server paused (SIGSTOP) under pipelines in flight: their callers and those
+    queued behind fail within 1.5 s; each abandoned write runs at most once, never sent
+    again; when the server resumes, calls succeed without reopening the store."""
+    store, records = await opened(own_postgres.url, 10)
+    try:
+        pause(own_postgres)
+
+        async def timed(call: Any) -> float:
+            started = time.perf_counter()
+            with pytest.raises(StoreError):
+                await call
+            return time.perf_counter() - started
+
+        first = [
+            asyncio.ensure_future(timed(store.save(r.evolve(early_refusals=1)))) for r in records
+        ]
+        await asyncio.sleep(0.2)
+        behind = [asyncio.ensure_future(timed(store.get(r.operation_id))) for r in records]
+        took = await asyncio.gather(*first, *behind)
+        assert max(took) < 1.5, took
+        resume(own_postgres)
+        await recovered(lambda: store.get("op_0"))
+        stored = await asyncio.gather(*(store.get(r.operation_id) for r in records))
+        assert {r.version for r in stored if r} <= {1, 2}  # at most once each
+    finally:
+        resume(own_postgres)
+        await store.close()
+
+
+async def test_a_database_restarted_fails_fast_and_is_reconnected(
+    own_postgres: PostgresServer,
+) -> None:
+    """The server stopped: every call is a StoreError within 1.5 s; started again, the
+    store answers within a few seconds with no reopening; a server that closes the idle
+    connections (a restart) costs no caller an error: they are replaced before use."""
+    store, records = await opened(own_postgres.url, 5)
+    try:
+        own_postgres.stop("fast")
+        for _ in range(3):
+            started = time.perf_counter()
+            answers = await asyncio.gather(
+                *(store.get(r.operation_id) for r in records), return_exceptions=True
+            )
+            assert all(isinstance(a, StoreError) for a in answers), answers
+            assert time.perf_counter() - started < 1.5
+        own_postgres.start()
+        assert await recovered(lambda: store.get("op_0")) < 3.0
+        await asyncio.gather(*(store.get(r.operation_id) for r in records))
+        links = [link.conn for link in store._turns._links if link.conn is not None]
+        pids = [conn.pgconn.backend_pid for conn in links]
+        with psycopg.connect(own_postgres.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        await asyncio.sleep(0.2)  # the server's goodbye reaches the idle connections
+        for _ in range(3):
+            answers = await asyncio.gather(*(store.get(r.operation_id) for r in records))
+            assert answers == records
+    finally:
+        await store.close()
