@@ -389,6 +389,30 @@ async def test_a_server_that_never_answers_times_out_on_time() -> None:
     assert 0.25 < took < 0.6, took
 
 
+async def test_a_caller_waiting_for_a_connection_times_out_within_its_timeout() -> None:
+    """With the one connection of the pool held by a call that gets no answer, a second
+    caller's wait for it counts against its own timeout: both fail on time."""
+
+    async def never(head: bytes, n: int) -> bytes | None:
+        await asyncio.sleep(10)
+        return None
+
+    client = Upstream(timeout=0.3, max_response_body=1024, pool_size=1)
+    try:
+        async with raw_server(never) as raw:
+            started = asyncio.get_running_loop().time()
+            answers = await asyncio.gather(
+                *(client.send("GET", f"{raw.url}/a", {}) for _ in range(2)),
+                return_exceptions=True,
+            )
+            took = asyncio.get_running_loop().time() - started
+    finally:
+        await client.close()
+    assert all(isinstance(a, UpstreamTimeout) for a in answers), answers
+    assert took < 0.6, took
+    assert raw.connections == 1
+
+
 async def test_a_reset_mid_body_may_have_been_sent(upstream: Upstream) -> None:
     async def reset(head: bytes, n: int) -> bytes | None:
         return b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial"
@@ -532,11 +556,16 @@ async def test_https_verifies_certificates_and_sends_sni(tmp_path: Path) -> None
 # -- under uvloop, the gateway's loop ----------------------------------------------------
 
 
-def test_keep_alive_idle_close_and_failures_under_uvloop() -> None:
-    """The same connection bookkeeping holds on uvloop (the loop of statusgate serve)."""
+def test_keep_alive_idle_close_failures_and_tls_under_uvloop(tmp_path: Path) -> None:
+    """The same connection bookkeeping holds on uvloop (the loop of statusgate serve), TLS
+    included (uvloop has its own TLS transport)."""
+    cert, key = _self_signed(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    trusted = ssl.create_default_context(cafile=str(cert))
 
     async def scenario() -> None:
-        client = Upstream(timeout=1.0, max_response_body=1024)
+        client = Upstream(timeout=1.0, max_response_body=1024, ssl_context=trusted)
         try:
             async with raw_server(always(OK)) as raw:
                 for _ in range(3):
@@ -552,6 +581,12 @@ def test_keep_alive_idle_close_and_failures_under_uvloop() -> None:
                 with pytest.raises(UpstreamUnavailable) as broken:
                     await client.send("GET", f"{raw.url}/a", {})
                 assert broken.value.sent is True
+            peers: list[int] = []
+            async with aiohttp_server(peers_app(peers), tls=served) as url:
+                for _ in range(3):
+                    answer = await client.send("GET", f"{url}/tls", {})
+                    assert answer.body == b"GET /tls"
+            assert len(peers) == 3 and len(set(peers)) == 1
         finally:
             await client.close()
 
