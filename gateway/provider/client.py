@@ -77,8 +77,11 @@ class Upstream:
         body: bytes | None = None,
         *,
         secrets: tuple[str, ...] = (),
+        retry: bool = True,
     ) -> UpstreamResponse:
-        """One request, no redirects; raises only UpstreamError subclasses.
+        """One request, no redirects; raises only UpstreamError subclasses. ``retry=False``:
+        never sent a second time once it may have gone out (wire.py: a reused connection
+        closed before an answer), for requests that each count.
 
         Any of ``secrets`` that the provider echoes back (in its body or a header) is
         replaced by ``[redacted]`` before the answer leaves this module.
@@ -88,7 +91,9 @@ class Upstream:
         timeout = self._timeout
         try:
             async with asyncio.timeout(timeout):
-                status, kept, data = await pool.request(method, url, headers, body, self._max_body)
+                status, kept, data = await pool.request(
+                    method, url, headers, body, self._max_body, retry=retry
+                )
         except TimeoutError:
             raise UpstreamTimeout(f"no answer within {timeout}s") from None
         return _redacted(UpstreamResponse(status, kept, data), secrets)

@@ -19,6 +19,10 @@ from gateway.provider.client import Upstream, UpstreamResponse
 from gateway.provider.credentials import Applier, Outgoing
 from gateway.settings.policy import ProviderPolicy
 
+# Routes whose every request is counted (a status request spends a reservation, a result
+# fetch one of max_result_fetches): never sent twice by the client for one count.
+COUNTED = frozenset({"status", "result"})
+
 
 @dataclass(frozen=True, slots=True)
 class Channel:
@@ -104,7 +108,12 @@ async def _exchange(
             response = None
             out = await credential.apply(request)
             response = await channel.client.send(
-                out.method, out.url, out.headers, out.body, secrets=credential.secrets()
+                out.method,
+                out.url,
+                out.headers,
+                out.body,
+                secrets=credential.secrets(),
+                retry=route not in COUNTED,
             )
             if response.status != 401 or not credential.renew():
                 return response, None

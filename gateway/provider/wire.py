@@ -40,6 +40,9 @@ IDLE_SECONDS = 15.0
 # A request on a reused connection that the server closed before answering a byte is sent
 # once more on a new connection when repeating it is harmless (aiohttp retried these too):
 # the server dropped a connection it had just timed out, most likely without reading it.
+# Not when the caller says every request counts (``retry=False``: a status poll spends its
+# reservation on one request, SPEC 4 step 8): a proxy may have passed the first one on. A
+# request that could not be written at all is always sent on a new connection.
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # Content-Length: 0 when sent without one
 # Headers written here: the body's framing and the encodings we decode are ours; Host and
@@ -118,7 +121,10 @@ def request_head(
     breaks = len(lines) - 1
     if text.count("\n") != breaks or text.count("\r") != breaks or "\0" in text:
         raise UpstreamUnavailable("a line break or NUL in a header", sent=False)
-    return (text + "\r\n\r\n").encode()
+    try:  # bytes an agent sent that were not UTF-8 go on as they came (HEADER_BYTES)
+        return (text + "\r\n\r\n").encode(*HEADER_BYTES)
+    except UnicodeEncodeError:
+        raise UpstreamUnavailable("a header that is not text", sent=False) from None
 
 
 class Body:
@@ -140,6 +146,8 @@ class Body:
         while data:
             self._keep(self._decoder.decompress(data, self._cap + 1 - self._size))
             data = self._decoder.unconsumed_tail
+        if self._decoder.eof and self._decoder.unused_data:  # never held, never capped
+            raise _broken("bytes after the end of the compressed body")
 
     def end(self) -> bytes:
         if self._decoder is not None:
@@ -161,6 +169,13 @@ def _decoder(encoding: str) -> zlib._Decompress | None:
     if encoding in ("identity", ""):
         return None
     raise UpstreamUnavailable(f"unsupported Content-Encoding {encoding!r}", sent=True)
+
+
+class Unsent(UpstreamUnavailable):
+    """The request could not be written: the connection had closed. Nothing went out."""
+
+    def __init__(self) -> None:
+        super().__init__("the connection closed before the request was written", sent=False)
 
 
 class Unanswered(UpstreamUnavailable):
@@ -198,9 +213,10 @@ class Reading:
         except (HttpParserError, HttpParserUpgrade) as exc:
             self.fail(_broken(f"malformed answer: {exc!r}"))
 
-    def ended(self) -> None:
-        """The server closed the connection (EOF or reset)."""
-        if self._to_eof and self._body is not None and not self._done.done():
+    def ended(self, *, clean: bool = False) -> None:
+        """The connection closed: ``clean``, by the server's end of file, which alone ends
+        an answer framed by the connection's end; else a reset, or closed here."""
+        if clean and self._to_eof and self._body is not None and not self._done.done():
             try:
                 self.on_message_complete()
             except UpstreamError as exc:
@@ -213,6 +229,10 @@ class Reading:
         self.keep_alive = False
         if not self._done.done():
             self._done.set_exception(error)
+
+    def on_message_begin(self) -> None:
+        if self._done.done():  # another answer after this one: the connection is not reused
+            self.keep_alive = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._raw.append((name.decode(*HEADER_BYTES), value.decode(*HEADER_BYTES)))
@@ -278,7 +298,7 @@ class Connection(asyncio.Protocol):
                 raise ConnectionError
             self.transport.write(head + body if body else head)
         except (OSError, RuntimeError):  # uvloop raises RuntimeError on a closed handle
-            reading.ended()
+            reading.fail(Unsent())
         return await done
 
     def reusable(self) -> bool:
@@ -304,7 +324,7 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.lost = True
         if self._reading is not None:
-            self._reading.ended()
+            self._reading.ended(clean=True)
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -340,6 +360,8 @@ class Pool:
         headers: Mapping[str, str],
         body: bytes | None,
         cap: int,
+        *,
+        retry: bool = True,
     ) -> Answer:
         origin, target = split(url)
         head = request_head(method, origin, target, headers, body)
@@ -353,8 +375,11 @@ class Pool:
                 if connection is not None:
                     try:
                         return await connection.exchange(head, body, head_only, cap)
+                    except Unsent:
+                        connection.close()
+                        connection = None
                     except Unanswered:
-                        if method not in IDEMPOTENT:
+                        if not retry or method not in IDEMPOTENT:
                             raise
                         connection.close()
                 connection = await self._connect(origin, again=connection is not None)
@@ -394,7 +419,7 @@ class Pool:
                 origin.port,
                 ssl=context,
             )
-        except OSError as exc:  # refused, unreachable, DNS, TLS (certificate) failures
+        except (OSError, UnicodeError) as exc:  # refused, unreachable, DNS, TLS, a bad name
             raise UpstreamUnavailable(f"cannot connect: {exc}", sent=again) from None
         self._open.add(connection)
         return connection

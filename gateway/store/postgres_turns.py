@@ -15,10 +15,11 @@ turn's finds) to the next pipeline and returns the future of their rows. What it
 - Every caller hears within ``timeout`` of its call: a pipeline's deadline is its first
   caller's call plus ``timeout``, one timer a pipeline (none a call). A pipeline past its
   deadline, or whose connection breaks, fails every caller not answered yet. Its
-  connection is reset (not closed politely: the server drops what it has not read of it,
-  instead of running the statements queued behind a stuck one once the lock lets them)
-  and the statement running is cancelled. Nothing is ever sent twice: a statement whose
-  outcome is unknown (it may have committed: a reservation) is an error to its caller.
+  connection is reset (SO_LINGER 0) and the statement running is cancelled; the backend
+  then fails at its next write (the answer to a Sync) and ends, so statements queued
+  behind a stuck one mostly never run, though one may still commit. Nothing is ever sent
+  twice: a statement whose outcome is unknown (it may have committed: a reservation) is an
+  error to its caller.
 - A connection is opened again by the next pipeline that needs it, within that pipeline's
   deadline; one the server closed while idle (a restart, ``pg_terminate_backend``) is
   noticed before anything is sent on it, so a restarted database costs no caller an error.
@@ -244,6 +245,9 @@ class Turns:
     async def _exchange(self, pgconn: pq.abc.PGconn, batch: list[Waiting]) -> None:
         """Send the batch as one pipeline, a Sync after each caller's statements, and
         answer each caller as its results come back."""
+        batch = [waiting for waiting in batch if not waiting[1].done()]  # cancelled: unsent
+        if not batch:
+            return
         for sent, _ in batch:
             for statement, params in sent:
                 if self._prepare:

@@ -117,8 +117,9 @@ PASSED = frozenset(
 
 
 def postgres(url: str) -> PostgresStore:
-    """``postgresql://`` or ``postgres://`` with the options ``pool`` (10 connections per
-    process), ``pipelines`` (8 more, for the poll path's pipelines), ``schema`` (public),
+    """``postgresql://`` or ``postgres://`` with the options ``pool`` (16 connections per
+    process in all, SPEC 18), ``pipelines`` (how many of them carry the poll path's
+    pipelines: half, at most 8; the rest are pooled for everything else), ``schema`` (public),
     ``prepare=off`` (PgBouncer in transaction mode), ``timeout`` (1s, each store call) and
     libpq's ``sslmode`` and friends passed through."""
     import psycopg
@@ -139,15 +140,19 @@ def postgres(url: str) -> PostgresStore:
         raise ConfigError([f"store: {describe(exc)}"]) from None
     problems = []
     try:
-        pool = int(options.get("pool", "10"))
-        pipelines = int(options.get("pipelines", "8"))
+        pool = int(options.get("pool", "16"))
+        pipelines = int(options.get("pipelines", str(min(8, pool // 2))))
         timeout = parse_duration(options.get("timeout", "1s"))
     except ValueError as exc:
         raise ConfigError([f"store: {exc}"]) from None
-    if not 1 <= pool <= 1000:
-        problems.append("store: pool must be between 1 and 1000 connections")
-    if not 1 <= pipelines <= 64:
-        problems.append("store: pipelines must be between 1 and 64 connections")
+    if not 2 <= pool <= 1000:
+        problems.append("store: pool must be between 2 and 1000 connections")
+    elif not 1 <= pipelines <= min(64, pool - 1):
+        limit = min(64, pool - 1)
+        problems.append(
+            f"store: pipelines must be between 1 and {limit} connections (of pool={pool}:"
+            " at least one stays pooled)"
+        )
     schema = options.get("schema", "public")
     if not schema or len(schema) > 63:
         problems.append("store: schema must be a name of 1 to 63 characters")
@@ -159,7 +164,7 @@ def postgres(url: str) -> PostgresStore:
     return PostgresStore(
         make_conninfo("", **params),
         schema=schema,
-        pool=pool,
+        pool=pool - pipelines,  # pool=N is every connection of the process (SPEC 18)
         pipelines=pipelines,
         prepare=prepare == "on",
         timeout=timeout,

@@ -181,6 +181,38 @@ async def test_an_idempotent_call_is_sent_again_when_a_reused_connection_drops_i
         assert len(raw.heads) == 5
 
 
+async def test_a_counted_call_is_never_sent_twice(upstream: Upstream) -> None:
+    """``retry=False`` (a status poll: one reservation, one request): the reused connection
+    dropped unanswered is a failure that may have been sent, and nothing is sent again (a
+    proxy in front may have passed the first one on)."""
+
+    async def answer(head: bytes, n: int) -> bytes | None:
+        return None if n == 2 else OK
+
+    async with raw_server(answer) as raw:
+        await upstream.send("GET", f"{raw.url}/a", {}, retry=False)
+        with pytest.raises(UpstreamUnavailable) as failed:
+            await upstream.send("GET", f"{raw.url}/a", {}, retry=False)
+        assert failed.value.sent is True
+        assert len(raw.heads) == 2 and raw.connections == 1
+
+
+async def test_a_request_that_could_not_be_written_goes_on_a_new_connection() -> None:
+    """A kept connection found closed when writing (nothing went out) is replaced, even for
+    a counted call."""
+    pool = wire.Pool(4)
+    async with raw_server(always(OK)) as raw:
+        await pool.request("GET", f"{raw.url}/a", {}, None, 1024, retry=False)
+        (host,) = pool._hosts.values()
+        connection = host.idle[0]
+        assert connection.transport is not None
+        connection.transport.close()  # closing: its connection_lost not run yet, no await
+        status, _, body = await pool.request("GET", f"{raw.url}/a", {}, None, 1024, retry=False)
+        assert (status, body) == (200, b"ok")
+        assert raw.connections == 2 and len(raw.heads) == 2
+    pool.close()
+
+
 async def test_calls_beyond_the_pool_size_wait_for_a_connection() -> None:
     """Twelve concurrent calls through a pool of two are all answered, never over more
     than two connections at a time."""
@@ -239,6 +271,58 @@ async def test_a_body_without_length_is_read_to_the_end_of_the_connection(
         for _ in range(2):
             assert (await upstream.send("GET", f"{raw.url}/a", {})).body == b"all of it"
     assert raw.connections == 2
+
+
+async def test_a_body_without_length_cut_by_a_reset_is_no_answer(upstream: Upstream) -> None:
+    """Only the server's end of file ends a body framed by the connection: a reset in the
+    middle of it is a broken answer, never a truncated 200."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"state": "succ')
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(UpstreamUnavailable) as broken:
+            await upstream.send("GET", f"http://127.0.0.1:{port}/a", {})
+    finally:
+        server.close()
+    assert broken.value.sent is True
+
+
+async def test_the_start_of_another_answer_retires_the_connection(upstream: Upstream) -> None:
+    """An answer followed in the same read by the start of another: the connection is not
+    reused (the next call gets a new one and its own answer)."""
+    async with raw_server(always(OK + b"HTTP/1.1 500 Oops\r\n")) as raw:
+        for _ in range(2):
+            assert (await upstream.send("GET", f"{raw.url}/a", {})).body == b"ok"
+    assert raw.connections == 2
+
+
+async def test_agent_header_bytes_that_were_not_utf8_go_on_as_they_came(
+    upstream: Upstream,
+) -> None:
+    """aiohttp's server hands a header byte that is not UTF-8 on as a lone surrogate: it
+    is sent as the byte it was; text that cannot be bytes at all is refused unsent."""
+    async with raw_server(always(OK)) as raw:
+        await upstream.send("GET", f"{raw.url}/a", {"X-Name": "caf\udcff\udce9"})
+        assert b"X-Name: caf\xff\xe9\r\n" in raw.heads[0]
+        with pytest.raises(UpstreamUnavailable) as refused:
+            await upstream.send("GET", f"{raw.url}/a", {"X-Name": "\ud800"})
+        assert refused.value.sent is False and len(raw.heads) == 1
+
+
+async def test_a_bad_host_name_was_not_sent_to(upstream: Upstream) -> None:
+    for url in ("http://a..b/x", f"http://{'a' * 64}.example/x"):
+        with pytest.raises(UpstreamUnavailable) as failed:
+            await upstream.send("GET", url, {})
+        assert failed.value.sent is False
 
 
 async def test_connection_close_from_the_server_is_honoured(upstream: Upstream) -> None:
@@ -460,6 +544,17 @@ async def test_a_chunked_gzip_bomb_stops_at_the_cap(upstream: Upstream) -> None:
     async with raw_server(always(data)) as raw:
         with pytest.raises(UpstreamBodyTooLarge):
             await upstream.send("GET", f"{raw.url}/a", {})
+
+
+async def test_bytes_after_a_gzip_body_are_a_broken_answer(upstream: Upstream) -> None:
+    """Whatever follows the end of a gzip member would be held undecoded and uncapped: the
+    answer is broken, whatever its size."""
+    packed = gzip.compress(b'{"state": "running"}') + b"x" * 4096
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(packed)}\r\n\r\n"
+    async with raw_server(always(head.encode() + packed)) as raw:
+        with pytest.raises(UpstreamUnavailable) as broken:
+            await upstream.send("GET", f"{raw.url}/a", {})
+    assert broken.value.sent is True
 
 
 async def test_an_unsupported_content_encoding_is_a_broken_answer(upstream: Upstream) -> None:

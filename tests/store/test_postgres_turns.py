@@ -146,6 +146,25 @@ async def test_a_callers_statements_are_one_transaction(counters: tuple[str, str
         await turns.aclose()
 
 
+async def test_a_caller_cancelled_before_its_pipeline_went_sends_nothing(
+    counters: tuple[str, str],
+) -> None:
+    """A caller that gave up (cancelled) while its statements waited for a pipeline: they
+    are never sent (a reservation nobody waits for would spend a budget for nothing)."""
+    base, table = counters
+    bump = Statement.of("bump", f"UPDATE {table} SET n = n + %s WHERE id = 1 RETURNING n")
+    turns = turns_on(base, bump, links=1)
+    try:
+        await turns.open()
+        first = turns.call((bump, (1,)))
+        second = turns.call((bump, (10,)))
+        second.cancel()  # before the turn ends: its pipeline has not gone yet
+        assert await first == [[(b"1",)]]
+        assert counted(base, table) == 1
+    finally:
+        await turns.aclose()
+
+
 async def test_prepare_off_sends_unnamed_statements(postgres_url: str) -> None:
     """With prepare=off (PgBouncer) nothing is prepared on the turns' connections, and a
     poll's statements answer as with prepared ones."""

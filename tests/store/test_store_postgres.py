@@ -207,7 +207,7 @@ def test_url_options_and_their_errors() -> None:
         "&sslmode=require&timeout=500ms&pipelines=2"
     )
     assert store.schema == "sg"
-    assert store._pool.max_size == 3
+    assert store._pool.max_size == 1  # pool=3 is all of them: 2 for pipelines, 1 pooled
     assert len(store._turns._links) == 2 and not store._turns._prepare
     assert store._pool.kwargs["prepare_threshold"] is None
     assert store._timeout == 0.5
@@ -223,6 +223,12 @@ def test_url_options_and_their_errors() -> None:
         store_from_url("postgresql://h/db?prepare=maybe")
     with pytest.raises(ConfigError, match="pipelines must be"):
         store_from_url("postgresql://h/db?pipelines=0")
+    with pytest.raises(ConfigError, match="pipelines must be between 1 and 3"):
+        store_from_url("postgresql://h/db?pool=4&pipelines=4")
+    default = store_from_url("postgresql://h/db")
+    assert default._pool.max_size == 8 and len(default._turns._links) == 8
+    small = store_from_url("postgresql://h/db?pool=5")
+    assert small._pool.max_size == 3 and len(small._turns._links) == 2
 
 
 def test_the_password_may_come_from_the_environment(tmp_path: Path) -> None:
