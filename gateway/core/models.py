@@ -245,15 +245,22 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(OperationRecord))
 def evolver(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, dict[str, Any]], Any]:
     """A copier for a frozen slotted dataclass written out field by field (no per-field
     loop, no keyword binding, no __init__), generated from the fields so a new field is
-    never left out. Unknown names raise TypeError, as dataclasses.replace does."""
-    lines = ["def evolve(self, changes):", "    new = _new(_cls)", "    take = changes.pop"]
-    lines += [f"    _set(new, {name!r}, take({name!r}, self.{name}))" for name in names]
+    never left out: every slot copied through its own descriptor's setter (no attribute
+    lookup, which ``object.__setattr__`` makes each time: half the cost), then the changes
+    applied. Unknown names raise TypeError, as dataclasses.replace does."""
+    setters = {name: cls.__dict__[name].__set__ for name in names}  # slots' descriptors
+    lines = ["def evolve(self, changes):", "    new = _new(_cls)"]
+    lines += [f"    _set_{name}(new, self.{name})" for name in names]
     lines += [
-        "    if changes:",
-        "        raise TypeError(f'unknown fields: {sorted(changes)}')",
+        "    for name, value in changes.items():",
+        "        setter = _setters.get(name)",
+        "        if setter is None:",
+        "            raise TypeError(f'unknown fields: {[name]}')",
+        "        setter(new, value)",
         "    return new",
     ]
-    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_set": object.__setattr__}
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_setters": setters}
+    scope.update({f"_set_{name}": setter for name, setter in setters.items()})
     exec("\n".join(lines), scope)  # noqa: S102 - source built above from field names only
     evolve: Callable[[Any, dict[str, Any]], Any] = scope["evolve"]
     return evolve
