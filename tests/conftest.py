@@ -892,3 +892,20 @@ async def raw(harness: Harness, request: bytes) -> tuple[int, bytes]:
     writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split(b" ", 2)[1]), body
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test's own, to stop, pause and start again."""
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip("initdb/pg_ctl are not installed: cannot stop a private PostgreSQL")
+    folder = Path(tempfile.mkdtemp(prefix="statusgate-pg-"))
+    server = PostgresServer(folder, bindir)
+    try:
+        server.init()
+        server.start()
+        yield server
+        server.stop("immediate")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

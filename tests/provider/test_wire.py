@@ -83,6 +83,27 @@ async def raw_server(answer: Answerer, *, close_after: float | None = None) -> A
         server.close()
 
 
+@contextlib.asynccontextmanager
+async def resetting(data: bytes) -> AsyncIterator[str]:
+    """A server that reads a request, sends ``data``, then resets the connection (an RST,
+    not a FIN): its base URL."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(data)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
 def always(data: bytes) -> Answerer:
     async def answer(head: bytes, n: int) -> bytes | None:
         return data
@@ -276,23 +297,10 @@ async def test_a_body_without_length_is_read_to_the_end_of_the_connection(
 async def test_a_body_without_length_cut_by_a_reset_is_no_answer(upstream: Upstream) -> None:
     """Only the server's end of file ends a body framed by the connection: a reset in the
     middle of it is a broken answer, never a truncated 200."""
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"state": "succ')
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        sock = writer.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        writer.transport.abort()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+    async with resetting(head + b'{"state": "succ') as url:
         with pytest.raises(UpstreamUnavailable) as broken:
-            await upstream.send("GET", f"http://127.0.0.1:{port}/a", {})
-    finally:
-        server.close()
+            await upstream.send("GET", f"{url}/a", {})
     assert broken.value.sent is True
 
 
@@ -498,25 +506,9 @@ async def test_a_caller_waiting_for_a_connection_times_out_within_its_timeout() 
 
 
 async def test_a_reset_mid_body_may_have_been_sent(upstream: Upstream) -> None:
-    async def reset(head: bytes, n: int) -> bytes | None:
-        return b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial"
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(await reset(b"", 1) or b"")
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        sock = writer.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        writer.transport.abort()  # an RST, not a FIN
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with resetting(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial") as url:
         with pytest.raises(UpstreamUnavailable) as broken:
-            await upstream.send("GET", f"http://127.0.0.1:{port}/a", {})
-    finally:
-        server.close()
+            await upstream.send("GET", f"{url}/a", {})
     assert broken.value.sent is True
 
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from gateway.store import store_from_url
 from gateway.store.postgres import PostgresStore
 from gateway.store.postgres_turns import Overloaded, Statement, Turns
 
-from conftest import PostgresServer, pending_record, postgres_bindir
+from conftest import PostgresServer, pending_record
 
 psycopg = pytest.importorskip("psycopg", reason="pip install -e '.[postgres]'")
 
@@ -227,24 +225,6 @@ async def test_an_abandoned_pipeline_never_runs_later(counters: tuple[str, str])
         await turns.aclose()
 
 
-@pytest.fixture
-def own_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of this test's own, to stop, pause and start again."""
-    bindir = postgres_bindir()
-    if bindir is None:
-        pytest.skip("initdb/pg_ctl are not installed: cannot stop a private PostgreSQL")
-    folder = Path(tempfile.mkdtemp(prefix="statusgate-pg-"))
-    server = PostgresServer(folder, bindir)
-    try:
-        server.init()
-        server.start()
-        yield server
-        resume(server)
-        server.stop("immediate")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def server_pids(server: PostgresServer) -> list[int]:
     """The postmaster and its children (backends and helpers)."""
     postmaster = int((server.folder / "data" / "postmaster.pid").read_text().split()[0])
@@ -288,14 +268,14 @@ async def recovered(call: Any, seconds: float = 5.0) -> float:
 
 
 async def test_a_database_that_stops_answering_fails_callers_within_the_timeout(
-    own_postgres: PostgresServer,
+    private_postgres: PostgresServer,
 ) -> None:
     """The server paused (SIGSTOP) under pipelines in flight: their callers and those
     queued behind fail within 1.5 s; each abandoned write runs at most once, never sent
     again; when the server resumes, calls succeed without reopening the store."""
-    store, records = await opened(own_postgres.url, 10)
+    store, records = await opened(private_postgres.url, 10)
     try:
-        pause(own_postgres)
+        pause(private_postgres)
 
         async def timed(call: Any) -> float:
             started = time.perf_counter()
@@ -310,24 +290,24 @@ async def test_a_database_that_stops_answering_fails_callers_within_the_timeout(
         behind = [asyncio.ensure_future(timed(store.get(r.operation_id))) for r in records]
         took = await asyncio.gather(*first, *behind)
         assert max(took) < 1.5, took
-        resume(own_postgres)
+        resume(private_postgres)
         await recovered(lambda: store.get("op_0"))
         stored = await asyncio.gather(*(store.get(r.operation_id) for r in records))
         assert {r.version for r in stored if r} <= {1, 2}  # at most once each
     finally:
-        resume(own_postgres)
+        resume(private_postgres)
         await store.close()
 
 
 async def test_a_database_restarted_fails_fast_and_is_reconnected(
-    own_postgres: PostgresServer,
+    private_postgres: PostgresServer,
 ) -> None:
     """The server stopped: every call is a StoreError within 1.5 s; started again, the
     store answers within a few seconds with no reopening; a server that closes the idle
     connections (a restart) costs no caller an error: they are replaced before use."""
-    store, records = await opened(own_postgres.url, 5)
+    store, records = await opened(private_postgres.url, 5)
     try:
-        own_postgres.stop("fast")
+        private_postgres.stop("fast")
         for _ in range(3):
             started = time.perf_counter()
             answers = await asyncio.gather(
@@ -335,12 +315,12 @@ async def test_a_database_restarted_fails_fast_and_is_reconnected(
             )
             assert all(isinstance(a, StoreError) for a in answers), answers
             assert time.perf_counter() - started < 1.5
-        own_postgres.start()
+        private_postgres.start()
         assert await recovered(lambda: store.get("op_0")) < 3.0
         await asyncio.gather(*(store.get(r.operation_id) for r in records))
         links = [link.conn for link in store._turns._links if link.conn is not None]
         pids = [conn.pgconn.backend_pid for conn in links]
-        with psycopg.connect(own_postgres.url, autocommit=True) as conn:
+        with psycopg.connect(private_postgres.url, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
         await asyncio.sleep(0.2)  # the server's goodbye reaches the idle connections
         for _ in range(3):

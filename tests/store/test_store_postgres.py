@@ -35,7 +35,6 @@ from conftest import (
     PostgresServer,
     Served,
     pending_record,
-    postgres_bindir,
     real_time_harness,
 )
 
@@ -415,26 +414,6 @@ async def test_a_statement_held_up_or_a_pool_run_dry_fails_fast(postgres_url: st
         assert (await store.get("op_p")).early_refusals == 7
     finally:
         await store.close()
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of this test's own, to stop and start again."""
-    import shutil
-    import tempfile
-
-    bindir = postgres_bindir()
-    if bindir is None:
-        pytest.skip("initdb/pg_ctl are not installed: cannot stop a private PostgreSQL")
-    folder = Path(tempfile.mkdtemp(prefix="statusgate-pg-"))
-    server = PostgresServer(folder, bindir)
-    try:
-        server.init()
-        server.start()
-        yield server
-        server.stop("immediate")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_fail_closed_while_the_database_is_down(
