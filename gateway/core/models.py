@@ -295,6 +295,9 @@ class IdempotencyEntry:
     expires_at: float
     operation_id: str | None = None
     response: StoredResponse | None = None
+    # made afresh by the request that claims the key: a claim a driver sent again after a
+    # broken connection finds its own entry (byte for byte), not another request's
+    claim: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -156,7 +156,9 @@ class Records(abc.ABC):
     async def claim_idempotency(
         self, entry: IdempotencyEntry, now: float
     ) -> IdempotencyEntry | None:
-        """Store ``entry`` unless an unexpired entry has its key: None if claimed, else that."""
+        """Store ``entry`` unless an unexpired entry has its key: None if claimed, else that.
+        An unexpired entry equal to ``entry`` is this same claim (its ``claim`` token made
+        by the request), sent again after a broken connection: claimed."""
 
     @abc.abstractmethod
     async def put_idempotency(self, entry: IdempotencyEntry) -> None: ...

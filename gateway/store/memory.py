@@ -97,7 +97,7 @@ class MemoryStore(Store):
     ) -> IdempotencyEntry | None:
         current = self._idempotency.get(entry.key)
         if current is not None and current.expires_at > now:
-            return current
+            return None if current == entry else current  # equal: this same claim again
         self._idempotency[entry.key] = entry
         return None
 

@@ -711,7 +711,8 @@ class SQLiteStore(Store):
                 "SELECT data FROM idempotency WHERE key = ? AND expires_at > ?", (entry.key, now)
             ).fetchone()
             if row is not None:
-                return IdempotencyEntry.from_dict(json.loads(row[0]))
+                seen = IdempotencyEntry.from_dict(json.loads(row[0]))
+                return None if seen == entry else seen  # equal: this same claim again
             _put_idem(conn, entry)
             return None
 

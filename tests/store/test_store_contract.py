@@ -8,6 +8,7 @@ clock, not by an argument, so expiry tests sleep briefly instead of moving a fak
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -41,6 +42,17 @@ def record(op: str = "op_1", job: str = "job_1", account: str = "team-a") -> Ope
 def idem(key: str = "k", fingerprint: str = "f", ttl: float = 60) -> IdempotencyEntry:
     now = time.time()
     return IdempotencyEntry(key, fingerprint, IdemState.IN_FLIGHT, now, now + ttl)
+
+
+async def test_a_claim_sent_again_is_still_its_own(store: Store) -> None:
+    """A claim sent again (a driver resending after a broken connection) finds its own
+    entry and is claimed, not "in use"; another request's claim of the key, with its own
+    token, gets the entry."""
+    entry = dataclasses.replace(idem(), claim="first")
+    assert await store.claim_idempotency(entry, time.time()) is None
+    assert await store.claim_idempotency(entry, time.time()) is None
+    other = dataclasses.replace(entry, claim="second")
+    assert await store.claim_idempotency(other, time.time()) == entry
 
 
 async def test_create_get_find(store: Store) -> None:

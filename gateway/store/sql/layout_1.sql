@@ -198,8 +198,8 @@ BEGIN
 END
 $$;
 
--- An idempotency key: the first writer wins until the entry expires. NULL when claimed,
--- else the unexpired entry's JSON.
+-- An idempotency key: the first writer wins until the entry expires. NULL when claimed
+-- (by this same claim too, sent again), else the unexpired entry's JSON.
 CREATE FUNCTION @.sg_claim(
     p_key text, p_expires double precision, p_data text, p_now double precision
 ) RETURNS text LANGUAGE plpgsql VOLATILE AS $$
@@ -211,6 +211,7 @@ BEGIN
     WHERE @.idempotency.expires_at <= p_now;
     IF FOUND THEN RETURN NULL; END IF;
     SELECT data INTO seen FROM @.idempotency WHERE key = p_key;
+    IF seen = p_data THEN RETURN NULL; END IF;  -- this same claim, sent again
     RETURN seen;
 END
 $$;
