@@ -343,7 +343,9 @@ def _classify(
     now: float,
     u: float,
 ) -> Decision:
-    seen = {"last_http_status": answer.status, "last_polled_at": now}
+    # what every answer records, the reservation's inflight_at cleared with it: applied in
+    # the one copy the answer's decision makes (a copy is most of a decision's cost)
+    seen = {"last_http_status": answer.status, "last_polled_at": now, "inflight_at": None}
     status = answer.status
     if answer.failure is Failure.TOO_LARGE:
         detail = "the status answer is larger than limits.max_response_body"
@@ -356,8 +358,8 @@ def _classify(
         return escalate(policy, record, Reason.AUTHORIZATION_DENIED, now, detail, **seen)
     if status == 404:
         if now - record.started_at <= policy.polling.not_found_grace:
-            new = record.evolve(**seen)
-            return _schedule(policy, new, answer, now, u, AnswerKind.NOT_VISIBLE, Guidance())
+            kind = AnswerKind.NOT_VISIBLE
+            return _schedule(policy, record, answer, now, u, kind, Guidance(), seen)
         detail = "the provider no longer knows the job (404 after the not-found grace period)"
         return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
     if status == 429:
@@ -365,7 +367,7 @@ def _classify(
     if not 200 <= status < 300:
         detail = f"unexpected HTTP status {status} from the status route"
         return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
-    return _classify_body(policy, record.evolve(**seen), answer, now, u)
+    return _classify_body(policy, record, answer, now, u, seen)
 
 
 def _transport_failure(
@@ -396,26 +398,33 @@ def _rate_limited(
 
 
 def _classify_body(
-    policy: ProviderPolicy, record: OperationRecord, answer: ProviderAnswer, now: float, u: float
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    answer: ProviderAnswer,
+    now: float,
+    u: float,
+    seen: dict[str, Any],
 ) -> Decision:
+    """A 2xx answer's body through the state table; ``seen``: the changes every answer
+    records, made in the decision's one copy of ``record``."""
     body = _json(answer.body)
     if not isinstance(body, dict):
         detail = "the status answer is not a JSON object"
-        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+        return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
     states = policy.states
     state = lookup(body, states.field)
     if isinstance(state, dict | list):
         detail = f"the state field {states.field!r} is not a JSON scalar"
-        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail, **seen)
     if state is not None:
-        record = record.evolve(last_known_state=state_text(state))
+        seen = {**seen, "last_known_state": state_text(state)}
     kind = policy.state_class(state)
     if kind is None and state is None:
         detail = f"the state field {states.field!r} is missing"
-        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail, **seen)
     if kind is None:
         detail = f"state {_short(state_text(state))} is not in the policy's state table"
-        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail)
+        return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail, **seen)
     if kind == "success" and any(lookup(body, p) is not None for p in states.failure_if_present):
         kind = "failure"  # Google's done: true with an error
     if kind == "pending":
@@ -427,16 +436,16 @@ def _classify_body(
         if expires is not None and now > expires:
             shown = _short(state_text(state))
             detail = f"the job is still {shown} after its own {states.expires_at_field}"
-            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
         hint = _hint(policy, answer, body, now)
-        return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
+        return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint, seen)
     if kind == "success":
         missing = [field.path for field in states.required() if not _present(body, field)]
         if missing:
             detail = f"success without the required field(s) {', '.join(missing)}"
-            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail)
+            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
     values = result_values(policy, body) if kind == "success" else ()
-    return _finish(record, answer, _OUTCOMES[kind], now, values)
+    return _finish(record, answer, _OUTCOMES[kind], now, values, seen)
 
 
 _OUTCOMES = {
@@ -453,10 +462,13 @@ def _finish(
     outcome: Outcome,
     now: float,
     values: tuple[str, ...] = (),
+    seen: dict[str, Any] | None = None,
 ) -> Decision:
     """The operation ends with this answer; a success's result values are indexed with it."""
     final = FinalResponse(answer.status or 200, answer.content_type, answer.body)
-    new = record.evolve(outcome=outcome, final_response=final, ended_at=now, result_values=values)
+    new = record.evolve(
+        **(seen or {}), outcome=outcome, final_response=final, ended_at=now, result_values=values
+    )
     return Decision(new, Reply.PROVIDER, changed=True, event=Event.FINISHED)
 
 
@@ -505,8 +517,10 @@ def _schedule(
     u: float,
     kind: AnswerKind,
     hint: Guidance,
+    seen: dict[str, Any] | None = None,
 ) -> Decision:
-    """Set next_poll_at (or escalate when the provider asks to wait past the deadline)."""
+    """Set next_poll_at (or escalate when the provider asks to wait past the deadline);
+    ``seen``: further changes to make in the same copy of ``record``."""
     the_plan = plan(
         policy.polling,
         now=now,
@@ -518,9 +532,11 @@ def _schedule(
     )
     if the_plan.beyond_deadline:
         detail = "the provider asked to wait past the operation's deadline"
-        decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail)
+        decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail, **(seen or {}))
         return decision.evolve(plan=the_plan)
-    new = record.evolve(next_poll_at=the_plan.next_poll_at, delay_source=the_plan.source)
+    new = record.evolve(
+        **(seen or {}), next_poll_at=the_plan.next_poll_at, delay_source=the_plan.source
+    )
     if kind is AnswerKind.UNAVAILABLE:
         problem: str | None = (
             "provider-timeout" if answer.failure is Failure.TIMEOUT else "provider-unavailable"
