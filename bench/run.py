@@ -6,8 +6,8 @@ Everything runs on loopback in this one run: the demo provider (B0 direct), ngin
 STATUSGATE_BENCH_POSTGRES, else STATUSGATE_TEST_POSTGRES, else 127.0.0.1:5432 as postgres).
 Capacity is measured closed-loop with wrk (or a Python closed loop when wrk is missing),
 latency open-loop at a fixed rate of 60% of a forwarded capacity (G1's for the baselines, a
-store's own for it). For G1 and G2 the open-loop capacity is searched too (the highest rate
-bench/openloop.py sustains) and latency shown at 60% of both. G2 is then driven far past a
+store's own for it). For G1, G2 and G3 the open-loop capacity is searched too (the highest
+rate bench/openloop.py sustains) and latency shown at 60% of both. G2 is then driven past a
 small in-flight bound (limits.max_in_flight) to see how fast it refuses. Nothing here is
 asserted: every target of the open issues is printed beside its figure, met or MISSED, in
 one block at the end (bench/targets.py). Options: --quick (shorter runs), --growth N (stored
@@ -512,8 +512,8 @@ def _stores_only(
     rows: dict[tuple[str, str], Result],
     steps: int,
 ) -> None:
-    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity (G1 and
-    G2 also at 60% of their open-loop capacity), and G2 past its in-flight bound."""
+    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity and of its
+    open-loop capacity, and G2 past its in-flight bound."""
     stores, redis, postgres = _stores(folder)
     try:
         for name, store in stores:
@@ -792,11 +792,11 @@ OVERLOAD: dict[str, Any] = {}  # openloop.py's summary of the burst, or {"skippe
 def _overload(
     folder: Path, agent: dict[str, str], store: str, closed: float, seconds: float
 ) -> None:
-    """G2 driven far past its in-flight bound: an open-loop burst at OVERLOAD_TIMES its
+    """G2 driven past its in-flight bound: an open-loop burst at OVERLOAD_TIMES its
     closed-loop capacity for ``seconds`` over up to 512 connections (each request bounded by
     openloop.py's timeout), at a gateway started with limits.max_in_flight OVERLOAD_BOUND.
     Skipped, with the reason, when the gateway refuses that setting. The generator runs on
-    uvloop: the plain loop cannot send several times G2's capacity here."""
+    uvloop: the plain loop cannot send that rate on time here."""
     limits = {"max_in_flight": OVERLOAD_BOUND}
     refused = _refused(folder, limits)
     if refused is not None:
