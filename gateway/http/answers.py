@@ -97,7 +97,7 @@ def render(
     extra = problem_members(record, call.policy) if slug == "operation-escalated" else None
     return problem(
         slug,
-        _detail(slug, decision, upstream),
+        _detail(slug, decision, upstream, headers),
         operation_id=record.operation_id,
         retry_after=decision.retry_after,
         headers=headers,
@@ -118,14 +118,15 @@ def replay(call: Call, decision: Decision, now: float, headers: dict[str, str]) 
     return response
 
 
-def _detail(slug: str, decision: Decision, upstream: UpstreamResponse | None) -> str:
+def _detail(
+    slug: str, decision: Decision, upstream: UpstreamResponse | None, headers: dict[str, str]
+) -> str:
     record = decision.record
     if decision.detail is not None:
         return decision.detail
-    if slug == "too-early":
-        return (
-            f"The next status request is permitted at {rfc3339(record.next_poll_at, millis=True)}."
-        )
+    if slug == "too-early":  # the instant as its header has it, formatted once a version
+        when = headers.get("Statusgate-Next-Poll-At") or rfc3339(record.next_poll_at, millis=True)
+        return f"The next status request is permitted at {when}."
     if slug == "operation-escalated":
         escalation = record.escalation
         if escalation is None:

@@ -97,7 +97,7 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
             state=IdemState.IN_FLIGHT,
             created_at=now,
             expires_at=now + rules.retention,
-            claim=f"{runtime.rng.getrandbits(64):016x}",
+            claim=secrets.token_hex(8),  # unique, not the policy's seeded jitter source
         )
         seen = await runtime.records.claim_idempotency(entry, now)
         if seen is not None:
