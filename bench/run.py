@@ -784,7 +784,7 @@ OVERLOAD_BOUND = 32  # limits.max_in_flight of the overload step's gateway (the 
 # its burst's rate over G2's closed-loop capacity: past the bound (most answers are 503s)
 # yet within what the generator sends on time on 2 cores. At 3x (earlier rounds, when G2
 # served ~1,000/s) the generator now needs about a core of its own: measured, the gateway
-# got 76-88% of a core and the generator ran 70-211 ms late, so the figure was the client's.
+# got 76-88% of a core and the generator ran 69-211 ms late, so the figure was the client's.
 OVERLOAD_TIMES = 1.5
 OVERLOAD: dict[str, Any] = {}  # openloop.py's summary of the burst, or {"skipped": reason}
 
