@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gc
 import gzip
 import ipaddress
 import socket
@@ -167,6 +168,30 @@ async def test_sequential_calls_share_one_kept_alive_connection(upstream: Upstre
             answer = await upstream.send("GET", f"{url}/x?n={n}", {})
             assert answer.body == f"GET /x?n={n}".encode()
     assert len(peers) == 10 and len(set(peers)) == 1
+
+
+async def test_an_answer_leaves_no_garbage_cycle(upstream: Upstream) -> None:
+    """A settled answer is freed by reference counting alone: its parser, future, headers
+    and body are no cycle left for the garbage collector (which, under load, ran several
+    times a second for them). Answers and malformed answers alike (a timeout's traceback
+    holds the exchange's frame, as any exception's does)."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        async with raw_server(always(OK)) as raw:
+            for _ in range(20):
+                assert (await upstream.send("GET", f"{raw.url}/x", {})).status == 200
+        async with raw_server(always(b"HTTP/1.1 2oo OK\r\n\r\n")) as raw:
+            with pytest.raises(UpstreamUnavailable):
+                await upstream.send("GET", f"{raw.url}/x", {})
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, wire.Reading)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
 
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused(
