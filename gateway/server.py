@@ -20,6 +20,8 @@ from gateway.app import create_app
 from gateway.errors import StoreError
 from gateway.flow import reloading
 from gateway.flow.runtime import RUNTIME, Runtime
+from gateway.http import middleware, proxy
+from gateway.http.lane import LaneSite
 from gateway.http.middleware import ParserNoise
 from gateway.observe import logs, tracing
 from gateway.settings.config import Settings
@@ -88,9 +90,13 @@ async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -
         wanted["admin"] = settings.file.admin_listen
     bound: dict[str, int] = {}
     for role, listen in wanted.items():
-        site = web.TCPSite(
-            runner, listen.host, listen.port, reuse_port=reuse_port or None, backlog=BACKLOG
-        )
+        site: web.BaseSite
+        if role == "agent":
+            site = agent_site(runner, listen.host, listen.port, reuse_port=reuse_port)
+        else:
+            site = web.TCPSite(
+                runner, listen.host, listen.port, reuse_port=reuse_port or None, backlog=BACKLOG
+            )
         try:
             await site.start()
         except OSError as exc:
@@ -99,6 +105,22 @@ async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -
         address = runner.addresses[-1]  # the site just started
         bound[role] = int(address[1]) if isinstance(address, tuple) else listen.port
     return bound
+
+
+def agent_site(
+    runner: web.AppRunner, host: str, port: int, *, reuse_port: bool = False
+) -> LaneSite:
+    """The agent listener: agents' ``/p/`` calls on the lane (gateway/http/lane.py), every
+    other path on aiohttp's own server, under one runner."""
+    return LaneSite(
+        runner,
+        host,
+        port,
+        middleware=middleware.gate,
+        handler=proxy.handle,
+        reuse_port=reuse_port or None,
+        backlog=BACKLOG,
+    )
 
 
 def _host(settings: Settings, role: str) -> str:

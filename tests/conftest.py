@@ -29,11 +29,13 @@ import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from yarl import URL
 
 from gateway.app import create_app
 from gateway.core.models import DelaySource, OperationRecord
 from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
+from gateway.server import agent_site
 from gateway.settings.config import load_settings
 from gateway.store import Store, store_from_url
 
@@ -231,9 +233,26 @@ async def start_harness(
         rng=random.Random(7),
         sleep=clock.sleep if clock is not None else None,
     )
-    client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"))
+    client: TestClient[Any, Any] = TestClient(AgentServer(app, host="127.0.0.1"))
     await client.start_server()
     return Harness(client, demo, clock)
+
+
+class AgentServer(TestServer):
+    """aiohttp's TestServer listening as ``statusgate serve``'s agent listener does: agents'
+    calls on the lane (gateway/http/lane.py), every other path on aiohttp's server."""
+
+    async def start_server(self, loop: asyncio.AbstractEventLoop | None = None, **kw: Any) -> None:
+        if self.runner:
+            return
+        self._loop = loop
+        self.runner = runner = await self._make_runner(handler_cancellation=True, **kw)
+        await runner.setup()
+        site = agent_site(runner, self.host, 0)  # type: ignore[arg-type]
+        await site.start()
+        self.port = site.port
+        self.scheme = "http"
+        self._root = URL(f"http://{self.host}:{self.port}")
 
 
 def free_port() -> int:

@@ -77,7 +77,7 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
     async with aiohttp.ClientSession() as http:
         body = {"input": "x", "demo_script": [{"state": "succeeded"}]}
         headers = {**auth, "Idempotency-Key": "secret-idem-key-1", "X-Request-Id": "trace-1"}
-        async with http.post(f"{base}?api_key=q1", json=body, headers=headers) as r:
+        async with http.post(f"{base}?api_key=query-secret-q1", json=body, headers=headers) as r:
             job = (await r.json())["id"]
         await asyncio.sleep(1.1)
         # header names in another case (as Go's net/http sends them): replaced all the same
@@ -114,7 +114,7 @@ async def test_agent_trace_continues_through_the_gateway_to_the_provider(
         assert trace == TRACE_ID and span_id in client_ids  # the client span's, not the agent's
         assert call["headers"]["tracestate"] == "agent=1"
     exported = b"".join(body for _, body in bodies)
-    for secret in (AGENT_TOKEN, PROVIDER_KEY, "secret-idem-key-1", "api_key", "q1"):
+    for secret in (AGENT_TOKEN, PROVIDER_KEY, "secret-idem-key-1", "api_key", "query-secret-q1"):
         assert secret.encode() not in exported
 
 

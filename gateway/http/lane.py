@@ -1,0 +1,624 @@
+"""The agent lane: the HTTP/1.1 connections that carry agents' ``/p/{provider}/...`` calls,
+parsed with httptools (llhttp) and answered through the same middleware and handlers as
+aiohttp would, without aiohttp's per-request server machinery (SPEC 1, 12, 13).
+
+Why: a too-early refusal cost ~110 us of CPU of which aiohttp's server path (its request and
+response objects, its router, its stream writer) was a third; the same llhttp parser with a
+request of ten attributes and a response written as one ``bytes`` costs a few microseconds.
+
+What it owns: framing (keep-alive, pipelining in order, ``Expect: 100-continue``, HEAD and
+bodiless statuses, ``Connection: close``), the limits aiohttp applies to a request's head
+(8190 bytes a line or field, 128 fields), a body read as it arrives with backpressure, the
+cancellation of a handler whose client went away (``handler_cancellation``), an idle timeout,
+and a graceful stop with the aiohttp runner it shares. Headers are written by aiohttp's own
+serializer, so an answer here has the bytes aiohttp would send (Date, Server,
+Content-Length, Content-Type, Connection).
+
+What it never does: answer anything but an agent call. A connection whose first request is
+not ``/p/...`` is handed to aiohttp whole (``transport.set_protocol``); one that turns to
+another path later is relayed to an aiohttp handler from that request on, in order, so the
+admin API, the console, ``/mcp``, the health checks and the metrics are aiohttp's alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+import httptools
+from aiohttp import hdrs, web
+from aiohttp.helpers import (
+    must_be_empty_body,
+    rfc822_formatted_time,
+    should_remove_content_length,
+)
+from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.http_writer import _serialize_headers
+from aiohttp.tcp_helpers import tcp_nodelay
+from aiohttp.web_protocol import RequestHandler
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from gateway.http.problems import problem
+
+log = logging.getLogger("statusgate")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+MAX_LINE = 8190  # bytes of a request target or of one header field (aiohttp's limits)
+MAX_FIELDS = 128
+BODY_HIGH = 256 * 1024  # bytes of a body buffered before reading pauses
+KEEPALIVE = 3630.0  # seconds an idle connection is kept (aiohttp's default)
+# The agent's paths, as the aiohttp routes /p/{provider} and /p/{provider}/{tail:.*} take
+# them: a provider name with no slash and no brace, then nothing or a slash and anything.
+AGENT_PATH = re.compile(r"/p/([^{}/]+)(?:/(.*))?", re.S)
+FIRST_LINE = re.compile(rb"[A-Z]{1,16} (\S*)")
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+INTERNAL = "The gateway failed to handle this request."
+
+
+class Body:
+    """A request body as it arrives: what ``gateway.http.bodies`` reads (``iter_chunked``),
+    with reading paused while more than BODY_HIGH bytes wait."""
+
+    __slots__ = ("_chunks", "_eof", "_lane", "_size", "_unread", "_waiter")
+
+    def __init__(self, lane: Lane) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._eof = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._lane = lane
+        self._unread = False  # answered without reading it all: the rest is dropped
+
+    def feed(self, chunk: bytes) -> None:
+        if self._unread:
+            return
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size > BODY_HIGH:
+            self._lane.pause_body()
+        self._wake()
+
+    def feed_eof(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def drop(self) -> None:
+        """The request is answered: what is left of the body is read and thrown away."""
+        self._unread = True
+        self._chunks.clear()
+        self._size = 0
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def iter_chunked(self, n: int) -> AsyncIterator[bytes]:
+        while True:
+            while not self._chunks:
+                if self._eof:
+                    return
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            chunk = self._chunks.popleft()
+            self._size -= len(chunk)
+            if self._size <= BODY_HIGH // 2:
+                self._lane.resume_body()
+            while len(chunk) > n:
+                yield chunk[:n]
+                chunk = chunk[n:]
+            yield chunk
+
+
+class LaneRequest(dict[Any, Any]):
+    """What the agent handlers read of a request, as ``web.Request`` names it: ``app``,
+    ``method``, ``path``, ``rel_url``, ``headers``, ``match_info``, ``transport``,
+    ``content_length``, ``content``, ``version``, ``keep_alive``, and the request's own keys
+    (``request[PROVIDER]``). tests/http/test_lane.py runs the agent tests through it."""
+
+    __slots__ = (
+        "_content_length",
+        "app",
+        "content",
+        "headers",
+        "keep_alive",
+        "match_info",
+        "method",
+        "rel_url",
+        "transport",
+        "version",
+    )
+
+    def __init__(
+        self,
+        app: web.Application,
+        method: str,
+        rel_url: URL,
+        headers: CIMultiDictProxy[str],
+        provider: str,
+        tail: str,
+        transport: asyncio.Transport,
+        content: Body,
+        version: tuple[int, int],
+        keep_alive: bool,
+    ) -> None:
+        super().__init__()
+        self.app = app
+        self.method = method
+        self.rel_url = rel_url
+        self.headers = headers
+        self.match_info = {"provider": provider, "tail": tail}
+        self.transport: asyncio.Transport | None = transport
+        self.content = content
+        self.version = version
+        self.keep_alive = keep_alive
+        self._content_length: int | None = -1
+
+    @property
+    def path(self) -> str:
+        return self.rel_url.path
+
+    @property
+    def content_length(self) -> int | None:
+        if self._content_length == -1:
+            value = self.headers.get(hdrs.CONTENT_LENGTH)
+            self._content_length = int(value) if value is not None and value.isdigit() else None
+        return self._content_length
+
+
+class BadHead(Exception):
+    """A request head the lane refuses as aiohttp would: a line or field past its limits,
+    or an HTTP/1.1 request without Host (RFC 9112, 3.2)."""
+
+
+def agent_target(rel_url: URL) -> tuple[str, str] | None:
+    """(provider, tail) when ``rel_url`` is an agent call, matched as aiohttp's router
+    matches ``/p/{provider}`` and ``/p/{provider}/{tail:.*}`` (on ``path_safe``)."""
+    match = AGENT_PATH.fullmatch(rel_url.path_safe)
+    return None if match is None else (match.group(1), match.group(2) or "")
+
+
+def wants_lane(first: bytes) -> bool | None:
+    """Whether a connection whose first bytes are ``first`` starts with an agent call; None
+    while too few have come to tell."""
+    match = FIRST_LINE.match(first)
+    if match is None:
+        method = first.partition(b" ")[0]
+        waiting = b" " not in first and len(first) <= 16 and method.isalpha() and method.isupper()
+        return None if waiting or not first else False
+    target = match.group(1)
+    if match.end() == len(first) and b"/p/".startswith(target):
+        return None  # "GET /p" so far
+    return target.startswith(b"/p/")
+
+
+class Lane(asyncio.Protocol):
+    """One agent connection (see the module docstring)."""
+
+    def __init__(self, site: LaneSite) -> None:
+        self.site = site
+        self.app = site.app
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser: httptools.HttpRequestParser | None = None
+        self._first = b""
+        self._queue: deque[tuple[LaneRequest, bool]] = deque()  # answered in order
+        self._task: asyncio.Task[None] | None = None
+        self._task_handler = None  # read by aiohttp's web.Server.connection_lost
+        self._stopping = False  # the runner stops, or the agent asked to close: no new requests
+        self._owed: bytes | None = None  # the 400 of a malformed request, after those before it
+        self._idle: asyncio.TimerHandle | None = None
+        self._paused_body = False
+        self._write_paused: asyncio.Future[None] | None = None
+        # the request being parsed
+        self._url: list[bytes] = []
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._body: Body | None = None
+        self._relaying = False  # this request on is relayed to aiohttp
+        self._relay: RequestHandler | None = None
+        self._relay_waiting: list[bytes] = []
+        self._chunked = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        tcp_nodelay(self.transport, True)
+        self.site.manager.connection_made(cast(RequestHandler, self), self.transport)
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        if self.parser is None:
+            first = self._first + data
+            wanted = wants_lane(first)
+            if wanted is None:
+                self._first = first
+                return
+            self._first = b""
+            if not wanted:
+                self._hand_over(first)
+                return
+            self.parser = httptools.HttpRequestParser(self)
+            data = first
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._bad_request("Protocol upgrades are not served on agent paths.")
+        except httptools.HttpParserError as exc:  # a callback's own error is its context
+            cause = exc.__context__
+            if isinstance(cause, BadHead):
+                self._bad_request(str(cause))
+            else:
+                self._bad_request(f"The request is not valid HTTP/1.1 ({type(exc).__name__}).")
+
+    def eof_received(self) -> bool | None:
+        if self._relay is not None:
+            self._relay.eof_received()
+        return None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.site.manager.connection_lost(cast(RequestHandler, self), exc)
+        if self._idle is not None:
+            self._idle.cancel()
+        if self._body is not None:
+            self._body.feed_eof()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client went away (aiohttp's handler_cancellation)
+        if self._write_paused is not None and not self._write_paused.done():
+            self._write_paused.set_result(None)
+        if self._relay is not None:
+            self._relay.connection_lost(exc)
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        if self._relay is not None:
+            self._relay.pause_writing()
+            return
+        self._write_paused = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._relay is not None:
+            self._relay.resume_writing()
+            return
+        if self._write_paused is not None and not self._write_paused.done():
+            self._write_paused.set_result(None)
+        self._write_paused = None
+
+    # -- httptools callbacks ------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = []
+        self._fields = []
+        self._chunked = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
+        if sum(map(len, self._url)) > MAX_LINE:
+            raise BadHead("The request line or a header field is too long.")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > MAX_LINE or len(self._fields) >= MAX_FIELDS:
+            raise BadHead("The request line or a header field is too long.")
+        self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        assert parser is not None and self.transport is not None
+        target = b"".join(self._url)
+        method = parser.get_method().decode("ascii", "replace")
+        found = rel_url = None
+        if not self._relaying and target.startswith(b"/p/"):
+            raw_path, _, query = target.partition(b"?")
+            rel_url = URL.build(
+                path=raw_path.decode("latin-1"),
+                query_string=query.partition(b"#")[0].decode("latin-1"),
+                encoded=True,
+            )
+            found = agent_target(rel_url)
+        if found is None or rel_url is None:
+            self._relaying = True
+            self._relay_head(method, target)
+            return
+        headers: CIMultiDict[str] = CIMultiDict()
+        for name, value in self._fields:
+            headers.add(name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
+        version = parser.get_http_version()
+        if version != "1.0" and hdrs.HOST not in headers:
+            raise BadHead("An HTTP/1.1 request must carry a Host header.")
+        body = Body(self)
+        request = LaneRequest(
+            self.app,
+            method,
+            rel_url,
+            CIMultiDictProxy(headers),
+            found[0],
+            found[1],
+            self.transport,
+            body,
+            (1, 0) if version == "1.0" else (1, 1),
+            parser.should_keep_alive(),
+        )
+        self._body = body
+        expects = headers.get(hdrs.EXPECT, "").lower() == "100-continue" and version != "1.0"
+        self._queue.append((request, expects))
+        if self._task is None:
+            self._next()
+
+    def on_body(self, body: bytes) -> None:
+        if self._relaying:
+            self._relay_bytes(b"%x\r\n%s\r\n" % (len(body), body) if self._chunked else body)
+        elif self._body is not None:
+            self._body.feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._relaying:
+            if self._chunked:
+                self._relay_bytes(b"0\r\n\r\n")
+            return
+        if self._body is not None:
+            self._body.feed_eof()
+            self._body = None
+
+    # -- answering ------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Answer the next request in line; none left: the 400 owed for a malformed one,
+        the bytes waiting for a relay, the close of a stop, or the idle timer."""
+        if self._queue and not self._stopping:
+            request, expects = self._queue.popleft()
+            self._task = self.loop.create_task(self._answer(request, expects))
+            return
+        self._task = None
+        transport = self.transport
+        if transport is None:
+            return
+        if self._owed is not None:
+            transport.write(self._owed)
+            transport.close()
+        elif self._relay_waiting:
+            self._start_relay()
+        elif self._stopping and self._relay is None:
+            transport.close()
+        elif self._relay is None:
+            self._arm_idle()
+
+    async def _answer(self, request: LaneRequest, expects: bool) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        if expects:
+            transport.write(CONTINUE)
+        agent = cast(web.Request, request)  # LaneRequest has what the agent handlers read
+        response = await self.site.middleware(agent, self.site.handler)
+        request.content.drop()
+        try:
+            data, keep = serialize(response, request)
+        except (TypeError, ValueError) as exc:  # a handler's bug, never the agent's
+            log.error("cannot write the answer to %s %s: %s", request.method, request.path, exc)
+            data, keep = serialize(problem("internal-error", INTERNAL), request)
+        if self.transport is None:
+            return
+        self.transport.write(data)
+        if self._write_paused is not None:
+            await self._write_paused
+        if not keep:
+            self._stopping = True
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if self._paused_body and self._body is None:
+            self.resume_body()
+        self._next()
+
+    def _bad_request(self, detail: str) -> None:
+        """A request that cannot be parsed: 400 once what came before it is answered, then
+        the connection closes (nothing after it can be framed)."""
+        log.warning("rejected a malformed request on the agent lane: %s", detail)
+        self._owed = bad_request(detail)
+        self.parser = httptools.HttpRequestParser(_Discard())
+        self._body = None
+        if self._task is None:
+            self._next()
+
+    def pause_body(self) -> None:
+        if not self._paused_body and self.transport is not None:
+            self._paused_body = True
+            self.transport.pause_reading()
+
+    def resume_body(self) -> None:
+        if self._paused_body and self.transport is not None:
+            self._paused_body = False
+            self.transport.resume_reading()
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = self.loop.call_later(KEEPALIVE, self._idle_close)
+
+    def _idle_close(self) -> None:
+        self._idle = None
+        if self._task is None and not self._queue and self.transport is not None:
+            self.transport.close()
+
+    # -- graceful stop (called by aiohttp's runner through LaneSite) -----------------------
+
+    def close(self) -> None:
+        """No new requests; close once the one in hand is answered."""
+        self._stopping = True
+        if self._task is None and self.transport is not None and self._relay is None:
+            self.transport.close()
+
+    async def shutdown(self, timeout: float | None) -> None:
+        self.close()
+        task = self._task
+        if task is not None and not task.done():
+            done, _ = await asyncio.wait([task], timeout=timeout)
+            if not done:
+                task.cancel()
+        if self.transport is not None and self._relay is None:
+            self.transport.close()
+
+    # -- relaying to aiohttp ----------------------------------------------------------------
+
+    def _hand_over(self, first: bytes) -> None:
+        """The connection starts with another path: aiohttp serves it from its first byte."""
+        assert self.transport is not None
+        self.site.manager.connection_lost(cast(RequestHandler, self), None)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        handler = self.site.aiohttp_handler()
+        self.transport.set_protocol(handler)
+        handler.connection_made(self.transport)
+        handler.data_received(first)
+
+    def _relay_head(self, method: str, target: bytes) -> None:
+        """A request for aiohttp, framed again as it came (a chunked body chunked again)."""
+        parser = self.parser
+        assert parser is not None
+        version = parser.get_http_version().encode()
+        lines = [b"%s %s HTTP/%s\r\n" % (method.encode(), target, version)]
+        for name, value in self._fields:
+            lines.append(b"%s: %s\r\n" % (name, value))
+            if name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
+                self._chunked = True
+        lines.append(b"\r\n")
+        self._relay_bytes(b"".join(lines))
+
+    def _relay_bytes(self, data: bytes) -> None:
+        if self._relay is not None:
+            self._relay.data_received(data)
+            return
+        self._relay_waiting.append(data)
+        if self._task is None:
+            self._start_relay()
+
+    def _start_relay(self) -> None:
+        if self._relay is None:
+            if self.transport is None:
+                return
+            self._relay = self.site.aiohttp_handler()
+            self._relay.connection_made(self.transport)
+        waiting, self._relay_waiting = self._relay_waiting, []
+        self._relay.data_received(b"".join(waiting))
+
+
+class _Discard:
+    """Parser callbacks that ignore what follows a malformed request."""
+
+
+def serialize(response: web.StreamResponse, request: LaneRequest) -> tuple[bytes, bool]:
+    """The bytes aiohttp would write for ``response`` (a whole ``web.Response``) and whether
+    the connection stays open after it."""
+    if not isinstance(response, web.Response) or response.prepared:
+        raise TypeError("the agent lane writes whole web.Response answers only")
+    body = response.body
+    if body is None:
+        body = b""
+    elif not isinstance(body, (bytes, bytearray)):
+        raise TypeError("the agent lane writes bytes bodies only")
+    headers = response.headers
+    status, method = response.status, request.method
+    empty = must_be_empty_body(method, status)
+    if hdrs.CONTENT_LENGTH not in headers:  # web.Response._start
+        if len(body) or (status != 304 and method != hdrs.METH_HEAD):
+            headers[hdrs.CONTENT_LENGTH] = str(len(body))
+    if empty:  # StreamResponse._prepare_headers
+        if hdrs.CONTENT_LENGTH in headers and should_remove_content_length(method, status):
+            del headers[hdrs.CONTENT_LENGTH]
+        headers.pop(hdrs.TRANSFER_ENCODING, None)
+    elif len(body):
+        headers.setdefault(hdrs.CONTENT_TYPE, "application/octet-stream")
+    if hdrs.DATE not in headers:
+        headers[hdrs.DATE] = rfc822_formatted_time()
+    headers.setdefault(hdrs.SERVER, SERVER_SOFTWARE)
+    keep = response.keep_alive if response.keep_alive is not None else request.keep_alive
+    version = request.version
+    if hdrs.CONNECTION not in headers:
+        if keep:
+            if version == (1, 0):
+                headers[hdrs.CONNECTION] = "keep-alive"
+        elif version == (1, 1):
+            headers[hdrs.CONNECTION] = "close"
+    line = f"HTTP/{version[0]}.{version[1]} {status} {response.reason}"
+    head = _serialize_headers(line, headers)
+    return (head if empty else head + bytes(body)), bool(keep)
+
+
+def bad_request(detail: str) -> bytes:
+    response = problem("invalid-request", detail)
+    response.force_close()
+    request = cast(LaneRequest, _Head())
+    return serialize(response, request)[0]
+
+
+class _Head:
+    method = "GET"
+    version = (1, 1)
+    keep_alive = False
+
+
+class LaneSite(web.BaseSite):
+    """A TCP listener whose agent calls take the lane and everything else aiohttp's own
+    server, both under one AppRunner. Each lane connection is registered with the runner's
+    ``web.Server`` as aiohttp's own are, so the runner's cleanup stops both alike: no new
+    requests once it begins (``close``), the one in hand answered within the shutdown
+    timeout (``shutdown``)."""
+
+    __slots__ = ("_host", "_port", "_reuse_port", "app", "handler", "manager", "middleware")
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        middleware: Middleware,
+        handler: Handler,
+        backlog: int = 128,
+        reuse_port: bool | None = None,
+    ) -> None:
+        super().__init__(runner, backlog=backlog)
+        assert runner.server is not None
+        self._host, self._port, self._reuse_port = host, port, reuse_port
+        self.app = runner.app
+        self.manager = runner.server
+        self.middleware = middleware
+        self.handler = handler
+
+    @property
+    def name(self) -> str:
+        return str(URL.build(scheme="http", host=self._host, port=self._port))
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one the system chose for port 0, once started)."""
+        return self._port
+
+    def aiohttp_handler(self) -> RequestHandler:
+        return self.manager()
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Lane(self),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_port=self._reuse_port,
+        )
+        if self._server.sockets:
+            self._port = self._server.sockets[0].getsockname()[1]

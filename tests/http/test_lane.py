@@ -1,0 +1,318 @@
+"""The agent lane (gateway/http/lane.py) on real sockets: it frames answers byte for byte as
+aiohttp does, keeps order across keep-alive, pipelining and the hand-over to aiohttp, reads
+bodies with backpressure, refuses malformed heads, and stops gracefully. The rest of the
+suite's agent tests run through it too (conftest.AgentServer)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from gateway.http import lane
+from gateway.http.lane import LaneSite
+
+PAGE = web.AppKey("page", list[str])
+
+
+async def answer(request: web.Request) -> web.StreamResponse:
+    """What both servers answer: chosen by the path's last segment."""
+    tail = request.match_info.get("tail", "").rsplit("/", 1)[-1]
+    if tail == "body":
+        data = b"".join([c async for c in request.content.iter_chunked(1 << 16)])
+        return web.Response(body=b"got %d:" % len(data) + data[:20])
+    if tail == "empty":
+        return web.Response(status=204, headers={"X-Kind": "empty"})
+    if tail == "close":
+        response = web.Response(text="bye", content_type="text/plain")
+        response.force_close()
+        return response
+    if tail == "slow":
+        request.app[PAGE].append("slow started")
+        await asyncio.sleep(0.2)
+        return web.Response(text="slow done")
+    if tail == "held":
+        request.app[PAGE].append("held started")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            request.app[PAGE].append("held cancelled")
+            raise
+        return web.Response(text="never")
+    headers = {"Retry-After": "3600", "Statusgate-Operation": "op_1"}
+    body = b'{"type":"/problems/too-early","status":429}'
+    return web.Response(
+        status=429, body=body, headers=headers, content_type="application/problem+json"
+    )
+
+
+async def middleware(request: web.Request, handler: lane.Handler) -> web.StreamResponse:
+    response = await handler(request)
+    response.headers["X-Request-Id"] = "rid"
+    return response
+
+
+@web.middleware
+async def aiohttp_middleware(request: web.Request, handler: lane.Handler) -> web.StreamResponse:
+    return await middleware(request, handler)
+
+
+def make_app() -> web.Application:
+    app = web.Application(middlewares=[aiohttp_middleware])
+    app[PAGE] = []
+    app.router.add_route("*", "/p/{provider}/{tail:.*}", answer)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/echo", echo)
+    return app
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def echo(request: web.Request) -> web.Response:
+    return web.Response(body=b"echo:" + await request.read())
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[int, int, web.Application]]:
+    """(lane port, plain aiohttp port, app): one app, one runner, two listeners."""
+    app = make_app()
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=answer)
+    await site.start()
+    plain = web.TCPSite(runner, "127.0.0.1", 0)
+    await plain.start()
+    try:
+        yield site.port, plain.port, app
+    finally:
+        await runner.cleanup()
+
+
+async def exchange(port: int, data: bytes, answers: int = 1, *, wait: float = 5.0) -> bytes:
+    """Send ``data`` on one connection; what came back once ``answers`` answers or EOF did."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    got = b""
+    try:
+        async with asyncio.timeout(wait):
+            while len(split(got)) < answers:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                got += chunk
+    except TimeoutError:
+        pass  # what came (a HEAD answer's Content-Length frames no body)
+    finally:
+        writer.close()
+    return got
+
+
+def split(data: bytes) -> list[bytes]:
+    """Whole HTTP answers in ``data`` (Content-Length framed, or cut at EOF)."""
+    answers = []
+    while data:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if not sep:
+            break
+        if head.startswith(b"HTTP/1.1 100 "):
+            data = rest
+            continue
+        length = re.search(rb"(?im)^content-length: (\d+)", head)
+        size = int(length.group(1)) if length else 0
+        if head.split(b" ")[1] in (b"204", b"304"):
+            size = 0
+        if len(rest) < size:
+            break
+        answers.append(head + sep + rest[:size])
+        data = rest[size:]
+    return answers
+
+
+def without_date(answer: bytes) -> bytes:
+    return re.sub(rb"(?m)^Date: .*\r\n", b"", answer)
+
+
+GET = b"GET /p/demo/v1/jobs/%s HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        GET % b"j1",
+        b"HEAD /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        GET % b"empty",
+        GET % b"close",
+        b"GET /p/demo/v1/jobs/j1 HTTP/1.0\r\n\r\n",
+        b"GET /p/demo/v1/jobs/j1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        b"GET /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    ],
+    ids=["get", "head", "204", "force-close", "http/1.0", "1.0 keep-alive", "close", "body", "chunked"],
+)
+async def test_an_answer_has_the_bytes_aiohttp_writes(
+    servers: tuple[int, int, web.Application], request_bytes: bytes
+) -> None:
+    """The same handler's answer through the lane and through aiohttp's server differs in
+    nothing but the Date header (status line, header order, Content-Length, Content-Type,
+    Server, Connection, HEAD and 204 without a body)."""
+    lane_port, plain_port, _ = servers
+    ours = await exchange(lane_port, request_bytes, wait=1.0)
+    theirs = await exchange(plain_port, request_bytes, wait=1.0)
+    assert ours and without_date(ours) == without_date(theirs)
+
+
+async def test_pipelined_requests_are_answered_in_order_across_the_hand_over(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """Agent calls, then another path (served by aiohttp from there on), then an agent call
+    again, pipelined in one write: every answer comes, in the order asked, the slow first
+    one included."""
+    lane_port, _, app = servers
+    data = GET % b"slow" + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + GET % b"j2"
+    got = split(await exchange(lane_port, data, answers=3))
+    assert [a.split(b"\r\n", 1)[0] for a in got] == [
+        b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 429 Too Many Requests",
+    ]
+    assert got[0].endswith(b"slow done") and got[1].endswith(b'{"status": "ok"}')
+    assert app[PAGE] == ["slow started"]
+
+
+async def test_a_chunked_body_for_aiohttp_is_framed_again(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A chunked request relayed to aiohttp after an agent call reaches its handler whole."""
+    lane_port, _, _ = servers
+    body = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+    got = split(await exchange(lane_port, GET % b"j1" + body, answers=2))
+    assert got[1].endswith(b"echo:abcde")
+
+
+async def test_a_connection_that_starts_elsewhere_is_aiohttps(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A first request for another path hands the connection to aiohttp whole, even when
+    its request line arrives a byte at a time."""
+    lane_port, _, _ = servers
+    reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+    for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n":
+        writer.write(bytes([byte]))
+        await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200 OK")
+
+
+async def test_a_body_larger_than_the_buffer_is_read_with_backpressure(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A body of several times the lane's buffer arrives whole (reading pauses and
+    resumes)."""
+    lane_port, _, _ = servers
+    size = lane.BODY_HIGH * 6
+    head = b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size
+    got = split(await exchange(lane_port, head + b"x" * size))
+    assert got and b"got %d:" % size in got[0]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"GET /p/demo/x HTTP/1.1\r\nBad Header\r\n\r\n",
+        b"GET /p/demo/" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n",
+        b"GET /p/demo/x HTTP/1.1\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",
+        b"GET /p/demo/x HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+        b"GET /p/demo/x HTTP/1.1\r\nAccept: */*\r\n\r\n",
+    ],
+    ids=["malformed", "long target", "long field", "too many fields", "no host"],
+)
+async def test_a_malformed_head_is_400_problem_and_the_connection_closes(
+    servers: tuple[int, int, web.Application], bad: bytes
+) -> None:
+    """Bad framing or a head past aiohttp's limits: 400 problem+json, then the end of the
+    connection (nothing after it can be framed); an answer owed before it comes first."""
+    lane_port, _, _ = servers
+    got = await exchange(lane_port, GET % b"j1" + bad, answers=3)
+    answers = split(got)
+    assert len(answers) == 2
+    assert answers[0].startswith(b"HTTP/1.1 429")
+    assert answers[1].startswith(b"HTTP/1.1 400 Bad Request")
+    assert b"application/problem+json" in answers[1] and b"Connection: close" in answers[1]
+
+
+async def test_expect_continue_is_answered_before_the_body(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """``Expect: 100-continue``: the interim answer comes before the body is sent."""
+    lane_port, _, _ = servers
+    reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+    writer.write(b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    writer.write(b"abc")
+    final = await asyncio.wait_for(reader.readuntil(b"got 3:abc"), 5)
+    writer.close()
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n" and final.startswith(b"HTTP/1.1 200")
+
+
+async def test_a_client_that_goes_away_cancels_its_handler(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """As aiohttp's handler_cancellation: the handler of a closed connection is cancelled."""
+    lane_port, _, app = servers
+    reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+    writer.write(GET % b"held")
+    for _ in range(100):
+        if app[PAGE]:
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    for _ in range(100):
+        if "held cancelled" in app[PAGE]:
+            break
+        await asyncio.sleep(0.01)
+    assert app[PAGE] == ["held started", "held cancelled"]
+
+
+async def test_the_runners_cleanup_answers_the_call_in_hand_then_closes() -> None:
+    """A graceful stop: the call being answered gets its answer; the connection then ends
+    and the port listens no more."""
+    app = make_app()
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=answer)
+    await site.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+    writer.write(GET % b"slow")
+    while not app[PAGE]:
+        await asyncio.sleep(0.01)
+    await runner.cleanup()
+    got = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(b"slow done")
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", site.port)
+
+
+@pytest.mark.parametrize(
+    ("first", "wanted"),
+    [
+        (b"GET /p/demo/x HTTP/1.1\r\n", True),
+        (b"GET /p", None),
+        (b"GE", None),
+        (b"GET /healthz HTTP/1.1\r\n", False),
+        (b"POST /mcp HTTP/1.1\r\n", False),
+        (b"get /p/demo/x HTTP/1.1\r\n", False),
+        (b"\x16\x03\x01\x02\x00", False),
+    ],
+)
+def test_the_first_bytes_decide_who_serves_the_connection(first: bytes, wanted: bool | None) -> None:
+    """Agent calls start the lane; anything else (or what aiohttp rejects) is aiohttp's; too
+    few bytes to tell wait for more."""
+    assert lane.wants_lane(first) is wanted
