@@ -532,9 +532,9 @@ def serialize(response: web.StreamResponse, request: LaneRequest) -> tuple[bytes
     headers = response.headers
     status, method = response.status, request.method
     empty = must_be_empty_body(method, status)
-    if hdrs.CONTENT_LENGTH not in headers:  # web.Response._start
-        if len(body) or (status != 304 and method != hdrs.METH_HEAD):
-            headers[hdrs.CONTENT_LENGTH] = str(len(body))
+    sized = len(body) or (status != 304 and method != hdrs.METH_HEAD)
+    if hdrs.CONTENT_LENGTH not in headers and sized:  # web.Response._start
+        headers[hdrs.CONTENT_LENGTH] = str(len(body))
     if empty:  # StreamResponse._prepare_headers
         if hdrs.CONTENT_LENGTH in headers and should_remove_content_length(method, status):
             del headers[hdrs.CONTENT_LENGTH]

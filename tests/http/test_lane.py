@@ -151,9 +151,20 @@ GET = b"GET /p/demo/v1/jobs/%s HTTP/1.1\r\nHost: x\r\n\r\n"
         b"GET /p/demo/v1/jobs/j1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
         b"GET /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
-        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n0\r\n\r\n",
     ],
-    ids=["get", "head", "204", "force-close", "http/1.0", "1.0 keep-alive", "close", "body", "chunked"],
+    ids=[
+        "get",
+        "head",
+        "204",
+        "force-close",
+        "http/1.0",
+        "1.0 keep-alive",
+        "close",
+        "body",
+        "chunked",
+    ],
 )
 async def test_an_answer_has_the_bytes_aiohttp_writes(
     servers: tuple[int, int, web.Application], request_bytes: bytes
@@ -190,7 +201,8 @@ async def test_a_chunked_body_for_aiohttp_is_framed_again(
 ) -> None:
     """A chunked request relayed to aiohttp after an agent call reaches its handler whole."""
     lane_port, _, _ = servers
-    body = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+    body = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body += b"2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
     got = split(await exchange(lane_port, GET % b"j1" + body, answers=2))
     assert got[1].endswith(b"echo:abcde")
 
@@ -253,7 +265,10 @@ async def test_expect_continue_is_answered_before_the_body(
     """``Expect: 100-continue``: the interim answer comes before the body is sent."""
     lane_port, _, _ = servers
     reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
-    writer.write(b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+    writer.write(
+        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+        b"Expect: 100-continue\r\n\r\n"
+    )
     interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     writer.write(b"abc")
     final = await asyncio.wait_for(reader.readuntil(b"got 3:abc"), 5)
@@ -266,7 +281,7 @@ async def test_a_client_that_goes_away_cancels_its_handler(
 ) -> None:
     """As aiohttp's handler_cancellation: the handler of a closed connection is cancelled."""
     lane_port, _, app = servers
-    reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+    _, writer = await asyncio.open_connection("127.0.0.1", lane_port)
     writer.write(GET % b"held")
     for _ in range(100):
         if app[PAGE]:
@@ -312,7 +327,9 @@ async def test_the_runners_cleanup_answers_the_call_in_hand_then_closes() -> Non
         (b"\x16\x03\x01\x02\x00", False),
     ],
 )
-def test_the_first_bytes_decide_who_serves_the_connection(first: bytes, wanted: bool | None) -> None:
+def test_the_first_bytes_decide_who_serves_the_connection(
+    first: bytes, wanted: bool | None
+) -> None:
     """Agent calls start the lane; anything else (or what aiohttp rejects) is aiohttp's; too
     few bytes to tell wait for more."""
     assert lane.wants_lane(first) is wanted
