@@ -274,20 +274,20 @@ def stop() -> None:
 
 
 def request_line(fields: dict[str, Any]) -> None:
-    """The one line a request gives (SPEC 13); absent fields are null.
+    """The one line a request gives (SPEC 13): ``fields`` holds every name of
+    REQUEST_FIELDS, in that order (None where absent).
 
     On the hot path: rendered here with orjson, in the same shape the JSON formatter gives,
     and handed to the writer thread as bytes (no LogRecord, no formatter)."""
     if not requests_log.isEnabledFor(logging.INFO):
         return
-    values = {name: fields.get(name) for name in REQUEST_FIELDS}
     writer = _writer
     if writer is None or not writer.json_lines:
-        requests_log.info("request", extra=values)
+        requests_log.info("request", extra=fields)
         return
-    now = time.time()
-    head = {"ts": _stamp(now), "level": "info", "event": "request"}
-    writer.line(orjson.dumps({**head, **values}, option=orjson.OPT_APPEND_NEWLINE))
+    line = {"ts": _stamp(time.time()), "level": "info", "event": "request"}
+    line.update(fields)
+    writer.line(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
 
 
 def say(settings: LoggingSettings, level: int, event: str, **fields: Any) -> None:
