@@ -6,11 +6,14 @@ Why: a too-early refusal cost ~110 us of CPU of which aiohttp's server path (its
 response objects, its router, its stream writer) was a third; the same llhttp parser with a
 request of ten attributes and a response written as one ``bytes`` costs a few microseconds.
 
-What it owns: framing (keep-alive, pipelining in order, ``Expect: 100-continue``, HEAD and
-bodiless statuses, ``Connection: close``), the limits aiohttp applies to a request's head
-(8190 bytes a line or field, 128 fields), a body read as it arrives with backpressure, the
-cancellation of a handler whose client went away (``handler_cancellation``), an idle timeout,
-and a graceful stop with the aiohttp runner it shares. Headers are written by aiohttp's own
+What it owns: framing (keep-alive, pipelining in order with reading paused past QUEUE_HIGH
+waiting requests, ``Expect: 100-continue``, HEAD and bodiless statuses, ``Connection:
+close``), the head as aiohttp reads it (8190 bytes a line or field, 128 fields, ``Host``
+required in HTTP/1.1, no second singleton field such as ``Host`` or ``Content-Type``, no
+trailing whitespace in a value, no fragment in the path), a body read as it arrives with
+backpressure (an answered request's unread rest dropped for LINGER at most), the
+cancellation of a handler whose client went away (``handler_cancellation``), an idle
+timeout, and a graceful stop with the aiohttp runner it shares. Headers are written by aiohttp's own
 serializer, so an answer here has the bytes aiohttp would send (Date, Server,
 Content-Length, Content-Type, Connection).
 
@@ -37,6 +40,7 @@ from aiohttp.helpers import (
     should_remove_content_length,
 )
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.http_parser import SINGLETON_HEADERS
 from aiohttp.http_writer import _serialize_headers
 from aiohttp.tcp_helpers import tcp_nodelay
 from aiohttp.web_protocol import RequestHandler
@@ -57,7 +61,10 @@ KEEPALIVE = 3630.0  # seconds an idle connection is kept (aiohttp's default)
 # them: a provider name with no slash and no brace, then nothing or a slash and anything.
 AGENT_PATH = re.compile(r"/p/([^{}/]+)(?:/(.*))?", re.S)
 FIRST_LINE = re.compile(rb"[A-Z]{1,16} (\S*)")
+QUEUE_HIGH = 32  # pipelined requests waiting before reading pauses (aiohttp's bound)
+LINGER = 10.0  # seconds the rest of an unread body is read and dropped before closing
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+MALFORMED = b"\x00 / HTTP/1.1\r\n\r\n"  # relayed in place of a malformed request: aiohttp 400s it
 INTERNAL = "The gateway failed to handle this request."
 
 
@@ -65,7 +72,7 @@ class Body:
     """A request body as it arrives: what ``gateway.http.bodies`` reads (``iter_chunked``),
     with reading paused while more than BODY_HIGH bytes wait."""
 
-    __slots__ = ("_chunks", "_eof", "_lane", "_size", "_unread", "_waiter")
+    __slots__ = ("_chunks", "_eof", "_error", "_lane", "_size", "_unread", "_waiter")
 
     def __init__(self, lane: Lane) -> None:
         self._chunks: deque[bytes] = deque()
@@ -74,6 +81,7 @@ class Body:
         self._waiter: asyncio.Future[None] | None = None
         self._lane = lane
         self._unread = False  # answered without reading it all: the rest is dropped
+        self._error: Exception | None = None  # the rest of the body cannot be framed
 
     def feed(self, chunk: bytes) -> None:
         if self._unread:
@@ -81,11 +89,16 @@ class Body:
         self._chunks.append(chunk)
         self._size += len(chunk)
         if self._size > BODY_HIGH:
-            self._lane.pause_body()
+            self._lane.pause("body")
         self._wake()
 
     def feed_eof(self) -> None:
         self._eof = True
+        self._wake()
+
+    def fail(self, error: Exception) -> None:
+        """The body turned out malformed: its reader gets ``error`` once what came is read."""
+        self._error = error
         self._wake()
 
     def drop(self) -> None:
@@ -93,6 +106,11 @@ class Body:
         self._unread = True
         self._chunks.clear()
         self._size = 0
+        self._lane.resume("body")
+
+    @property
+    def complete(self) -> bool:
+        return self._eof or self._error is not None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -102,6 +120,8 @@ class Body:
     async def iter_chunked(self, n: int) -> AsyncIterator[bytes]:
         while True:
             while not self._chunks:
+                if self._error is not None:
+                    raise self._error
                 if self._eof:
                     return
                 self._waiter = asyncio.get_running_loop().create_future()
@@ -112,7 +132,7 @@ class Body:
             chunk = self._chunks.popleft()
             self._size -= len(chunk)
             if self._size <= BODY_HIGH // 2:
-                self._lane.resume_body()
+                self._lane.resume("body")
             while len(chunk) > n:
                 yield chunk[:n]
                 chunk = chunk[n:]
@@ -218,7 +238,7 @@ class Lane(asyncio.Protocol):
         self._owed: bytes | None = None  # the 400 of a malformed request, after those before it
         self._idle: asyncio.TimerHandle | None = None
         self._active = 0.0  # loop time of the last bytes or answer (the idle timeout's start)
-        self._paused_body = False
+        self._paused: set[str] = set()  # why reading is paused (a full body, queue, relay)
         self._write_paused: asyncio.Future[None] | None = None
         # the request being parsed
         self._url: list[bytes] = []
@@ -310,7 +330,7 @@ class Lane(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) + len(value) > MAX_LINE or len(self._fields) >= MAX_FIELDS:
             raise BadHead("The request line or a header field is too long.")
-        self._fields.append((name, value))
+        self._fields.append((name, value.rstrip(b" \t")))  # trailing OWS is no part of it
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -319,11 +339,9 @@ class Lane(asyncio.Protocol):
         method = parser.get_method().decode("ascii", "replace")
         found = rel_url = None
         if not self._relaying and target.startswith(b"/p/"):
-            raw_path, _, query = target.partition(b"?")
+            raw_path, _, query = target.partition(b"#")[0].partition(b"?")
             rel_url = URL.build(
-                path=raw_path.decode("latin-1"),
-                query_string=query.partition(b"#")[0].decode("latin-1"),
-                encoded=True,
+                path=raw_path.decode("latin-1"), query_string=query.decode("latin-1"), encoded=True
             )
             found = agent_target(rel_url)
         if found is None or rel_url is None:
@@ -332,7 +350,10 @@ class Lane(asyncio.Protocol):
             return
         headers: CIMultiDict[str] = CIMultiDict()
         for name, value in self._fields:
-            headers.add(name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
+            key = name.decode("latin-1")
+            if key in headers and key.lower() in SINGLETON_HEADERS:
+                raise BadHead(f"The request carries {key} twice.")
+            headers.add(key, value.decode("utf-8", "surrogateescape"))
         version = parser.get_http_version()
         if version != "1.0" and hdrs.HOST not in headers:
             raise BadHead("An HTTP/1.1 request must carry a Host header.")
@@ -352,6 +373,8 @@ class Lane(asyncio.Protocol):
         self._body = body
         expects = headers.get(hdrs.EXPECT, "").lower() == "100-continue" and version != "1.0"
         self._queue.append((request, expects))
+        if len(self._queue) >= QUEUE_HIGH:
+            self.pause("queue")
         if self._task is None:
             self._next()
 
@@ -373,22 +396,25 @@ class Lane(asyncio.Protocol):
     # -- answering ------------------------------------------------------------------------
 
     def _next(self) -> None:
-        """Answer the next request in line; none left: the 400 owed for a malformed one,
-        the bytes waiting for a relay, the close of a stop, or the idle timer."""
+        """Answer the next request in line; none left: the bytes waiting for a relay, the
+        400 owed for a malformed request, the close of a stop, or the idle timer."""
         if self._queue and not self._stopping:
             request, expects = self._queue.popleft()
+            if len(self._queue) <= QUEUE_HIGH // 2:
+                self.resume("queue")
             self._task = self.loop.create_task(self._answer(request, expects))
             return
         self._task = None
         transport = self.transport
         if transport is None:
             return
-        if self._owed is not None:
-            transport.write(self._owed)
-            transport.close()
+        if self._stopping:  # no aiohttp handler is started once a stop began
+            if self._relay is None:
+                transport.close()
         elif self._relay_waiting:
             self._start_relay()
-        elif self._stopping and self._relay is None:
+        elif self._owed is not None:
+            transport.write(self._owed)
             transport.close()
         elif self._relay is None:
             self._arm_idle()
@@ -400,8 +426,22 @@ class Lane(asyncio.Protocol):
         if expects:
             transport.write(CONTINUE)
         agent = cast(web.Request, request)  # LaneRequest has what the agent handlers read
-        response = await self.site.middleware(agent, self.site.handler)
-        request.content.drop()
+        try:
+            response: web.StreamResponse = await self.site.middleware(agent, self.site.handler)
+        except asyncio.CancelledError:
+            if self.transport is not None:  # cancelled from within: no answer, no connection
+                self.transport.close()
+            raise
+        except web.HTTPException as exc:  # as aiohttp does: the exception is the answer
+            response = exc
+        except Exception:  # the middleware answers every error: this is a bug of ours
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            response = problem("internal-error", INTERNAL)
+            response.force_close()
+        body = request.content
+        body.drop()
+        if not body.complete:  # the rest is read and dropped, for LINGER at most
+            self.loop.call_later(LINGER, self._linger_end, body)
         try:
             data, keep = serialize(response, request)
         except (TypeError, ValueError) as exc:  # a handler's bug, never the agent's
@@ -417,29 +457,43 @@ class Lane(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
-        if self._paused_body and self._body is None:
-            self.resume_body()
         self._next()
 
     def _bad_request(self, detail: str) -> None:
-        """A request that cannot be parsed: 400 once what came before it is answered, then
-        the connection closes (nothing after it can be framed)."""
+        """A request that cannot be framed: 400 once what came before it is answered, then
+        the connection closes (nothing after it can be framed). Inside the body of an agent
+        call, that call's handler meets the error as it reads (answered 400 by the
+        middleware); on a relayed connection aiohttp answers it, in order."""
         log.warning("rejected a malformed request on the agent lane: %s", detail)
-        self._owed = bad_request(detail)
         self.parser = httptools.HttpRequestParser(_Discard())
-        self._body = None
+        if self._relaying:
+            self._relay_bytes(MALFORMED)
+            return
+        if self._body is not None:
+            self._body.fail(web.HTTPBadRequest(reason=detail))
+            self._body = None
+            self._owed = b""  # the handler answers it; then the connection closes
+        else:
+            self._owed = bad_request(detail)
         if self._task is None:
             self._next()
 
-    def pause_body(self) -> None:
-        if not self._paused_body and self.transport is not None:
-            self._paused_body = True
-            self.transport.pause_reading()
+    def _linger_end(self, body: Body) -> None:
+        """An answered request's body still arriving after LINGER: the connection ends."""
+        if not body.complete and self.transport is not None:
+            self.transport.close()
 
-    def resume_body(self) -> None:
-        if self._paused_body and self.transport is not None:
-            self._paused_body = False
-            self.transport.resume_reading()
+    def pause(self, reason: str) -> None:
+        """Stop reading for ``reason`` (a full body buffer, the queue, bytes for a relay)."""
+        if not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+        self._paused.add(reason)
+
+    def resume(self, reason: str) -> None:
+        if reason in self._paused:
+            self._paused.discard(reason)
+            if not self._paused and self.transport is not None:
+                self.transport.resume_reading()
 
     def _arm_idle(self) -> None:
         """The idle timeout from now: one timer a connection, moved only when it fires
@@ -455,7 +509,9 @@ class Lane(asyncio.Protocol):
         left = self._active + KEEPALIVE - self.loop.time()
         busy = self._task is not None or self._queue or self._relay is not None
         if busy or left > 0:
-            self._idle = self.loop.call_later(max(left, 0.0) if not busy else KEEPALIVE, self._idle_close)
+            self._idle = self.loop.call_later(
+                max(left, 0.0) if not busy else KEEPALIVE, self._idle_close
+            )
             return
         self.transport.close()
 
@@ -509,7 +565,9 @@ class Lane(asyncio.Protocol):
             self._relay.data_received(data)
             return
         self._relay_waiting.append(data)
-        if self._task is None:
+        if sum(map(len, self._relay_waiting)) > BODY_HIGH:
+            self.pause("relay")
+        if self._task is None and not self._stopping:
             self._start_relay()
 
     def _start_relay(self) -> None:
@@ -519,6 +577,7 @@ class Lane(asyncio.Protocol):
             self._relay = self.site.aiohttp_handler()
             self._relay.connection_made(self.transport)
         waiting, self._relay_waiting = self._relay_waiting, []
+        self.resume("relay")
         self._relay.data_received(b"".join(waiting))
 
 

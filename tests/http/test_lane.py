@@ -357,7 +357,8 @@ async def test_a_malformed_chunk_fails_the_body_being_read(
     """A chunked body that turns out malformed ends in a 400, not in a handler waiting for
     the rest of it for ever."""
     lane_port, _, _ = servers
-    bad = b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n"
+    head = b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    bad = head + b"3\r\nabc\r\nzz\r\n"
     got = await exchange(lane_port, bad, wait=3)
     assert got.startswith(b"HTTP/1.1 400")
 
@@ -398,7 +399,11 @@ async def test_a_relayed_answer_is_not_overtaken_by_a_later_400() -> None:
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
         got = b""
-        for data in (GET % b"j1", b"GET /slowa HTTP/1.1\r\nHost: x\r\n\r\n", b"BAD REQUEST\r\n\r\n"):
+        for data in (
+            GET % b"j1",
+            b"GET /slowa HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"BAD REQUEST\r\n\r\n",
+        ):
             writer.write(data)
             await asyncio.sleep(0.05)
         async with asyncio.timeout(3):
@@ -424,11 +429,16 @@ async def test_cleanup_starts_no_relay_and_closes_the_connection() -> None:
     while not app[PAGE]:
         await asyncio.sleep(0.01)
     await runner.cleanup()
+    got, closed = b"", False
     try:
-        got = await asyncio.wait_for(reader.read(), 2)  # EOF, not a connection left open
+        async with asyncio.timeout(2):
+            got = await reader.read()  # EOF, not a connection left open
+            closed = True
+    except TimeoutError:
+        pass
     finally:
         writer.close()
-    assert len(split(got)) == 1
+    assert closed and len(split(got)) == 1
 
 
 async def _headers(request: web.Request) -> web.Response:
@@ -461,4 +471,48 @@ async def test_the_head_is_read_as_aiohttp_reads_it(request_bytes: bytes) -> Non
     finally:
         await runner.cleanup()
     assert ours.split(b" ", 2)[1] == theirs.split(b" ", 2)[1]
+    if not ours.startswith(b"HTTP/1.1 400"):  # a 400's body is problem+json on the lane
+        assert ours.partition(b"\r\n\r\n")[2] == theirs.partition(b"\r\n\r\n")[2]
+
+
+async def _where(request: web.Request) -> web.Response:
+    url = request.rel_url
+    seen = (request.path, url.raw_path, url.raw_query_string, request.match_info["provider"])
+    return web.Response(text=repr(seen))
+
+
+@pytest.mark.parametrize(
+    "target",
+    [b"/p/demo/v1/jobs/j1#frag", b"/p/demo/v1/jobs/a%20b?x=1&y=%2F", b"/p/de%6Do/x?q#f"],
+    ids=["fragment", "escapes and query", "escaped provider"],
+)
+async def test_the_target_is_read_as_aiohttp_reads_it(target: bytes) -> None:
+    """Path (decoded), raw path, query and provider as the handler sees them: the same on
+    the lane as on aiohttp's listener (a fragment is no part of the path)."""
+    app = web.Application()
+    app.router.add_route("*", "/p/{provider}/{tail:.*}", _where)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=_where)
+    await site.start()
+    plain = web.TCPSite(runner, "127.0.0.1", 0)
+    await plain.start()
+    request_bytes = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target
+    try:
+        ours = await exchange(site.port, request_bytes, wait=1.0)
+        theirs = await exchange(plain.port, request_bytes, wait=1.0)
+    finally:
+        await runner.cleanup()
+    assert ours.startswith(b"HTTP/1.1 200")
     assert ours.partition(b"\r\n\r\n")[2] == theirs.partition(b"\r\n\r\n")[2]
+
+
+async def test_pipelined_requests_past_the_bound_pause_reading(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A client pipelining far more requests than QUEUE_HIGH behind a slow one: reading
+    pauses (memory stays bounded) and every answer still comes, in order."""
+    lane_port, _, _ = servers
+    count = lane.QUEUE_HIGH * 4
+    got = split(await exchange(lane_port, GET % b"slow" + GET % b"j1" * count, count + 1))
+    assert len(got) == count + 1 and got[0].endswith(b"slow done")
