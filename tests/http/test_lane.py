@@ -6,6 +6,7 @@ suite's agent tests run through it too (conftest.AgentServer)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator
 
@@ -77,20 +78,38 @@ async def echo(request: web.Request) -> web.Response:
     return web.Response(body=b"echo:" + await request.read())
 
 
-@pytest.fixture
-async def servers() -> AsyncIterator[tuple[int, int, web.Application]]:
-    """(lane port, plain aiohttp port, app): one app, one runner, two listeners."""
-    app = make_app()
+@contextlib.asynccontextmanager
+async def listening(
+    app: web.Application, handler: lane.Handler, lane_middleware: lane.Middleware = middleware
+) -> AsyncIterator[tuple[int, int]]:
+    """(lane port, aiohttp port): one app, one runner, a lane and an aiohttp listener."""
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
-    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=answer)
+    site = LaneSite(runner, "127.0.0.1", 0, middleware=lane_middleware, handler=handler)
     await site.start()
     plain = web.TCPSite(runner, "127.0.0.1", 0)
     await plain.start()
     try:
-        yield site.port, plain.port, app
+        yield site.port, plain.port
     finally:
         await runner.cleanup()
+
+
+async def lane_only(app: web.Application) -> tuple[web.AppRunner, int]:
+    """A started runner with a lane listener alone, for tests that stop it themselves."""
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=answer)
+    await site.start()
+    return runner, site.port
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[int, int, web.Application]]:
+    """(lane port, plain aiohttp port, app) of the test app."""
+    app = make_app()
+    async with listening(app, answer) as (lane_port, plain_port):
+        yield lane_port, plain_port, app
 
 
 async def exchange(port: int, data: bytes, answers: int = 1, *, wait: float = 5.0) -> bytes:
@@ -299,11 +318,8 @@ async def test_the_runners_cleanup_answers_the_call_in_hand_then_closes() -> Non
     """A graceful stop: the call being answered gets its answer; the connection then ends
     and the port listens no more."""
     app = make_app()
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=answer)
-    await site.start()
-    reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+    runner, port = await lane_only(app)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(GET % b"slow")
     while not app[PAGE]:
         await asyncio.sleep(0.01)
@@ -312,7 +328,7 @@ async def test_the_runners_cleanup_answers_the_call_in_hand_then_closes() -> Non
     writer.close()
     assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(b"slow done")
     with pytest.raises(OSError):
-        await asyncio.open_connection("127.0.0.1", site.port)
+        await asyncio.open_connection("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(
@@ -370,15 +386,8 @@ async def test_a_handler_error_is_a_500_not_a_hung_connection() -> None:
     async def broken(request: web.Request, handler: lane.Handler) -> web.StreamResponse:
         raise RuntimeError("bug")
 
-    app = make_app()
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = LaneSite(runner, "127.0.0.1", 0, middleware=broken, handler=answer)
-    await site.start()
-    try:
-        got = await exchange(site.port, GET % b"j1", wait=2)
-    finally:
-        await runner.cleanup()
+    async with listening(make_app(), answer, broken) as (lane_port, _):
+        got = await exchange(lane_port, GET % b"j1", wait=2)
     assert got.startswith(b"HTTP/1.1 500")
 
 
@@ -392,12 +401,8 @@ async def test_a_relayed_answer_is_not_overtaken_by_a_later_400() -> None:
     aiohttp's answer comes before the 400, as on aiohttp's own listener."""
     app = make_app()
     app.router.add_get("/slowa", _slow_aiohttp)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=answer)
-    await site.start()
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+    async with listening(app, answer) as (lane_port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
         got = b""
         for data in (
             GET % b"j1",
@@ -410,8 +415,6 @@ async def test_a_relayed_answer_is_not_overtaken_by_a_later_400() -> None:
             while chunk := await reader.read(65536):
                 got += chunk
         writer.close()
-    finally:
-        await runner.cleanup()
     assert [a.split(b" ", 2)[1] for a in split(got)][:3] == [b"429", b"200", b"400"]
 
 
@@ -420,11 +423,8 @@ async def test_cleanup_starts_no_relay_and_closes_the_connection() -> None:
     it: the call is answered, then the connection closes (no aiohttp handler is started
     for the pipelined request after the runner began to stop), as aiohttp's listener does."""
     app = make_app()
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=answer)
-    await site.start()
-    reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+    runner, port = await lane_only(app)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(GET % b"slow" + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     while not app[PAGE]:
         await asyncio.sleep(0.01)
@@ -439,6 +439,16 @@ async def test_cleanup_starts_no_relay_and_closes_the_connection() -> None:
     finally:
         writer.close()
     assert closed and len(split(got)) == 1
+
+
+async def both(handler: lane.Handler, request_bytes: bytes) -> tuple[bytes, bytes]:
+    """What ``handler`` answers ``request_bytes`` on the lane, and on aiohttp's listener."""
+    app = web.Application()
+    app.router.add_route("*", "/p/{provider}/{tail:.*}", handler)
+    async with listening(app, handler) as (lane_port, plain_port):
+        ours = await exchange(lane_port, request_bytes, wait=1.0)
+        theirs = await exchange(plain_port, request_bytes, wait=1.0)
+    return ours, theirs
 
 
 async def _headers(request: web.Request) -> web.Response:
@@ -457,19 +467,7 @@ async def test_the_head_is_read_as_aiohttp_reads_it(request_bytes: bytes) -> Non
     """Trailing whitespace is not part of a field value (RFC 9110 5.5; aiohttp strips it)
     and a second Host is refused by aiohttp with 400: the lane must agree, or one agent
     request means two things depending on the connection's history."""
-    app = web.Application()
-    app.router.add_route("*", "/p/{provider}/{tail:.*}", _headers)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=_headers)
-    await site.start()
-    plain = web.TCPSite(runner, "127.0.0.1", 0)
-    await plain.start()
-    try:
-        ours = await exchange(site.port, request_bytes, wait=1.0)
-        theirs = await exchange(plain.port, request_bytes, wait=1.0)
-    finally:
-        await runner.cleanup()
+    ours, theirs = await both(_headers, request_bytes)
     assert ours.split(b" ", 2)[1] == theirs.split(b" ", 2)[1]
     if not ours.startswith(b"HTTP/1.1 400"):  # a 400's body is problem+json on the lane
         assert ours.partition(b"\r\n\r\n")[2] == theirs.partition(b"\r\n\r\n")[2]
@@ -489,20 +487,7 @@ async def _where(request: web.Request) -> web.Response:
 async def test_the_target_is_read_as_aiohttp_reads_it(target: bytes) -> None:
     """Path (decoded), raw path, query and provider as the handler sees them: the same on
     the lane as on aiohttp's listener (a fragment is no part of the path)."""
-    app = web.Application()
-    app.router.add_route("*", "/p/{provider}/{tail:.*}", _where)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = LaneSite(runner, "127.0.0.1", 0, middleware=middleware, handler=_where)
-    await site.start()
-    plain = web.TCPSite(runner, "127.0.0.1", 0)
-    await plain.start()
-    request_bytes = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target
-    try:
-        ours = await exchange(site.port, request_bytes, wait=1.0)
-        theirs = await exchange(plain.port, request_bytes, wait=1.0)
-    finally:
-        await runner.cleanup()
+    ours, theirs = await both(_where, b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target)
     assert ours.startswith(b"HTTP/1.1 200")
     assert ours.partition(b"\r\n\r\n")[2] == theirs.partition(b"\r\n\r\n")[2]
 
