@@ -11,6 +11,9 @@ The state lives in the runtime (one ``Releases`` per process), never in module g
 from __future__ import annotations
 
 import asyncio
+import os
+import random
+import secrets
 from dataclasses import dataclass, field
 
 from gateway.errors import StoreError
@@ -19,6 +22,18 @@ from gateway.store.base import Coordination
 RELEASE_RETRY = 0.5  # the first wait between release attempts, doubled up to RELEASE_CAP
 RELEASE_CAP = 8.0
 RELEASE_TOKENS = 16  # tokens kept per lease name; the oldest go first
+
+
+# Lease tokens tell holders apart; they never leave the gateway and its store, so they come
+# from a generator seeded from the OS once per process (again after a fork), not from an
+# os.urandom system call per poll.
+_tokens = random.Random(secrets.randbits(128))
+os.register_at_fork(after_in_child=lambda: _tokens.seed(secrets.randbits(128)))
+
+
+def new_token() -> str:
+    """A fresh lease token (32 hex digits, as ``secrets.token_hex(16)`` gives)."""
+    return f"{_tokens.getrandbits(128):032x}"
 
 
 @dataclass(frozen=True, slots=True)

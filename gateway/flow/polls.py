@@ -11,7 +11,6 @@ from decide.py; nothing here answers HTTP (proxy.py and mcp/ do).
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ from gateway.core.pacing import GUARD
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.schedule import provider_limit
 from gateway.errors import NotAdmissible, StoreError
-from gateway.flow.leases import Lease
+from gateway.flow.leases import Lease, new_token
 from gateway.flow.pausing import tighten
 from gateway.flow.refusals import Window
 from gateway.flow.runtime import OUTCOME, PollTask, Runtime
@@ -266,7 +265,7 @@ async def _poll(
     the place taken in the pacing window then goes unused). Whatever the way out, ``_end``
     puts back an unused refusal window and gives back a lease still held."""
     runtime, operation_id = asker.runtime, record.operation_id
-    lease = Lease(poll_lease(operation_id), secrets.token_hex(16))
+    lease = Lease(poll_lease(operation_id), new_token())
     poll = _Poll(asker, record, lease, runtime.refusals.close(operation_id))
     try:
         return await _steps(poll, pace=pace, from_copy=from_copy)
@@ -502,7 +501,7 @@ async def recover_cut_polls(runtime: Runtime, limit: int = 10_000) -> int:
     for record in await runtime.records.list(where):
         if record.inflight_at is None:
             continue
-        lease, token = poll_lease(record.operation_id), secrets.token_hex(16)
+        lease, token = poll_lease(record.operation_id), new_token()
         ttl = runtime.settings.file.limits.upstream_timeout + LEASE_MARGIN  # one write
         if not await runtime.coordination.acquire_lease(lease, token, runtime.clock(), ttl):
             continue  # a live process is polling it now

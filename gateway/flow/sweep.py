@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import Awaitable
 
 from gateway.core import decide, effects
 from gateway.core.models import poll_lease
 from gateway.errors import StoreError
 from gateway.flow import polls
+from gateway.flow.leases import new_token
 from gateway.flow.runtime import Runtime
 from gateway.settings.policy import ProviderPolicy
 from gateway.store.base import PURGE_BATCH
@@ -78,7 +78,7 @@ async def _escalate(runtime: Runtime, policy: ProviderPolicy, operation_id: str)
 
     With several replicas the store's compare-and-set lets one write win; only the
     replica whose write won gets a decision back, so effects happen once."""
-    lease, token = poll_lease(operation_id), secrets.token_hex(16)
+    lease, token = poll_lease(operation_id), new_token()
     if not await runtime.coordination.acquire_lease(lease, token, runtime.clock(), OVERDUE_LEASE):
         return False
     try:

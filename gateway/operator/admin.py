@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,6 +41,7 @@ from gateway.core.models import (
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.story import story
 from gateway.flow import polls, reloading
+from gateway.flow.leases import new_token
 from gateway.flow.polls import lease_ttl
 from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
 from gateway.http import auth
@@ -270,7 +270,7 @@ async def act(request: web.Request) -> web.StreamResponse:
     now = runtime.clock()
     lease = None
     if action == "cancel":  # one provider call at a time per operation, as polls take it
-        lease = (poll_lease(record.operation_id), secrets.token_hex(16))
+        lease = (poll_lease(record.operation_id), new_token())
         if not await runtime.coordination.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
             busy = "a status request or another cancel is in flight; try again in a moment"
             return _not_permitted(record, busy)

@@ -305,20 +305,25 @@ def test_otel_sdk_disabled_turns_tracing_off() -> None:
 
 
 def test_forked_workers_make_ids_of_their_own() -> None:
-    """statusgate serve --workers N forks after import: trace, span and request ids must
-    not repeat the parent's sequence."""
+    """statusgate serve --workers N forks after import: trace, span and request ids and
+    lease tokens must not repeat the parent's sequence."""
+    from gateway.flow.leases import new_token
     from gateway.observe.context import request_id_from
+
+    def ids() -> str:
+        return f"{request_id_from(None)} {tracing._random.getrandbits(64)} {new_token()}"
 
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child process
-        os.write(write, f"{request_id_from(None)} {tracing._random.getrandbits(64)}".encode())
+        os.write(write, ids().encode())
         os._exit(0)
     os.waitpid(child, 0)
-    theirs = os.read(read, 200).decode()
+    theirs = os.read(read, 200).decode().split()
     os.close(read)
     os.close(write)
-    assert theirs != f"{request_id_from(None)} {tracing._random.getrandbits(64)}"
+    ours = ids().split()
+    assert all(a != b for a, b in zip(theirs, ours, strict=True))
 
 
 def _exporter(url: str, timeout: str = "10", **batching: str) -> export.Exporter:
