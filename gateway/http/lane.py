@@ -464,7 +464,9 @@ class Lane(asyncio.Protocol):
         the connection closes (nothing after it can be framed). Inside the body of an agent
         call, that call's handler meets the error as it reads (answered 400 by the
         middleware); on a relayed connection aiohttp answers it, in order."""
-        log.warning("rejected a malformed request on the agent lane: %s", detail)
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        where = peer[0] if isinstance(peer, tuple) and peer else "unknown"
+        log.warning("rejected a malformed request from %s on the agent lane: %s", where, detail)
         self.parser = httptools.HttpRequestParser(_Discard())
         if self._relaying:
             self._relay_bytes(MALFORMED)
