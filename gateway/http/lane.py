@@ -60,7 +60,9 @@ KEEPALIVE = 3630.0  # seconds an idle connection is kept (aiohttp's default)
 # The agent's paths, as the aiohttp routes /p/{provider} and /p/{provider}/{tail:.*} take
 # them: a provider name with no slash and no brace, then nothing or a slash and anything.
 AGENT_PATH = re.compile(r"/p/([^{}/]+)(?:/(.*))?", re.S)
-FIRST_LINE = re.compile(rb"[A-Z]{1,16} (\S*)")
+# The methods agents' calls use; a connection opening with any other (one llhttp may not
+# know, that aiohttp's router answers) is aiohttp's.
+FIRST_LINE = re.compile(rb"(?:GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) (\S*)")
 QUEUE_HIGH = 32  # pipelined requests waiting before reading pauses (aiohttp's bound)
 LINGER = 10.0  # seconds the rest of an unread body is read and dropped before closing
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"

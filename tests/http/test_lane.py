@@ -340,6 +340,8 @@ async def test_the_runners_cleanup_answers_the_call_in_hand_then_closes() -> Non
         (b"GET /healthz HTTP/1.1\r\n", False),
         (b"POST /mcp HTTP/1.1\r\n", False),
         (b"get /p/demo/x HTTP/1.1\r\n", False),
+        (b"FETCH /p/demo/x HTTP/1.1\r\n", False),
+        (b"OPTIONS /p/demo/x HTTP/1.1\r\n", True),
         (b"\x16\x03\x01\x02\x00", False),
     ],
 )
