@@ -276,13 +276,14 @@ class Lane(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._bad_request("Protocol upgrades are not served on agent paths.")
+            self._bad_request("Protocol upgrades are not served on agent paths.", "Upgrade")
         except httptools.HttpParserError as exc:  # a callback's own error is its context
             cause = exc.__context__
             if isinstance(cause, BadHead):
-                self._bad_request(str(cause))
+                self._bad_request(str(cause), type(cause).__name__)
             else:
-                self._bad_request(f"The request is not valid HTTP/1.1 ({type(exc).__name__}).")
+                detail = "The request is not valid HTTP/1.1."
+                self._bad_request(detail, type(exc).__name__)
 
     def eof_received(self) -> bool | None:
         if self._relay is not None:
@@ -461,14 +462,15 @@ class Lane(asyncio.Protocol):
             return
         self._next()
 
-    def _bad_request(self, detail: str) -> None:
+    def _bad_request(self, detail: str, kind: str) -> None:
         """A request that cannot be framed: 400 once what came before it is answered, then
         the connection closes (nothing after it can be framed). Inside the body of an agent
         call, that call's handler meets the error as it reads (answered 400 by the
         middleware); on a relayed connection aiohttp answers it, in order."""
         peer = self.transport.get_extra_info("peername") if self.transport else None
         where = peer[0] if isinstance(peer, tuple) and peer else "unknown"
-        log.warning("rejected a malformed request from %s on the agent lane: %s", where, detail)
+        # one short line, as aiohttp's parser errors get (ParserNoise): never the request
+        log.warning("rejected a malformed request from %s: %s (400)", where, kind)
         self.parser = httptools.HttpRequestParser(_Discard())
         if self._relaying:
             self._relay_bytes(MALFORMED)
