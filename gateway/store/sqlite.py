@@ -4,11 +4,12 @@ Writes run on the event loop itself, at once, inside the transaction of the curr
 the loop (``BEGIN IMMEDIATE`` at the turn's first write); one callback at the start of the
 next turn commits them all together, and no write hops to a thread (a hop cost ~190 us even
 idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): with
-``?synchronous=full`` (default) the store fsyncs the WAL on a thread of its own and answers
-a durable write only after an fsync that began after its commit, so the loop never waits for
-the disk and one fsync serves every turn committed while the one before ran (group commit,
-as PostgreSQL does; the loop waits for the disk only when SQLite rewrites the WAL header
-after a checkpoint). A turn of pending answers alone is fsynced with the next fsync, or
+``?synchronous=full`` (default) the store has the WAL fsynced by a helper process of its own
+(gateway/store/wal_sync.py: no thread of this process, so no wait for the interpreter lock)
+and answers a durable write only after an fsync that began after its commit, so the loop
+never waits for the disk and one fsync serves every turn committed while the one before ran
+(group commit, as PostgreSQL does; the loop waits for the disk only when SQLite rewrites the
+WAL header after a checkpoint). A turn of pending answers alone is fsynced with the next fsync, or
 after LAZY_SYNC at most. A caller of a write waits for that, except where it says the result
 need not be durable yet (``finish_poll`` of an answer that leaves the operation pending:
 its reservation is durable already, so a crash before the fsync costs the answer, never a
@@ -21,7 +22,9 @@ dying (the pending answers of the last turn aside), but the last commits may be 
 power loss (SQLite syncs the WAL at checkpoints). A record that stopped waiting is handed
 to a reader only once the write that ended it is durable (``_durable``). A failed fsync
 stops the store until a restart: Linux may drop the pages that failed and report the next
-fsync clean.
+fsync clean. A helper process that died (killed) fails the writes waiting for its fsync with
+a StoreError and the next fsync starts another; a second one lost before any fsync succeeds
+stops the store as a failed fsync does.
 ``?busy_timeout=2s`` bounds how long a write waits for another process's write lock before
 the gateway fails closed; it waits on the loop, so only a foreign writer (the sqlite3 shell)
 can make it wait at all: a statusgate process never shares its file.
@@ -42,11 +45,13 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 from asyncio import CancelledError
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,7 +62,9 @@ from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
 from gateway.store.cache import Cache
+from gateway.store.wal_sync import HelperLost, Syncer, WalSyncer
 
+log = logging.getLogger("statusgate")
 T = TypeVar("T")
 Job = tuple[str, str, str]
 MIN_FREE = 64 << 10  # below this much free space on the file's disk the store is not ready
@@ -151,12 +158,15 @@ class SQLiteStore(Store):
         synchronous: str = "full",
         busy_timeout: float = 2.0,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        syncer: Callable[[str], Syncer] = WalSyncer,
     ):
         self._path = path
         self._fsync = synchronous.lower() == "full" and path != ":memory:"
         self._busy_timeout = busy_timeout
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-fsync")
+        # fsyncs of FILE-wal (``synchronous=full``), by a helper process unless a test says
+        self._syncer: Syncer | None = syncer(path + "-wal") if self._fsync else None
+        self._lost_helpers = 0  # helpers lost since the last fsync that succeeded
         self._unsynced: list[asyncio.Future[None]] = []  # committed, waiting for an fsync
         self._syncing: asyncio.Future[None] | None = None  # the fsync running
         self._lazy: asyncio.TimerHandle | None = None  # an fsync due for pending answers
@@ -165,7 +175,6 @@ class SQLiteStore(Store):
         self._durable_through = 0  # ... and durable (fsynced, where the store fsyncs)
         self._last_turn: dict[str, int] = {}  # operation id -> the turn that last wrote it
         self._broken: str | None = None  # why the store refuses everything (a failed fsync)
-        self._wal: int | None = None  # a descriptor of FILE-wal, for fsync
         self._connections: dict[str, sqlite3.Connection] = {}
         self._turn: _Turn | None = None  # the transaction open in this turn of the loop
         self._commits = 0
@@ -214,9 +223,15 @@ class SQLiteStore(Store):
         self._lock = fd
 
     async def open(self) -> None:
-        """Claim the file and check its layout: a newer one refuses to start."""
+        """Claim the file and check its layout: a newer one refuses to start. The fsync
+        helper starts here, before the first write that waits for it."""
         self._claim()
         await self.migrate()
+        if self._syncer is not None:
+            try:
+                self._syncer.start()
+            except HelperLost as exc:
+                raise StoreError(f"sqlite: {self._path}: {exc}", operation="open") from None
 
     # -- plumbing -----------------------------------------------------------------------
     def _connection(self, role: str) -> sqlite3.Connection:
@@ -407,16 +422,12 @@ class SQLiteStore(Store):
             return
         waiters, self._unsynced = self._unsynced, []
         through = self._committed_through
-        if not self._fsync:  # committed is durable here (only a power cut can cost it)
+        if self._syncer is None:  # committed is durable here (only a power cut can cost it)
             self._synced(waiters, through, None)
             return
-        try:
-            running = asyncio.get_running_loop().run_in_executor(self._syncer, self._fsync_wal)
-        except RuntimeError:  # the store closed
-            _fail_all(waiters, StoreError("sqlite store is closed", operation="commit"))
-            return
+        running = self._syncer.sync()
         self._syncing = running
-        running.add_done_callback(lambda done: self._synced(waiters, through, done))
+        running.add_done_callback(partial(self._synced, waiters, through))
 
     def _synced(
         self, waiters: list[asyncio.Future[None]], through: int, done: asyncio.Future[None] | None
@@ -425,10 +436,14 @@ class SQLiteStore(Store):
         failure = None
         if done is not None:
             failure = CancelledError("cancelled") if done.cancelled() else done.exception()
+        if isinstance(failure, HelperLost):
+            self._helper_lost(failure, waiters)
+            return
         if failure is not None:
             reason = failure.strerror if isinstance(failure, OSError) else None
             self._break(f"sqlite fsync: {self._path}-wal: {reason or failure!r}", waiters)
             return
+        self._lost_helpers = 0
         self._durable_through = max(self._durable_through, through)
         for waiter in waiters:
             if not waiter.done():
@@ -436,6 +451,23 @@ class SQLiteStore(Store):
         if len(self._last_turn) > LAST_TURNS:
             durable = self._durable_through
             self._last_turn = {k: n for k, n in self._last_turn.items() if n > durable}
+        self._sync_soon()
+
+    def _helper_lost(self, lost: HelperLost, waiters: list[asyncio.Future[None]]) -> None:
+        """The fsync process died (or could not start) with an fsync asked of it: whether
+        that fsync ran is unknown, so its waiters fail (503 upstream: nothing was forwarded)
+        and what it covered waits for the next fsync, by a new helper. A second helper lost
+        before any fsync succeeds is not a passing accident: the store stops."""
+        if self._closed:
+            _fail_all(waiters, StoreError("sqlite store is closed", operation="commit"))
+            return
+        self._lost_helpers += 1
+        reason = f"sqlite fsync: {self._path}-wal: {lost}"
+        if self._lost_helpers >= 2:
+            self._break(reason, waiters)
+            return
+        log.warning("%s; the next fsync starts another", reason)
+        _fail_all(waiters, StoreError(reason, operation="commit"))
         self._sync_soon()
 
     def _break(self, reason: str, waiters: list[asyncio.Future[None]]) -> None:
@@ -451,22 +483,6 @@ class SQLiteStore(Store):
             if not waiter.done():
                 waiter.set_exception(error)
         self._unsynced = []
-
-    def _fsync_wal(self) -> None:
-        """On the fsync thread: the WAL's data to the disk (its directory too, once, when
-        the file is first opened here). A WAL unlinked meanwhile is opened again."""
-        fd = self._wal
-        if fd is not None and os.fstat(fd).st_nlink == 0:
-            os.close(fd)
-            fd = self._wal = None
-        if fd is None:
-            fd = self._wal = os.open(self._path + "-wal", os.O_RDONLY)
-            folder = os.open(Path(self._path).parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-        os.fsync(fd)
 
     async def _checkpoint_wal(self) -> None:
         """Copy the WAL into the file on the reader thread (PASSIVE: writers never wait)."""
@@ -770,10 +786,8 @@ class SQLiteStore(Store):
         if reader is not None:
             await asyncio.get_running_loop().run_in_executor(self._reader, reader.close)
         self._reader.shutdown(wait=True)
-        self._syncer.shutdown(wait=True)
-        if self._wal is not None:
-            os.close(self._wal)
-            self._wal = None
+        if self._syncer is not None:
+            await self._syncer.close()
         if self._lock is not None:
             os.close(self._lock)  # releases the file's lock
             self._lock = None

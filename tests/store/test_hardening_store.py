@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from gateway.store import SQLiteStore, Store, store_from_url
 from gateway.store.base import measure_offset
 from gateway.store.cache import Cache, footprint
 from gateway.store.sqlite import LAZY_SYNC
+from gateway.store.wal_sync import WalSyncer
 
 from conftest import PROVIDER_KEY, pending_record, write_config
 
@@ -173,51 +175,85 @@ async def test_sqlite_answers_what_the_file_holds_after_a_turn_the_disk_refused(
         await store.close()
 
 
+class ThreadSyncer:
+    """A test's fsync of the WAL (gateway/store/wal_sync.Syncer) on a thread, through a
+    function the test chooses: a disk that fails, or one that holds an fsync until told.
+    The store's own helper process is tested in tests/store/test_wal_sync.py."""
+
+    def __init__(self, path: str, fsync: Callable[[int], None]) -> None:
+        self.path = path
+        self.fsync = fsync
+        self.synced = 0
+
+    def start(self) -> None:
+        pass
+
+    def sync(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().run_in_executor(None, self._sync)
+
+    def _sync(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self.fsync(fd)
+        finally:
+            os.close(fd)
+        self.synced += 1
+
+    async def close(self) -> None:
+        pass
+
+
+def thread_synced(
+    fsync: Callable[[int], None],
+) -> tuple[Callable[[str], ThreadSyncer], list[ThreadSyncer]]:
+    """A ``syncer`` for SQLiteStore fsyncing through ``fsync``, and the syncers it made."""
+    made: list[ThreadSyncer] = []
+
+    def make(path: str) -> ThreadSyncer:
+        made.append(ThreadSyncer(path, fsync))
+        return made[-1]
+
+    return make, made
+
+
 async def test_sqlite_writes_of_a_turn_share_one_fsync_of_the_wal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Group commit: fifty writes made in one turn of the loop are answered after one
-    fsync of the WAL (on a thread of its own, the real call, counted here), not fifty; with
-    synchronous=normal none is made."""
-    synced: list[int] = []
-    real_fsync = os.fsync
+    fsync of the WAL (asked of the store's helper process, counted here), not fifty; with
+    synchronous=normal none is asked."""
+    asked: list[str] = []
+    real_sync = WalSyncer.sync
 
-    def counted(fd: int) -> None:
-        synced.append(fd)
-        real_fsync(fd)
+    def counted(self: WalSyncer) -> asyncio.Future[None]:
+        asked.append(self._path)
+        return real_sync(self)
 
-    monkeypatch.setattr(os, "fsync", counted)
-    for synchronous, most in (("full", 3), ("normal", 0)):
+    monkeypatch.setattr(WalSyncer, "sync", counted)
+    for synchronous, most in (("full", 1), ("normal", 0)):
         store = SQLiteStore(str(tmp_path / f"{synchronous}.db"), synchronous=synchronous)
         await store.open()
         try:
             records = [await store.create(op(i)) for i in range(50)]
-            synced.clear()
+            asked.clear()
             assert all(await asyncio.gather(*(store.save(r) for r in records)))
-            assert len(synced) <= most, synced  # one for the WAL (its folder once, at first)
+            assert len(asked) <= most, asked
             if most:
-                assert synced
+                assert asked == [str(tmp_path / "full.db-wal")]
         finally:
             await store.close()
 
 
-async def test_sqlite_a_pending_answer_alone_is_fsynced_soon(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_sqlite_a_pending_answer_alone_is_fsynced_soon(tmp_path: Path) -> None:
     """A pending answer is answered before its fsync, but not left to the next durable
     write: with nothing else written, its turn is fsynced within LAZY_SYNC."""
-    synced: list[int] = []
-    real_fsync = os.fsync
-
-    def counted(fd: int) -> None:
-        synced.append(fd)
-        real_fsync(fd)
-
-    store = SQLiteStore(str(tmp_path / "g.db"))
+    make, made = thread_synced(os.fsync)
+    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make)
     await store.open()
     try:
         first = await store.create(op(1))
-        monkeypatch.setattr(os, "fsync", counted)
+        (syncer,) = made
+        before = syncer.synced
 
         def running(current: OperationRecord) -> tuple[OperationRecord, str]:
             return current.evolve(last_known_state="running"), "pending"
@@ -225,36 +261,37 @@ async def test_sqlite_a_pending_answer_alone_is_fsynced_soon(
         await store.finish_poll(
             "op_1", running, known=first, lease="l", token="t", durable=lambda r: False
         )
-        assert synced == []  # answered first
+        assert syncer.synced == before  # answered first
         for _ in range(100):
-            if synced:
+            if syncer.synced > before:
                 break
             await asyncio.sleep(LAZY_SYNC)
-        assert synced, "the pending answer's turn was never fsynced"
+        assert syncer.synced > before, "the pending answer's turn was never fsynced"
     finally:
         await store.close()
 
 
-async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(tmp_path: Path) -> None:
     """A disk that fails the WAL's fsync (EIO) fails the writes that waited for it with a
     StoreError (503 store-unavailable upstream), and every call after it: Linux may drop
     the pages that failed and report the next fsync clean, so nothing this process holds
     can be trusted durable. A restart (a new store on the file) serves again, from what
     the disk holds."""
-    real_fsync = os.fsync
+    failing = threading.Event()
 
-    def failing(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+    def fsync(fd: int) -> None:
+        if failing.is_set():
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
 
-    store = SQLiteStore(str(tmp_path / "g.db"))
+    make, _ = thread_synced(fsync)
+    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make)
     await store.open()
     first = await store.create(op(1))
-    monkeypatch.setattr(os, "fsync", failing)
+    failing.set()
     with pytest.raises(StoreError, match=r"fsync.*Input/output error"):
         await store.save(first)
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    failing.clear()
     for call in (store.get("op_1"), store.save(first), store.ping(), store.create(op(2))):
         with pytest.raises(StoreError, match="until the gateway restarts"):
             await call
@@ -268,26 +305,26 @@ async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(
         await again.close()
 
 
-async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(tmp_path: Path) -> None:
     """The answer that ends an operation is written and answered only once durable; a
     reader of that record meanwhile (another agent's status call) waits for the same
     fsync, never answering from an outcome the disk may not hold. A still-pending answer
     (finish_poll's ``durable`` says so) is answered before its fsync."""
     held = threading.Event()
-    real_fsync = os.fsync
+    holding = threading.Event()
 
     def slow(fd: int) -> None:
-        held.wait(10)
-        real_fsync(fd)
+        if holding.is_set():
+            held.wait(10)
+        os.fsync(fd)
 
-    store = SQLiteStore(str(tmp_path / "g.db"))
+    make, _ = thread_synced(slow)
+    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make)
     await store.open()
     try:
         first = await store.create(op(1))
         await store.acquire_lease("lease", "t", 0.0, 60.0)
-        monkeypatch.setattr(os, "fsync", slow)
+        holding.set()
 
         def running(current: OperationRecord) -> tuple[OperationRecord, str]:
             return current.evolve(last_known_state="running"), "pending"

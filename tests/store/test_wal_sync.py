@@ -1,0 +1,181 @@
+"""The SQLite store's fsync process (gateway/store/wal_sync.py, gateway/store/fsync_helper.py),
+run for real: fsyncs answered, a disk error named by its errno, a killed helper replaced,
+and the store failing only the writes whose fsync was lost."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.core.models import OperationRecord
+from gateway.errors import StoreError
+from gateway.store import SQLiteStore
+from gateway.store.wal_sync import PROGRAM, HelperLost, WalSyncer
+
+from conftest import pending_record
+
+
+def op(number: int) -> OperationRecord:
+    return pending_record(operation_id=f"op_{number}", provider_job_id=f"job_{number}")
+
+
+def gone(pid: int) -> bool:
+    """The process ``pid`` has ended and been reaped (no zombie left behind)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def held_by(pid: int, path: Path) -> list[str]:
+    """What the descriptors of process ``pid`` that name ``path`` point to."""
+    folder = Path(f"/proc/{pid}/fd")
+    found = [os.readlink(folder / fd) for fd in os.listdir(folder)]
+    return [target for target in found if target.startswith(str(path))]
+
+
+async def test_a_sync_is_an_fsync_made_by_a_helper_process_ended_at_close(tmp_path: Path) -> None:
+    """Each sync is answered by a process of its own (not a thread of the gateway's), which
+    holds the file open; close ends and reaps it."""
+    wal = tmp_path / "g.db-wal"
+    wal.write_bytes(b"frames")
+    syncer = WalSyncer(str(wal))
+    syncer.start()
+    pid = syncer.pid
+    assert pid is not None and pid != os.getpid()
+    for _ in range(3):
+        await asyncio.wait_for(syncer.sync(), 5)
+    assert held_by(pid, wal) == [str(wal)]
+    await syncer.close()
+    assert gone(pid)
+
+
+async def test_a_failed_fsync_is_an_oserror_with_the_disks_errno(tmp_path: Path) -> None:
+    """What the helper could not fsync comes back as the OSError it met (here: no such
+    file), so the store can name it; the helper lives on."""
+    syncer = WalSyncer(str(tmp_path / "missing-wal"))
+    syncer.start()
+    try:
+        with pytest.raises(OSError) as raised:
+            await asyncio.wait_for(syncer.sync(), 5)
+        assert raised.value.errno == errno.ENOENT
+        assert raised.value.strerror == os.strerror(errno.ENOENT)
+        (tmp_path / "missing-wal").write_bytes(b"")
+        await asyncio.wait_for(syncer.sync(), 5)
+    finally:
+        await syncer.close()
+
+
+async def test_a_replaced_file_is_opened_again(tmp_path: Path) -> None:
+    """A WAL SQLite unlinked and made anew is fsynced as the new file, not the old inode."""
+    wal = tmp_path / "g.db-wal"
+    wal.write_bytes(b"old")
+    syncer = WalSyncer(str(wal))
+    syncer.start()
+    try:
+        await asyncio.wait_for(syncer.sync(), 5)
+        wal.unlink()
+        wal.write_bytes(b"new")
+        await asyncio.wait_for(syncer.sync(), 5)
+        assert syncer.pid is not None and held_by(syncer.pid, wal) == [str(wal)]
+    finally:
+        await syncer.close()
+
+
+async def test_a_killed_helper_fails_its_sync_and_the_next_starts_another(
+    tmp_path: Path,
+) -> None:
+    """A helper killed with an fsync asked of it: that sync fails with HelperLost (whether
+    it ran is unknown); the next sync starts a new helper."""
+    wal = tmp_path / "g.db-wal"
+    wal.write_bytes(b"frames")
+    syncer = WalSyncer(str(wal))
+    syncer.start()
+    first = syncer.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    with pytest.raises(HelperLost, match="fsync process"):
+        await asyncio.wait_for(syncer.sync(), 5)
+    assert gone(first)
+    try:
+        await asyncio.wait_for(syncer.sync(), 5)
+        assert syncer.pid not in (None, first)
+    finally:
+        await syncer.close()
+
+
+def test_the_helper_ignores_ctrl_c_and_exits_when_its_input_ends(tmp_path: Path) -> None:
+    """A Ctrl-C reaches the whole process group: the helper stays for the gateway's last
+    fsyncs while it shuts down, and exits (status 0) once the gateway closes its input, or
+    dies."""
+    wal = tmp_path / "g.db-wal"
+    wal.write_bytes(b"frames")
+    helper = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(PROGRAM), str(wal)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert helper.stdin is not None and helper.stdout is not None
+    helper.stdin.write(b"s")
+    helper.stdin.flush()
+    assert helper.stdout.read(1) == b"\x00"
+    helper.send_signal(signal.SIGINT)
+    helper.stdin.write(b"s")
+    helper.stdin.flush()
+    assert helper.stdout.read(1) == b"\x00"
+    helper.stdin.close()
+    assert helper.wait(5) == 0
+    helper.stdout.close()
+
+
+async def _lost_under(store: SQLiteStore, syncer: WalSyncer, record: OperationRecord) -> None:
+    """Stop the helper, let a durable write ask it for an fsync, kill it: that write fails."""
+    pid = syncer.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # it cannot answer: the fsync asked stays in flight
+    saving = asyncio.ensure_future(store.save(record))
+    while syncer._asked is None:
+        await asyncio.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(StoreError, match="fsync process"):
+        await asyncio.wait_for(saving, 5)
+
+
+async def test_the_store_fails_only_the_writes_a_lost_helper_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper killed with an fsync in flight: the durable write waiting for it fails with
+    a StoreError (503 upstream, nothing forwarded), a new helper fsyncs what it covered and
+    the store serves on. When no new helper can start either, the store stops, as after a
+    failed fsync."""
+    store = SQLiteStore(str(tmp_path / "g.db"))
+    await store.open()
+    try:
+        first = await store.create(op(1))
+        syncer = store._syncer
+        assert isinstance(syncer, WalSyncer)
+        await _lost_under(store, syncer, first)
+        current = await store.get("op_1")
+        assert current is not None and await store.save(current)
+        assert (await store.create(op(2))).operation_id == "op_2"
+
+        def no_process(*args: object, **kwargs: object) -> None:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+        current = await store.get("op_1")
+        assert current is not None
+        monkeypatch.setattr(subprocess, "Popen", no_process)
+        await _lost_under(store, syncer, current)
+        with pytest.raises(StoreError, match="until the gateway restarts"):
+            await store.create(op(3))
+    finally:
+        monkeypatch.undo()
+        await store.close()
