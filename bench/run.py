@@ -839,7 +839,7 @@ def _growth(
 ) -> dict[int, Result]:
     """Forwarded-poll latency at the fixed rate with 1,000 and with `stored` operations."""
     from gateway.core.models import DelaySource, OperationRecord
-    from gateway.store.sqlite import SCHEMA, dump
+    from gateway.store.sqlite import INSERT, SCHEMA, dump
 
     results = {}
     now = time.time()
@@ -870,7 +870,7 @@ def _growth(
                 policy_fingerprint=digest,
             )
             rows.append(dump(record))
-        conn.executemany("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.executemany(INSERT, rows)
         conn.commit()
         conn.close()
         port = free_port()

@@ -86,17 +86,19 @@ CREATE TABLE IF NOT EXISTS operations (
     started_at      REAL NOT NULL,
     version         INTEGER NOT NULL,
     data            TEXT NOT NULL,
+    deadline_at     REAL,
+    ended_at        REAL,
+    escalation_at   REAL,
     UNIQUE (account, provider, provider_job_id)
 );
 CREATE INDEX IF NOT EXISTS operations_outcome ON operations (outcome, provider);
 CREATE INDEX IF NOT EXISTS operations_started ON operations (started_at, operation_id);
 CREATE INDEX IF NOT EXISTS operations_deadline
-    ON operations (provider, json_extract(data, '$.deadline_at')) WHERE outcome = 'pending';
+    ON operations (provider, deadline_at) WHERE outcome = 'pending';
 CREATE INDEX IF NOT EXISTS operations_ended
-    ON operations (provider, json_extract(data, '$.ended_at')) WHERE outcome != 'pending';
+    ON operations (provider, ended_at) WHERE outcome != 'pending';
 CREATE INDEX IF NOT EXISTS operations_queue
-    ON operations (json_extract(data, '$.escalation.at'), operation_id)
-    WHERE outcome = 'escalated';
+    ON operations (escalation_at, operation_id) WHERE outcome = 'escalated';
 CREATE TABLE IF NOT EXISTS result_values (
     account      TEXT NOT NULL,
     provider     TEXT NOT NULL,
@@ -115,13 +117,38 @@ CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 # Indexes that only make the store faster, created at every start (older files too, no
 # new layout): purge deletes expired idempotency entries on the loop, found by this one.
 INDEXES = "CREATE INDEX IF NOT EXISTS idempotency_expires ON idempotency (expires_at)"
-# The layout SCHEMA creates. Version 0 is the previous release's file: the same tables, no
-# schema_version table; upgrading it only records the version.
-LAYOUT = 1
+# The layout SCHEMA creates. Version 0 is the 0.1.0 release's file: no schema_version table.
+# Version 1 added that table. Version 2 keeps the instants the sweeper, the purge and the
+# escalation queue look up in columns of their own (``COLUMNS``), so a poll's write, which
+# changes none of them, updates no index; versions 0 and 1 indexed them as
+# ``json_extract(data, ...)``, evaluated again at every write (``UPGRADE`` moves them).
+LAYOUT = 2
+COLUMNS = ("deadline_at", "ended_at", "escalation_at")
+UPGRADE = (
+    *(f"ALTER TABLE operations ADD COLUMN {column} REAL" for column in COLUMNS),
+    "UPDATE operations SET deadline_at = json_extract(data, '$.deadline_at'),"
+    " ended_at = json_extract(data, '$.ended_at'),"
+    " escalation_at = json_extract(data, '$.escalation.at')",
+    "DROP INDEX IF EXISTS operations_deadline",
+    "DROP INDEX IF EXISTS operations_ended",
+    "DROP INDEX IF EXISTS operations_queue",
+)
+INSERT = (
+    "INSERT INTO operations (operation_id, account, provider, provider_job_id, outcome,"
+    " started_at, version, data, deadline_at, ended_at, escalation_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# A write that moves none of the indexed columns (every poll that leaves the record pending
+# with its deadline) sets the version and the data alone: SQLite then touches no index.
+WRITE_DATA = "UPDATE operations SET version = ?, data = ? WHERE operation_id = ? AND version = ?"
+WRITE_ALL = (
+    "UPDATE operations SET version = ?, data = ?, outcome = ?, deadline_at = ?, ended_at = ?,"
+    " escalation_at = ? WHERE operation_id = ? AND version = ?"
+)
 
 
 def dump(record: OperationRecord) -> tuple[Any, ...]:
-    """A record as a row of the operations table."""
+    """A record as a row of the operations table, in INSERT's order."""
     return (
         record.operation_id,
         record.account,
@@ -131,7 +158,14 @@ def dump(record: OperationRecord) -> tuple[Any, ...]:
         record.started_at,
         record.version,
         orjson.dumps(record.to_dict()).decode(),
+        *_indexed(record),
     )
+
+
+def _indexed(record: OperationRecord) -> tuple[float, float | None, float | None]:
+    """The record's instants kept in columns of their own (``COLUMNS``)."""
+    escalation = record.escalation
+    return record.deadline_at, record.ended_at, escalation.at if escalation else None
 
 
 def _load(row: tuple[Any, ...] | None) -> OperationRecord | None:
@@ -506,7 +540,7 @@ class SQLiteStore(Store):
             if existing is not None:
                 return existing
             with _atomic(conn):
-                conn.execute("INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(record))
+                conn.execute(INSERT, dump(record))
                 _index(conn, record)
                 if idempotency is not None:
                     _put_idem(conn, idempotency)
@@ -576,7 +610,7 @@ class SQLiteStore(Store):
 
     async def save(self, record: OperationRecord) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            written = _cas(conn, record)
+            written = _cas(conn, record, self._cache.get(record.operation_id))
             if written is not None:
                 self._wrote(written)
             return written is not None
@@ -620,7 +654,7 @@ class SQLiteStore(Store):
                 new, result = change(current)
                 if new is None:
                     return result
-                written = _cas(conn, new)
+                written = _cas(conn, new, current)
                 if written is not None:
                     self._wrote(written)
                     return result
@@ -700,7 +734,7 @@ class SQLiteStore(Store):
         """The oldest open escalations from the queue index, and the count of them all."""
         page = (
             "SELECT data FROM operations WHERE outcome = 'escalated'"
-            " ORDER BY json_extract(data, '$.escalation.at'), operation_id LIMIT ?"
+            " ORDER BY escalation_at, operation_id LIMIT ?"
         )
         count = "SELECT count(*) FROM operations WHERE outcome = 'escalated'"
 
@@ -793,15 +827,14 @@ class SQLiteStore(Store):
             self._lock = None
 
 
-# Both use the partial expression indexes of SCHEMA (operations_ended, operations_deadline).
+# Both use the partial indexes of SCHEMA (operations_ended, operations_deadline).
 PURGEABLE = (
     "SELECT operation_id FROM operations WHERE provider = ? AND outcome != 'pending'"
-    " AND json_extract(data, '$.ended_at') < ? LIMIT ?"
+    " AND ended_at < ? LIMIT ?"
 )
 OVERDUE = (
     "SELECT operation_id FROM operations WHERE provider = ? AND outcome = 'pending'"
-    " AND json_extract(data, '$.deadline_at') <= ?"
-    " ORDER BY json_extract(data, '$.deadline_at') LIMIT ?"
+    " AND deadline_at <= ? ORDER BY deadline_at LIMIT ?"
 )
 
 
@@ -830,6 +863,9 @@ def _migrate(conn: sqlite3.Connection) -> tuple[int | None, int]:
         if found is not None and found > LAYOUT:
             raise newer_layout("sqlite", found, LAYOUT)
         if found != LAYOUT:
+            if found is not None and found < 2:
+                for statement in UPGRADE:
+                    conn.execute(statement)
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -870,17 +906,28 @@ def _find(
     return _load(row)
 
 
-def _cas(conn: sqlite3.Connection, record: OperationRecord) -> OperationRecord | None:
+def _cas(
+    conn: sqlite3.Connection, record: OperationRecord, stored: OperationRecord | None
+) -> OperationRecord | None:
     """Write ``record`` as its next version if the file still holds ``record.version``: the
-    version written, or None."""
+    version written, or None. ``stored`` is the record as the file holds it (the cache's
+    copy; None when not known): when the write leaves its indexed columns as they are, it
+    writes the version and the data alone."""
     written = record.evolve(version=record.version + 1)
-    values = dump(written)
+    data = orjson.dumps(written.to_dict()).decode()
+    indexed = _indexed(written)
+    key = (record.operation_id, record.version)
     with _atomic(conn) if record.result_values else contextlib.nullcontext():
-        cursor = conn.execute(
-            "UPDATE operations SET outcome = ?, version = ?, data = ?"
-            " WHERE operation_id = ? AND version = ?",
-            (values[4], values[6], values[7], record.operation_id, record.version),
-        )
+        if (
+            stored is not None
+            and stored.version == record.version
+            and stored.outcome is written.outcome
+            and _indexed(stored) == indexed
+        ):
+            cursor = conn.execute(WRITE_DATA, (written.version, data, *key))
+        else:
+            values = (written.version, data, written.outcome.value, *indexed, *key)
+            cursor = conn.execute(WRITE_ALL, values)
         if cursor.rowcount != 1:
             return None
         _index(conn, record)

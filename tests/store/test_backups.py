@@ -21,6 +21,7 @@ import pytest
 from gateway.errors import StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url
+from gateway.store.sqlite import LAYOUT
 
 from conftest import AGENT_TOKEN, RedisServer, Served, pending_record
 
@@ -65,7 +66,7 @@ async def test_sqlite_online_backup_while_serving_and_the_audit_chain(
     store = store_from_url(f"sqlite:///{copy}")
     await store.open()
     try:
-        assert await store.migrate() == (1, 1)
+        assert await store.migrate() == (LAYOUT, LAYOUT)
         for job in jobs[:20]:
             assert await store.find("team-a", "demo-jobs", job) is not None
     finally:

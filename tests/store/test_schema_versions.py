@@ -5,24 +5,80 @@ with one line naming both versions."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from gateway.core.models import Escalation, OperationRecord, Outcome, Reason
 from gateway.store import Store, store_from_url
 from gateway.store.base import NewerLayout
-from gateway.store.sqlite import SCHEMA, dump
+from gateway.store.sqlite import LAYOUT, SCHEMA
 
 from conftest import PROVIDER_KEY, pending_record, write_config
 
-# The previous release's SQLite file: today's tables without the schema_version table.
-PREVIOUS_SQLITE = SCHEMA.replace(
+# SQLite layout 1 as released: the instants the sweeper, the purge and the escalation queue
+# look up were indexed as json_extract(data, ...); layout 2 keeps them in columns.
+LAYOUT_1_SQLITE = """
+CREATE TABLE IF NOT EXISTS operations (
+    operation_id    TEXT PRIMARY KEY,
+    account         TEXT NOT NULL,
+    provider        TEXT NOT NULL,
+    provider_job_id TEXT NOT NULL,
+    outcome         TEXT NOT NULL,
+    started_at      REAL NOT NULL,
+    version         INTEGER NOT NULL,
+    data            TEXT NOT NULL,
+    UNIQUE (account, provider, provider_job_id)
+);
+CREATE INDEX IF NOT EXISTS operations_outcome ON operations (outcome, provider);
+CREATE INDEX IF NOT EXISTS operations_started ON operations (started_at, operation_id);
+CREATE INDEX IF NOT EXISTS operations_deadline
+    ON operations (provider, json_extract(data, '$.deadline_at')) WHERE outcome = 'pending';
+CREATE INDEX IF NOT EXISTS operations_ended
+    ON operations (provider, json_extract(data, '$.ended_at')) WHERE outcome != 'pending';
+CREATE INDEX IF NOT EXISTS operations_queue
+    ON operations (json_extract(data, '$.escalation.at'), operation_id)
+    WHERE outcome = 'escalated';
+CREATE TABLE IF NOT EXISTS result_values (
+    account      TEXT NOT NULL,
+    provider     TEXT NOT NULL,
+    value        TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    PRIMARY KEY (account, provider, value)
+);
+CREATE INDEX IF NOT EXISTS result_values_operation ON result_values (operation_id);
+CREATE TABLE IF NOT EXISTS idempotency (
+    key        TEXT PRIMARY KEY,
+    expires_at REAL NOT NULL,
+    data       TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+"""
+# Layout 0, the 0.1.0 release's file: layout 1 without the schema_version table.
+PREVIOUS_SQLITE = LAYOUT_1_SQLITE.replace(
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);", ""
 )
+OLD_ROW = "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def old_row(record: OperationRecord) -> tuple[object, ...]:
+    """``record`` as a row of layouts 0 and 1."""
+    return (
+        record.operation_id,
+        record.account,
+        record.provider,
+        record.provider_job_id,
+        record.outcome.value,
+        record.started_at,
+        record.version,
+        json.dumps(record.to_dict()),
+    )
 
 
 def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -49,15 +105,13 @@ async def test_the_previous_releases_sqlite_file_is_upgraded(tmp_path: Path) -> 
     db = tmp_path / "old.db"
     with sqlite3.connect(db) as conn:
         conn.executescript(PREVIOUS_SQLITE)
-        conn.execute(
-            "INSERT INTO operations VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dump(pending_record())
-        )
+        conn.execute(OLD_ROW, old_row(pending_record()))
     config = write_config(tmp_path, "http://127.0.0.1:1", store=f"sqlite:///{db}")
     done = statusgate("migrate", "--config", str(config))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "sqlite store: schema version 0 upgraded to 1"
+    assert done.stdout.strip() == f"sqlite store: schema version 0 upgraded to {LAYOUT}"
     again = statusgate("migrate", "--config", str(config))
-    assert again.stdout.strip() == "sqlite store: schema version 1, up to date"
+    assert again.stdout.strip() == f"sqlite store: schema version {LAYOUT}, up to date"
     store = store_from_url(f"sqlite:///{db}")
     await store.open()
     try:
@@ -76,7 +130,64 @@ async def test_the_previous_releases_sqlite_file_is_upgraded_at_start(tmp_path: 
     await store.open()
     await store.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(LAYOUT,)]
+
+
+async def test_a_layout_1_sqlite_file_gets_its_indexed_instants_as_columns(
+    tmp_path: Path,
+) -> None:
+    """Layout 1 to 2 (``statusgate migrate``, or the first start): each record's deadline,
+    end and escalation instants are copied into their columns, the json_extract indexes
+    are replaced by indexes on those columns, and the sweeper, the purge and the escalation
+    queue find the records the file held."""
+    db = tmp_path / "layout1.db"
+    now = time.time()
+    overdue = pending_record(operation_id="op_late", provider_job_id="j1", deadline_at=now - 60)
+    done = pending_record(
+        operation_id="op_done",
+        provider_job_id="j2",
+        outcome=Outcome.SUCCEEDED,
+        ended_at=now - 7200,
+    )
+    escalated = pending_record(
+        operation_id="op_esc",
+        provider_job_id="j3",
+        outcome=Outcome.ESCALATED,
+        ended_at=now,
+        escalation=Escalation(Reason.DEADLINE_EXCEEDED, now - 5, "late", ("extend",)),
+    )
+    with sqlite3.connect(db) as conn:
+        conn.executescript(LAYOUT_1_SQLITE)
+        conn.execute("INSERT INTO schema_version VALUES (1)")
+        for record in (overdue, done, escalated):
+            conn.execute(OLD_ROW, old_row(record))
+    config = write_config(tmp_path, "http://127.0.0.1:1", store=f"sqlite:///{db}")
+    migrated = statusgate("migrate", "--config", str(config))
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.strip() == f"sqlite store: schema version 1 upgraded to {LAYOUT}"
+    with sqlite3.connect(db) as conn:
+        columns = conn.execute(
+            "SELECT operation_id, deadline_at, ended_at, escalation_at FROM operations"
+            " ORDER BY operation_id"
+        ).fetchall()
+        indexes = [row[0] for row in conn.execute("SELECT sql FROM sqlite_master")]
+    assert columns == [
+        ("op_done", done.deadline_at, done.ended_at, None),
+        ("op_esc", escalated.deadline_at, escalated.ended_at, now - 5),
+        ("op_late", overdue.deadline_at, None, None),
+    ]
+    assert not [sql for sql in indexes if sql and "json_extract" in sql]
+    store = store_from_url(f"sqlite:///{db}")
+    await store.open()
+    try:
+        provider = overdue.provider
+        assert await store.overdue(provider, now, 10) == ["op_late"]
+        queue, total = await store.escalation_queue(10)
+        assert [r.operation_id for r in queue] == ["op_esc"] and total == 1
+        assert await store.purge(provider, now - 3600, now) == 1
+        assert await store.get("op_done") is None
+    finally:
+        await store.close()
 
 
 async def test_a_newer_sqlite_layout_stops_the_gateway(tmp_path: Path) -> None:
@@ -91,7 +202,8 @@ async def test_a_newer_sqlite_layout_stops_the_gateway(tmp_path: Path) -> None:
         done = statusgate(command, "--config", str(config))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, command
-        assert len(lines) == 1 and "schema version 5" in lines[0] and "(1)" in lines[0], lines
+        assert len(lines) == 1 and "schema version 5" in lines[0], lines
+        assert f"({LAYOUT})" in lines[0], lines
     store = store_from_url(f"sqlite:///{db}")
     with pytest.raises(NewerLayout):
         await store.open()
