@@ -29,7 +29,7 @@ from gateway.http.problems import explain
 from gateway.observe import tracing
 from gateway.observe.audit import AuditLog, Fsync
 from gateway.observe.effects import Effects
-from gateway.observe.metrics import Metrics, exposition
+from gateway.observe.metrics import FLUSH_SECONDS, MULTIPROCESS, Metrics, exposition
 from gateway.operator import admin, console, openapi
 from gateway.provider.client import Upstream
 from gateway.settings.config import Settings
@@ -110,6 +110,14 @@ async def _start(app: web.Application) -> None:
         log.warning("store unreachable at start (%s); recovery runs once it answers", exc)
         runtime.spawn(_recover_when_up(runtime))
     app[SWEEPER] = asyncio.create_task(sweep.run(runtime))
+    if MULTIPROCESS:  # the other workers' scrapes read this worker's counts from files
+        runtime.spawn(_flush_metrics(effects.metrics))
+
+
+async def _flush_metrics(metrics: Metrics) -> None:
+    while True:
+        await asyncio.sleep(FLUSH_SECONDS)
+        metrics.flush()
 
 
 async def _recover(runtime: Runtime) -> None:
@@ -157,6 +165,7 @@ async def _stop(app: web.Application) -> None:
         await asyncio.wait(chores, timeout=CHORES_GRACE)
     effects = runtime.effects
     await effects.close_notifier(runtime.settings.file.escalation.webhook_timeout)
+    effects.metrics.flush()  # a worker's last counts reach the files the others read
     if effects.audit is not None:
         await effects.audit.close()
     await runtime.upstream.close()
@@ -191,6 +200,6 @@ async def metrics(request: web.Request) -> web.Response:
         registry.set_open(await runtime.store.open_escalations(), providers)
     except StoreError as exc:
         registry.store_errors.labels(exc.operation).inc()
-    response = web.Response(body=exposition(registry.registry))
+    response = web.Response(body=exposition(registry))
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

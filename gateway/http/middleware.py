@@ -58,11 +58,11 @@ async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
     elapsed = time.perf_counter() - started
     route = _route(request)
     metrics = runtime.effects.metrics
-    metrics.child("request_duration", route).observe(elapsed)
+    metrics.histogram("request_duration", route).observe(elapsed)
     provider = request.get(PROVIDER)
     if provider is not None:
         outcome = response.get(SLUG) or request.get(OUTCOME, "forwarded")
-        metrics.child("agent_requests", provider, route, outcome).inc()
+        metrics.counter("agent_requests", provider, route, outcome).inc()
     request_line(
         {
             "request_id": context.request_id,

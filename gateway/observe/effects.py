@@ -73,11 +73,10 @@ class Effects:
                 if self.audit is not None:
                     await self._append(dict(effect.fields))
             elif isinstance(effect, Count):
-                child = self.metrics.child(effect.metric, *effect.labels)
                 if effect.observe:
-                    child.observe(effect.value)
+                    self.metrics.histogram(effect.metric, *effect.labels).observe(effect.value)
                 else:
-                    child.inc(effect.value)
+                    self.metrics.counter(effect.metric, *effect.labels).inc(effect.value)
             elif self.notifier is not None:
                 message_id = f"msg_{secrets.token_hex(12)}"
                 self.notifier.submit(notice_body(effect, message_id, self._clock()))

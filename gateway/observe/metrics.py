@@ -2,11 +2,19 @@
 
 Labels are providers, routes, outcomes, reasons and classes only: never an operation id,
 job id, account token or anything else unbounded or secret.
+
+The series every request touches (``Metrics.child``) are counted first as plain numbers on
+the event loop (``Tally``, ``HistogramTally``) and added to prometheus_client's series
+before anything reads them: a scrape, any collection of the registry, and with several
+workers every FLUSH_SECONDS (their values are files the other workers' scrapes read).
+prometheus_client takes a lock per increment; removing the two of a request's metrics
+measured ~8% of a too-early refusal's throughput. Tallies are touched on the loop only.
 """
 
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import Any
 
@@ -65,13 +73,15 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 # ``statusgate serve --workers N`` sets this before prometheus_client is imported: every
 # worker writes its values to files there, and a scrape of any worker sums them up.
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+FLUSH_SECONDS = 1.0  # with several workers: how often tallies reach the shared files
 
 
-def exposition(own: CollectorRegistry) -> bytes:
+def exposition(metrics: Metrics) -> bytes:
     """The text a scrape gets: this process's registry, or with several workers the values
     of all of them (counters and histograms summed, gauges the most recent)."""
+    metrics.flush()
     if not MULTIPROCESS:
-        return bytes(generate_latest(own))
+        return bytes(generate_latest(metrics.registry))
     merged = CollectorRegistry()
     multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
     return bytes(generate_latest(merged))
@@ -84,11 +94,74 @@ def status_class(status: int | None, failure: str | None = None) -> str:
     return "timeout" if failure == "timeout" else "error"
 
 
+class Tally:
+    """A counter series' increments, kept as a number until ``flush`` adds them to it."""
+
+    __slots__ = ("pending", "series")
+
+    def __init__(self, series: Any) -> None:
+        self.series = series
+        self.pending = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.pending += amount
+
+    def flush(self) -> None:
+        if self.pending:
+            amount, self.pending = self.pending, 0.0
+            self.series.inc(amount)
+
+
+class HistogramTally:
+    """A histogram series' observations, kept as per-bucket counts and a sum until ``flush``
+    adds them to it: the same buckets, count and sum as ``observe`` would have made."""
+
+    __slots__ = ("bounds", "counts", "series", "total")
+
+    def __init__(self, series: Any) -> None:
+        self.series = series
+        self.bounds: list[float] = list(series._upper_bounds)  # ends with +Inf
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+
+    def observe(self, amount: float) -> None:
+        """As ``Histogram.observe``: the first bucket whose bound is >= ``amount``."""
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.total += amount
+
+    def flush(self) -> None:
+        counts = self.counts
+        if not any(counts):
+            return
+        total, self.counts, self.total = self.total, [0] * len(counts), 0.0
+        buckets = self.series._buckets
+        for index, count in enumerate(counts):
+            if count:
+                buckets[index].inc(count)
+        self.series._sum.inc(total)
+
+
+class _Flush:
+    """Registered before every metric: collected first, so a registry read anywhere (a
+    scrape, ``get_sample_value``) sees what the tallies hold. Exports nothing itself."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        self._metrics.flush()
+        return []
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[str, tuple[str, ...]], Tally | HistogramTally] = {}
         r = self.registry
+        r.register(_Flush(self))
         self.agent_requests = Counter(
             "statusgate_agent_requests",
             "Agent requests by provider, route and outcome (forwarded, cached or a problem slug)",
@@ -214,16 +287,33 @@ class Metrics:
         for operation in STORE_OPERATIONS:
             self.store_errors.labels(operation)
 
-    def child(self, metric: str, *labels: str) -> Any:
-        """``getattr(self, metric).labels(*labels)``, kept: the hot path asks for the same
-        few series on every request, and prometheus_client's ``labels`` takes a lock and
-        builds a key each time. Label values come from the config (providers, routes,
-        outcomes, slugs), so the series are few."""
-        key = (metric, labels)
-        found = self._children.get(key)
+    def counter(self, metric: str, *labels: str) -> Tally:
+        """The tally of the counter series ``getattr(self, metric).labels(*labels)``, kept:
+        the hot path asks for the same few series on every request, and prometheus_client's
+        ``labels`` takes a lock and builds a key each time. Label values come from the
+        config (providers, routes, outcomes, slugs), so the series are few."""
+        found = self._children.get((metric, labels))
         if found is None:
-            found = self._children[key] = getattr(self, metric).labels(*labels)
+            found = self._children[(metric, labels)] = Tally(self._series(metric, labels))
+        assert isinstance(found, Tally), metric
         return found
+
+    def histogram(self, metric: str, *labels: str) -> HistogramTally:
+        """The tally of the histogram series ``getattr(self, metric).labels(*labels)``."""
+        found = self._children.get((metric, labels))
+        if found is None:
+            series = self._series(metric, labels)
+            found = self._children[(metric, labels)] = HistogramTally(series)
+        assert isinstance(found, HistogramTally), metric
+        return found
+
+    def _series(self, metric: str, labels: tuple[str, ...]) -> Any:
+        return getattr(self, metric).labels(*labels)
+
+    def flush(self) -> None:
+        """Add what every tally holds to its series (on the event loop)."""
+        for tally in list(self._children.values()):
+            tally.flush()
 
     def prime(self, providers: Iterable[str]) -> None:
         """Every series of every configured provider exists from the start at 0, so that

@@ -76,10 +76,10 @@ async def send_upstream(
             span.update({"error.type": failure.value if failure is not None else "error"})
             span.failed("no usable answer from the provider")
     elapsed = time.perf_counter() - started
-    metrics.child("upstream_duration", policy.provider, route).observe(elapsed)
+    metrics.histogram("upstream_duration", policy.provider, route).observe(elapsed)
     status = response.status if response is not None else None
     label = status_class(status, failure.value if failure is not None else None)
-    metrics.child("upstream_requests", policy.provider, route, label).inc()
+    metrics.counter("upstream_requests", policy.provider, route, label).inc()
     note_provider_call(status, elapsed)
     if response is None or failure is Failure.CREDENTIAL_RENEWED:
         return ProviderAnswer(None, failure=failure), None

@@ -135,3 +135,58 @@ async def test_no_created_series_and_a_bounded_scrape_at_start(harness: Harness)
     assert not [line for line in series if "_created" in line.split("{")[0]]
     providers = len(harness.client.app[RUNTIME].settings.policies)
     assert len(series) <= 320 * providers + 100, (providers, len(series))  # 8 policies: 2,561
+
+
+def test_tallies_add_up_to_what_direct_observations_make() -> None:
+    """The hot path's tallies (plain numbers on the loop) reach prometheus_client's series
+    as the same buckets, count, sum and counter values as observing each value directly,
+    bound values included; a read of the registry sees them without an explicit flush."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from gateway.observe.metrics import LATENCY_BUCKETS, Metrics
+
+    values = [0.0, 0.0004, 0.0005, 0.0009, 0.001, 0.003, 0.01, 0.7, 2.5, 9.99, 10.0, 11.0, 1e9]
+    tallied = Metrics(CollectorRegistry())
+    for round_ in range(2):  # a second round after a flush adds to the first
+        for seconds in values:
+            tallied.histogram("request_duration", "status").observe(seconds)
+            tallied.counter("agent_requests", "p", "status", "forwarded").inc()
+        tallied.counter("upstream_requests", "p", "status", "2xx").inc(2.5)
+        if round_ == 0:
+            tallied.flush()
+    direct = CollectorRegistry()
+    histogram = Histogram(
+        "statusgate_request_duration_seconds",
+        "Time the gateway took to answer an agent or operator",
+        ["route"],
+        buckets=LATENCY_BUCKETS,
+        registry=direct,
+    )
+    counter = Counter(
+        "statusgate_agent_requests",
+        "Agent requests by provider, route and outcome (forwarded, cached or a problem slug)",
+        ["provider", "route", "outcome"],
+        registry=direct,
+    )
+    for _ in range(2):
+        for seconds in values:
+            histogram.labels("status").observe(seconds)
+            counter.labels("p", "status", "forwarded").inc()
+
+    def lines(text: bytes, prefix: str) -> list[str]:
+        return [
+            line
+            for line in text.decode().splitlines()
+            if line.startswith(prefix) and 'route="status"' in line
+        ]
+
+    scraped = generate_latest(tallied.registry)  # no flush asked: the registry flushes
+    for prefix in ("statusgate_request_duration_seconds", "statusgate_agent_requests_total"):
+        assert lines(scraped, prefix) == lines(generate_latest(direct), prefix), prefix
+    assert (
+        tallied.registry.get_sample_value(
+            "statusgate_upstream_requests_total",
+            {"provider": "p", "route": "status", "status_class": "2xx"},
+        )
+        == 5.0
+    )

@@ -26,6 +26,7 @@ from standardwebhooks.webhooks import Webhook
 from gateway import __version__
 from gateway.demo.provider import DemoProvider
 from gateway.observe.audit import read_lines, verify
+from gateway.observe.metrics import FLUSH_SECONDS
 
 from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_KEY, Served, free_port
 
@@ -372,7 +373,8 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
     redis_url: str,
 ) -> None:
     """``--workers 2`` on Redis: both processes answer on one port, metrics merge both
-    workers' counts; on SQLite the command is refused in one line."""
+    workers' counts (each worker's reach the shared files within FLUSH_SECONDS, whichever
+    worker a scrape lands on); on SQLite the command is refused in one line."""
     _, url = upstream
     served = Served(
         tmp_path / "r", url, tmp_path / "unused.db", store_url=redis_url, args=["--workers", "2"]
@@ -380,14 +382,17 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
     await served.up()
     gateways.append(served)
     base = f"http://127.0.0.1:{served.port}"
-    async with aiohttp.ClientSession() as http:
+    merged = 'statusgate_operations_started_total{provider="demo-jobs"} 40.0'
+    connector = aiohttp.TCPConnector(force_close=True)  # a connection each: both workers serve
+    async with aiohttp.ClientSession(connector=connector) as http:
         for n in range(40):
             headers = {**AUTH, "Idempotency-Key": f"w{n}"}
             async with http.post(f"{base}/p/demo-jobs/v1/jobs", json={}, headers=headers) as r:
                 assert r.status == 202
-        async with http.get(f"{base}/metrics") as r:
+        await asyncio.sleep(2 * FLUSH_SECONDS)
+        async with http.get(f"{base}/metrics") as r:  # one scrape: one worker flushes at it
             text = await r.text()
-    assert 'statusgate_operations_started_total{provider="demo-jobs"} 40.0' in text
+    assert merged in text
     stderr = served.stop()
     assert "Traceback" not in stderr
     audit = served.folder / "audit.jsonl"
