@@ -351,3 +351,26 @@ async def test_a_gateway_started_while_redis_is_down_waits_not_ready_then_serves
             server.stop()
     assert served.process is not None and served.process.returncode == 0
     assert "recovery runs once it answers" in stderr
+
+
+def test_commands_are_packed_by_hiredis_as_redis_py_packs_them() -> None:
+    """The store's connections pack commands with hiredis (redis-py's asyncio connection
+    packs in Python): the bytes on the wire are redis-py's own, and what redis-py refuses
+    (None, bools) is refused alike."""
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    from gateway.store.redis import PackedConnection
+
+    packed, plain = PackedConnection(), Connection()
+    arguments = ["EVALSHA", "0123abc", 2, "{k}:op", b"{k}:raw", 1.5, -3, 2**70, 1 / 3]
+    arguments += [float("inf"), "", "a b", "é\u2603", b"\x00\xff", 1e20, 0.1]
+    assert packed.pack_command(*arguments) == plain.pack_command(*arguments)
+    assert packed.pack_commands([arguments, ["GET", "x"]]) == plain.pack_commands(
+        [arguments, ["GET", "x"]]
+    )
+    for refused in (None, True):
+        with pytest.raises(DataError):
+            packed.pack_command("SET", "k", refused)
+        with pytest.raises(DataError):
+            plain.pack_command("SET", "k", refused)
