@@ -81,6 +81,7 @@ class PackedConnection(aioredis.Connection):
         packed: list[bytes] = self._packer.pack(*args)
         return packed
 
+
 CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process

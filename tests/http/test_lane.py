@@ -17,6 +17,7 @@ from gateway.http import lane
 from gateway.http.lane import LaneSite
 
 PAGE = web.AppKey("page", list[str])
+GATE = web.AppKey("gate", asyncio.Event)
 
 
 async def answer(request: web.Request) -> web.StreamResponse:
@@ -35,6 +36,10 @@ async def answer(request: web.Request) -> web.StreamResponse:
         request.app[PAGE].append("slow started")
         await asyncio.sleep(0.2)
         return web.Response(text="slow done")
+    if tail == "gated":  # waits for the test to open the gate: answers made in one turn
+        request.app[PAGE].append("gated")
+        await request.app[GATE].wait()
+        return web.Response(text="through")
     if tail == "held":
         request.app[PAGE].append("held started")
         try:
@@ -64,6 +69,7 @@ async def aiohttp_middleware(request: web.Request, handler: lane.Handler) -> web
 def make_app() -> web.Application:
     app = web.Application(middlewares=[aiohttp_middleware])
     app[PAGE] = []
+    app[GATE] = asyncio.Event()
     app.router.add_route("*", "/p/{provider}/{tail:.*}", answer)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/echo", echo)
@@ -503,3 +509,33 @@ async def test_pipelined_requests_past_the_bound_pause_reading(
     count = lane.QUEUE_HIGH * 4
     got = split(await exchange(lane_port, GET % b"slow" + GET % b"j1" * count, count + 1))
     assert len(got) == count + 1 and got[0].endswith(b"slow done")
+
+
+async def test_answers_are_written_at_the_end_of_the_turn_that_made_them(
+    servers: tuple[int, int, web.Application], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answers are not written from inside a handler's step but at the end of the turn, the
+    answers of every connection of that turn in one pass (Outbox: eight handlers released
+    together, eight connections written in one pass), each connection's bytes in order; a
+    connection that closes after its answer (the last of four pipelined requests asks for
+    ``Connection: close``) writes it before it closes."""
+    lane_port, _, app = servers
+    passes: list[int] = []
+    flush = lane.Outbox._flush
+
+    def counted(outbox: lane.Outbox) -> None:
+        passes.append(len(outbox._lanes))
+        flush(outbox)
+
+    monkeypatch.setattr(lane.Outbox, "_flush", counted)
+    gated = [asyncio.ensure_future(exchange(lane_port, GET % b"gated")) for _ in range(8)]
+    while app[PAGE].count("gated") < 8:
+        await asyncio.sleep(0.01)
+    app[GATE].set()  # the eight handlers end in one turn of the loop
+    for got in await asyncio.gather(*gated):
+        assert split(got)[0].endswith(b"through")
+    assert passes == [8]
+    closing = b"GET /p/demo/j3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    got = split(await exchange(lane_port, GET % b"j1" + GET % b"j2" * 2 + closing, answers=4))
+    assert [a.split(b"\r\n", 1)[0] for a in got] == [b"HTTP/1.1 429 Too Many Requests"] * 4
+    assert b"Connection: close" in got[3]
