@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import sqlite3
-from asyncio import CancelledError
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -444,9 +443,11 @@ class SQLiteStore(Store):
         self._sync_soon()
 
     def _sync_soon(self) -> None:
-        """Group commit: unless one is running, start an fsync of the WAL on a thread of its
-        own for every turn committed so far; its waiters are answered when it ends, and
-        turns committed meanwhile share the next one. The loop never waits for the disk."""
+        """Group commit: unless one is running, ask for an fsync of the WAL (the helper
+        process) for every turn committed so far; its waiters are answered when it ends, in
+        the callback that hears it (no Future hop: a turn of the loop less before a
+        reservation's provider call), and turns committed meanwhile share the next one.
+        The loop never waits for the disk."""
         if self._syncing is not None:
             return
         if self._broken is not None:
@@ -457,19 +458,22 @@ class SQLiteStore(Store):
         waiters, self._unsynced = self._unsynced, []
         through = self._committed_through
         if self._syncer is None:  # committed is durable here (only a power cut can cost it)
-            self._synced(waiters, through, None)
+            self._synced(waiters, through, None, None)
             return
-        running = self._syncer.sync()
-        self._syncing = running
-        running.add_done_callback(partial(self._synced, waiters, through))
+        syncing = self._syncing = asyncio.get_running_loop().create_future()  # for ``close``
+        self._syncer.sync(partial(self._synced, waiters, through, syncing))
 
     def _synced(
-        self, waiters: list[asyncio.Future[None]], through: int, done: asyncio.Future[None] | None
+        self,
+        waiters: list[asyncio.Future[None]],
+        through: int,
+        syncing: asyncio.Future[None] | None,
+        failure: BaseException | None,
     ) -> None:
-        self._syncing = None
-        failure = None
-        if done is not None:
-            failure = CancelledError("cancelled") if done.cancelled() else done.exception()
+        if syncing is not None:
+            syncing.set_result(None)
+            if self._syncing is syncing:
+                self._syncing = None
         if isinstance(failure, HelperLost):
             self._helper_lost(failure, waiters)
             return
@@ -810,9 +814,7 @@ class SQLiteStore(Store):
             self._lazy = None
             self._sync_soon()
         while self._syncing is not None:  # each fsync may start the next
-            with contextlib.suppress(OSError):
-                await asyncio.shield(self._syncing)
-            await asyncio.sleep(0)  # a done fsync's callback runs (it clears _syncing)
+            await asyncio.shield(self._syncing)
         conn = self._connections.pop("write", None)
         if conn is not None:
             conn.close()

@@ -18,11 +18,14 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 PROGRAM = Path(__file__).with_name("fsync_helper.py")
 EXIT_WAIT = 2.0  # seconds ``close`` waits for the helper to end before killing it
+# Told how an fsync ended: None when it succeeded, else the OSError or HelperLost.
+Done = Callable[[BaseException | None], None]
 
 
 class HelperLost(Exception):
@@ -36,8 +39,9 @@ class Syncer(Protocol):
     def start(self) -> None:
         """Be ready before the first ``sync`` (called on the event loop)."""
 
-    def sync(self) -> asyncio.Future[None]:
-        """An fsync that begins after this call: resolved when it ends, or with its error."""
+    def sync(self, done: Done) -> None:
+        """An fsync that begins after this call; ``done`` is called on the event loop when
+        it ends (at once when it cannot be asked for)."""
 
     async def close(self) -> None:
         """No more fsyncs; release what ``start`` took."""
@@ -50,7 +54,7 @@ class WalSyncer:
         self._path = path
         self._process: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._asked: asyncio.Future[None] | None = None
+        self._asked: Done | None = None  # told when the fsync asked for ends
         self._closed = False
 
     @property
@@ -79,9 +83,7 @@ class WalSyncer:
         self._loop.add_reader(process.stdout.fileno(), self._answered)
         self._process = process
 
-    def sync(self) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        asked: asyncio.Future[None] = loop.create_future()
+    def sync(self, done: Done) -> None:
         if self._asked is not None:
             raise RuntimeError("one fsync at a time")
         try:
@@ -90,10 +92,9 @@ class WalSyncer:
             os.write(self._process.stdin.fileno(), b"s")
         except (HelperLost, OSError) as exc:
             self._lose()
-            asked.set_exception(exc if isinstance(exc, HelperLost) else _lost(exc))
-            return asked
-        self._asked = asked
-        return asked
+            done(exc if isinstance(exc, HelperLost) else _lost(exc))
+            return
+        self._asked = done
 
     def _answered(self) -> None:
         """The helper wrote: an answer (its last byte is the one asked for), or EOF."""
@@ -112,13 +113,10 @@ class WalSyncer:
             self._lose(HelperLost(f"the fsync process {how}"))
             return
         asked, self._asked = self._asked, None
-        if asked is None or asked.done():
+        if asked is None:
             return
         status = data[-1]
-        if status == 0:
-            asked.set_result(None)
-        else:
-            asked.set_exception(OSError(status, os.strerror(status)))
+        asked(None if status == 0 else OSError(status, os.strerror(status)))
 
     def _lose(self, error: HelperLost | None = None) -> None:
         """Forget the helper (ended, or unusable): the fsync asked of it fails with
@@ -127,8 +125,8 @@ class WalSyncer:
         if process is not None:
             self._stop(process, kill=True)
         asked, self._asked = self._asked, None
-        if asked is not None and not asked.done():
-            asked.set_exception(error or HelperLost("the fsync process was lost"))
+        if asked is not None:
+            asked(error or HelperLost("the fsync process was lost"))
 
     def _stop(self, process: subprocess.Popen[bytes], *, kill: bool) -> None:
         assert process.stdout is not None and process.stdin is not None
@@ -157,8 +155,8 @@ class WalSyncer:
             process.kill()
             process.wait()
         asked, self._asked = self._asked, None
-        if asked is not None and not asked.done():
-            asked.set_exception(HelperLost("the fsync process was stopped with its store"))
+        if asked is not None:
+            asked(HelperLost("the fsync process was stopped with its store"))
 
 
 def _lost(exc: OSError) -> HelperLost:

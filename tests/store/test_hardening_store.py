@@ -188,8 +188,9 @@ class ThreadSyncer:
     def start(self) -> None:
         pass
 
-    def sync(self) -> asyncio.Future[None]:
-        return asyncio.get_running_loop().run_in_executor(None, self._sync)
+    def sync(self, done: Callable[[BaseException | None], None]) -> None:
+        running = asyncio.get_running_loop().run_in_executor(None, self._sync)
+        running.add_done_callback(lambda ran: done(ran.exception()))
 
     def _sync(self) -> None:
         fd = os.open(self.path, os.O_RDONLY)
@@ -225,9 +226,9 @@ async def test_sqlite_writes_of_a_turn_share_one_fsync_of_the_wal(
     asked: list[str] = []
     real_sync = WalSyncer.sync
 
-    def counted(self: WalSyncer) -> asyncio.Future[None]:
+    def counted(self: WalSyncer, done: Callable[[BaseException | None], None]) -> None:
         asked.append(self._path)
-        return real_sync(self)
+        real_sync(self, done)
 
     monkeypatch.setattr(WalSyncer, "sync", counted)
     for synchronous, most in (("full", 1), ("normal", 0)):

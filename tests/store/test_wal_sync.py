@@ -26,6 +26,20 @@ def op(number: int) -> OperationRecord:
     return pending_record(operation_id=f"op_{number}", provider_job_id=f"job_{number}")
 
 
+def synced(syncer: WalSyncer) -> asyncio.Future[None]:
+    """One ``sync`` as a future: its result when the fsync succeeded, else its error."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done(error: BaseException | None) -> None:
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    syncer.sync(done)
+    return future
+
+
 def gone(pid: int) -> bool:
     """The process ``pid`` has ended and been reaped (no zombie left behind)."""
     try:
@@ -52,7 +66,7 @@ async def test_a_sync_is_an_fsync_made_by_a_helper_process_ended_at_close(tmp_pa
     pid = syncer.pid
     assert pid is not None and pid != os.getpid()
     for _ in range(3):
-        await asyncio.wait_for(syncer.sync(), 5)
+        await asyncio.wait_for(synced(syncer), 5)
     assert held_by(pid, wal) == [str(wal)]
     await syncer.close()
     assert gone(pid)
@@ -65,11 +79,11 @@ async def test_a_failed_fsync_is_an_oserror_with_the_disks_errno(tmp_path: Path)
     syncer.start()
     try:
         with pytest.raises(OSError) as raised:
-            await asyncio.wait_for(syncer.sync(), 5)
+            await asyncio.wait_for(synced(syncer), 5)
         assert raised.value.errno == errno.ENOENT
         assert raised.value.strerror == os.strerror(errno.ENOENT)
         (tmp_path / "missing-wal").write_bytes(b"")
-        await asyncio.wait_for(syncer.sync(), 5)
+        await asyncio.wait_for(synced(syncer), 5)
     finally:
         await syncer.close()
 
@@ -81,10 +95,10 @@ async def test_a_replaced_file_is_opened_again(tmp_path: Path) -> None:
     syncer = WalSyncer(str(wal))
     syncer.start()
     try:
-        await asyncio.wait_for(syncer.sync(), 5)
+        await asyncio.wait_for(synced(syncer), 5)
         wal.unlink()
         wal.write_bytes(b"new")
-        await asyncio.wait_for(syncer.sync(), 5)
+        await asyncio.wait_for(synced(syncer), 5)
         assert syncer.pid is not None and held_by(syncer.pid, wal) == [str(wal)]
     finally:
         await syncer.close()
@@ -103,10 +117,10 @@ async def test_a_killed_helper_fails_its_sync_and_the_next_starts_another(
     assert first is not None
     os.kill(first, signal.SIGKILL)
     with pytest.raises(HelperLost, match="fsync process"):
-        await asyncio.wait_for(syncer.sync(), 5)
+        await asyncio.wait_for(synced(syncer), 5)
     assert gone(first)
     try:
-        await asyncio.wait_for(syncer.sync(), 5)
+        await asyncio.wait_for(synced(syncer), 5)
         assert syncer.pid not in (None, first)
     finally:
         await syncer.close()
