@@ -63,9 +63,12 @@ class WalSyncer:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> None:
-        """Start the helper unless one runs (HelperLost when it cannot start)."""
+        """Start the helper unless one runs for this event loop (HelperLost when it cannot
+        start); one started under another loop (which watched its answers) is ended."""
         if self._process is not None:
-            return
+            if self._loop is asyncio.get_running_loop():
+                return
+            self._lose(HelperLost("the fsync process was started under another event loop"))
         if self._closed:
             raise HelperLost("the fsync process was stopped with its store")
         try:

@@ -193,3 +193,22 @@ async def test_the_store_fails_only_the_writes_a_lost_helper_held(
     finally:
         monkeypatch.undo()
         await store.close()
+
+
+def test_a_syncer_moved_to_another_event_loop_starts_a_helper_there(tmp_path: Path) -> None:
+    """The helper's answers are watched by the loop that started it: a sync asked under
+    another loop ends that helper and starts one whose answers this loop hears."""
+    wal = tmp_path / "g.db-wal"
+    wal.write_bytes(b"frames")
+    syncer = WalSyncer(str(wal))
+
+    async def once() -> int | None:
+        await asyncio.wait_for(synced(syncer), 5)
+        return syncer.pid
+
+    first = asyncio.run(once())
+    second = asyncio.run(once())
+    assert first is not None and second not in (None, first)
+    assert gone(first)
+    asyncio.run(syncer.close())
+    assert second is not None and gone(second)
