@@ -248,7 +248,10 @@ class Outbox:
     def _flush(self) -> None:
         lanes, self._lanes = self._lanes, []
         for lane in lanes:
-            lane.flush()
+            try:
+                lane.flush()
+            except Exception:  # one connection's failure leaves the others' answers to go
+                log.exception("writing an answer failed")
 
 
 class Lane(asyncio.Protocol):
@@ -315,9 +318,14 @@ class Lane(asyncio.Protocol):
                 self._bad_request(detail, type(exc).__name__)
 
     def eof_received(self) -> bool | None:
+        """The client sent its last byte: it is gone, as aiohttp takes it. The connection
+        closes at the end of this turn of the loop, once what is queued to write (answers
+        of this turn included) is written; a handler still running is then cancelled."""
         if self._relay is not None:
             self._relay.eof_received()
-        return None
+            return None
+        self.loop.call_soon(self._close)
+        return True
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.site.manager.connection_lost(cast(RequestHandler, self), exc)
@@ -629,6 +637,13 @@ class Lane(asyncio.Protocol):
             self.flush()  # the lane's last answers go first
             self._relay = self.site.aiohttp_handler()
             self._relay.connection_made(self.transport)
+            paused = self._write_paused
+            if paused is not None:  # that flush filled the buffer: aiohttp waits for it too
+                self._relay.pause_writing()
+                self._write_paused = None
+                if not paused.done():
+                    paused.set_result(None)
+
         waiting, self._relay_waiting = self._relay_waiting, []
         self.resume("relay")
         self._relay.data_received(b"".join(waiting))

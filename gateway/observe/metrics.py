@@ -104,6 +104,8 @@ class Tally:
         self.pending = 0.0
 
     def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:  # refused here, as Counter.inc refuses it, not at the next scrape
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
         self.pending += amount
 
     def flush(self) -> None:
@@ -125,13 +127,15 @@ class HistogramTally:
         self.total = 0.0
 
     def observe(self, amount: float) -> None:
-        """As ``Histogram.observe``: the first bucket whose bound is >= ``amount``."""
-        self.counts[bisect_left(self.bounds, amount)] += 1
+        """As ``Histogram.observe``: the first bucket whose bound is >= ``amount`` (NaN:
+        none, only the sum)."""
         self.total += amount
+        if amount == amount:
+            self.counts[bisect_left(self.bounds, amount)] += 1
 
     def flush(self) -> None:
         counts = self.counts
-        if not any(counts):
+        if not any(counts) and not self.total:
             return
         total, self.counts, self.total = self.total, [0] * len(counts), 0.0
         buckets = self.series._buckets

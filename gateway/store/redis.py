@@ -78,6 +78,9 @@ class PackedConnection(aioredis.Connection):
     _packer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        encoder = self.encoder
+        if encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
+            return super().pack_command(*args)  # hiredis writes UTF-8, strictly, only
         packed: list[bytes] = self._packer.pack(*args)
         return packed
 

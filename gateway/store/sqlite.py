@@ -22,9 +22,10 @@ dying (the pending answers of the last turn aside), but the last commits may be 
 power loss (SQLite syncs the WAL at checkpoints). A record that stopped waiting is handed
 to a reader only once the write that ended it is durable (``_durable``). A failed fsync
 stops the store until a restart: Linux may drop the pages that failed and report the next
-fsync clean. A helper process that died (killed) fails the writes waiting for its fsync with
-a StoreError and the next fsync starts another; a second one lost before any fsync succeeds
-stops the store as a failed fsync does.
+fsync clean. A helper process that ended while idle is replaced at the next fsync, unheard of; one
+that ended with an fsync in flight stops the store as a failed fsync does (that fsync's
+outcome, and any error it met, are unknown); one that cannot be started fails the writes
+waiting for it with a StoreError, and the store serves on.
 ``?busy_timeout=2s`` bounds how long a write waits for another process's write lock before
 the gateway fails closed; it waits on the loop, so only a foreign writer (the sqlite3 shell)
 can make it wait at all: a statusgate process never shares its file.
@@ -199,7 +200,6 @@ class SQLiteStore(Store):
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
         # fsyncs of FILE-wal (``synchronous=full``), by a helper process unless a test says
         self._syncer: Syncer | None = syncer(path + "-wal") if self._fsync else None
-        self._lost_helpers = 0  # helpers lost since the last fsync that succeeded
         self._unsynced: list[asyncio.Future[None]] = []  # committed, waiting for an fsync
         self._syncing: asyncio.Future[None] | None = None  # the fsync running
         self._lazy: asyncio.TimerHandle | None = None  # an fsync due for pending answers
@@ -257,14 +257,10 @@ class SQLiteStore(Store):
 
     async def open(self) -> None:
         """Claim the file and check its layout: a newer one refuses to start. The fsync
-        helper starts here, before the first write that waits for it."""
+        helper starts with the first durable write (the layout's, here), so one that cannot
+        run stops the start in one line."""
         self._claim()
         await self.migrate()
-        if self._syncer is not None:
-            try:
-                self._syncer.start()
-            except HelperLost as exc:
-                raise StoreError(f"sqlite: {self._path}: {exc}", operation="open") from None
 
     # -- plumbing -----------------------------------------------------------------------
     def _connection(self, role: str) -> sqlite3.Connection:
@@ -481,7 +477,6 @@ class SQLiteStore(Store):
             reason = failure.strerror if isinstance(failure, OSError) else None
             self._break(f"sqlite fsync: {self._path}-wal: {reason or failure!r}", waiters)
             return
-        self._lost_helpers = 0
         self._durable_through = max(self._durable_through, through)
         for waiter in waiters:
             if not waiter.done():
@@ -492,21 +487,23 @@ class SQLiteStore(Store):
         self._sync_soon()
 
     def _helper_lost(self, lost: HelperLost, waiters: list[asyncio.Future[None]]) -> None:
-        """The fsync process died (or could not start) with an fsync asked of it: whether
-        that fsync ran is unknown, so its waiters fail (503 upstream: nothing was forwarded)
-        and what it covered waits for the next fsync, by a new helper. A second helper lost
-        before any fsync succeeds is not a passing accident: the store stops."""
-        if self._closed:
-            _fail_all(waiters, StoreError("sqlite store is closed", operation="commit"))
-            return
-        self._lost_helpers += 1
+        """No fsync process answered. One that ended with the fsync in flight leaves its
+        outcome unknown, and Linux reports a write-back error once per file description, so
+        a new helper might never hear it: the store stops, as after a failed fsync. One that
+        could not be started or reached was asked nothing: the waiting writes fail (503
+        upstream, nothing forwarded), what they committed waits for the next fsync, and the
+        store serves on. Waiters of a closing store hear that it closed."""
         reason = f"sqlite fsync: {self._path}-wal: {lost}"
-        if self._lost_helpers >= 2:
+        if self._closed:
+            error = StoreError("sqlite store is closed", operation="commit")
+            _fail_all([*waiters, *self._unsynced], error)
+            self._unsynced = []
+        elif lost.in_flight:
             self._break(reason, waiters)
-            return
-        log.warning("%s; the next fsync starts another", reason)
-        _fail_all(waiters, StoreError(reason, operation="commit"))
-        self._sync_soon()
+        else:
+            log.warning("%s; the writes that waited for it are refused", reason)
+            _fail_all([*waiters, *self._unsynced], StoreError(reason, operation="commit"))
+            self._unsynced = []
 
     def _break(self, reason: str, waiters: list[asyncio.Future[None]]) -> None:
         """A failed fsync: what it should have made durable may never reach the disk (Linux

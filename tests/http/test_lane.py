@@ -539,3 +539,54 @@ async def test_answers_are_written_at_the_end_of_the_turn_that_made_them(
     got = split(await exchange(lane_port, GET % b"j1" + GET % b"j2" * 2 + closing, answers=4))
     assert [a.split(b"\r\n", 1)[0] for a in got] == [b"HTTP/1.1 429 Too Many Requests"] * 4
     assert b"Connection: close" in got[3]
+
+
+async def test_a_client_that_half_closes_after_its_request_gets_its_answer(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A request followed at once by the client's FIN (``shutdown(SHUT_WR)``): the answer
+    made in that turn of the loop is written before the connection closes, though answers
+    wait for the end of the turn."""
+    lane_port, _, _ = servers
+    for _ in range(20):
+        reader, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+        writer.write(GET % b"j1")
+        writer.write_eof()
+        got = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert got.startswith(b"HTTP/1.1 429"), got
+
+
+async def test_a_relay_starts_paused_when_the_lanes_last_answer_filled_the_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lane answer large enough to fill the socket, pipelined with a request for aiohttp,
+    and a client that reads nothing: aiohttp's handler, which takes the connection over
+    right after that answer is written, starts paused, so its own answers wait for the
+    client instead of piling up in memory."""
+    big = b"x" * (16 << 20)
+
+    async def large(request: web.Request) -> web.Response:
+        return web.Response(body=big)
+
+    app = web.Application()
+    app.router.add_get("/other", large)
+    lanes: list[lane.Lane] = []
+    made = lane.Lane.connection_made
+
+    def kept(self: lane.Lane, transport: asyncio.BaseTransport) -> None:
+        lanes.append(self)
+        made(self, transport)
+
+    monkeypatch.setattr(lane.Lane, "connection_made", kept)
+    async with listening(app, large) as (lane_port, _):
+        _, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+        writer.write(GET % b"a" + b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(200):
+            if lanes and lanes[0]._relay is not None:
+                break
+            await asyncio.sleep(0.01)
+        relay = lanes[0]._relay
+        assert relay is not None and relay._paused  # aiohttp's own pause flag
+        assert lanes[0]._write_paused is None
+        writer.close()

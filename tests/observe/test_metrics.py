@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.flow.runtime import RUNTIME
@@ -146,6 +147,8 @@ def test_tallies_add_up_to_what_direct_observations_make() -> None:
     from gateway.observe.metrics import LATENCY_BUCKETS, Metrics
 
     values = [0.0, 0.0004, 0.0005, 0.0009, 0.001, 0.003, 0.01, 0.7, 2.5, 9.99, 10.0, 11.0, 1e9]
+    with pytest.raises(ValueError):  # refused at once, as Counter.inc refuses it
+        Metrics(CollectorRegistry()).counter("agent_requests", "p", "status", "x").inc(-1)
     tallied = Metrics(CollectorRegistry())
     for round_ in range(2):  # a second round after a flush adds to the first
         for seconds in values:

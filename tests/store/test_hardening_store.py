@@ -185,9 +185,6 @@ class ThreadSyncer:
         self.fsync = fsync
         self.synced = 0
 
-    def start(self) -> None:
-        pass
-
     def sync(self, done: Callable[[BaseException | None], None]) -> None:
         running = asyncio.get_running_loop().run_in_executor(None, self._sync)
         running.add_done_callback(lambda ran: done(ran.exception()))

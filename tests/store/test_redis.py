@@ -357,6 +357,7 @@ def test_commands_are_packed_by_hiredis_as_redis_py_packs_them() -> None:
     """The store's connections pack commands with hiredis (redis-py's asyncio connection
     packs in Python): the bytes on the wire are redis-py's own, and what redis-py refuses
     (None, bools) is refused alike."""
+    import redis.asyncio as aioredis
     from redis.asyncio.connection import Connection
     from redis.exceptions import DataError
 
@@ -374,3 +375,7 @@ def test_commands_are_packed_by_hiredis_as_redis_py_packs_them() -> None:
             packed.pack_command("SET", "k", refused)
         with pytest.raises(DataError):
             plain.pack_command("SET", "k", refused)
+    latin = aioredis.ConnectionPool.from_url(
+        "redis://127.0.0.1:1/0?encoding=latin-1", connection_class=PackedConnection
+    ).make_connection()  # another encoding than hiredis writes: redis-py packs
+    assert latin.pack_command("SET", "k", "é") == [b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n\xe9\r\n"]

@@ -17,7 +17,7 @@ import pytest
 from gateway.core.models import OperationRecord
 from gateway.errors import StoreError
 from gateway.store import SQLiteStore
-from gateway.store.wal_sync import PROGRAM, HelperLost, WalSyncer
+from gateway.store.wal_sync import PROGRAM, RESTART_WAIT, HelperLost, WalSyncer
 
 from conftest import pending_record
 
@@ -104,24 +104,34 @@ async def test_a_replaced_file_is_opened_again(tmp_path: Path) -> None:
         await syncer.close()
 
 
-async def test_a_killed_helper_fails_its_sync_and_the_next_starts_another(
+async def test_a_helper_killed_idle_is_replaced_and_one_killed_mid_fsync_is_reported(
     tmp_path: Path,
 ) -> None:
-    """A helper killed with an fsync asked of it: that sync fails with HelperLost (whether
-    it ran is unknown); the next sync starts a new helper."""
+    """A helper killed while idle is replaced at the next sync, which succeeds: nothing was
+    asked of it. One killed with an fsync asked of it fails that sync with HelperLost
+    ``in_flight`` (whether it ran is unknown); the next sync starts a new helper."""
     wal = tmp_path / "g.db-wal"
     wal.write_bytes(b"frames")
     syncer = WalSyncer(str(wal))
     syncer.start()
-    first = syncer.pid
-    assert first is not None
-    os.kill(first, signal.SIGKILL)
-    with pytest.raises(HelperLost, match="fsync process"):
-        await asyncio.wait_for(synced(syncer), 5)
-    assert gone(first)
+    idle = syncer.pid
+    assert idle is not None
+    os.kill(idle, signal.SIGKILL)
+    while not gone(idle) and syncer.pid == idle:
+        await asyncio.sleep(0.01)
     try:
         await asyncio.wait_for(synced(syncer), 5)
-        assert syncer.pid not in (None, first)
+        busy = syncer.pid
+        assert busy not in (None, idle)
+        assert busy is not None
+        os.kill(busy, signal.SIGSTOP)  # it cannot answer: the fsync asked stays in flight
+        asked = synced(syncer)
+        os.kill(busy, signal.SIGKILL)
+        with pytest.raises(HelperLost, match="fsync process") as raised:
+            await asyncio.wait_for(asked, 5)
+        assert raised.value.in_flight and gone(busy)
+        await asyncio.wait_for(synced(syncer), 5)
+        assert syncer.pid not in (None, busy)
     finally:
         await syncer.close()
 
@@ -163,41 +173,76 @@ async def _lost_under(store: SQLiteStore, syncer: WalSyncer, record: OperationRe
         await asyncio.wait_for(saving, 5)
 
 
-async def test_the_store_fails_only_the_writes_a_lost_helper_held(
+async def test_a_helper_lost_mid_fsync_stops_the_store_and_one_that_cannot_start_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A helper killed with an fsync in flight: the durable write waiting for it fails with
-    a StoreError (503 upstream, nothing forwarded), a new helper fsyncs what it covered and
-    the store serves on. When no new helper can start either, the store stops, as after a
-    failed fsync."""
+    """A helper that cannot be started was asked nothing: the durable write waiting fails
+    (503 upstream, nothing forwarded), and once a helper starts again the store serves on.
+    A helper killed with an fsync in flight leaves that fsync's outcome (and any disk error
+    it met) unknown: the store stops until a restart, as after a failed fsync."""
     store = SQLiteStore(str(tmp_path / "g.db"))
     await store.open()
     try:
         first = await store.create(op(1))
         syncer = store._syncer
-        assert isinstance(syncer, WalSyncer)
-        await _lost_under(store, syncer, first)
-        current = await store.get("op_1")
-        assert current is not None and await store.save(current)
-        assert (await store.create(op(2))).operation_id == "op_2"
+        assert isinstance(syncer, WalSyncer) and syncer.pid is not None
+        real_popen = subprocess.Popen
 
         def no_process(*args: object, **kwargs: object) -> None:
             raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
+        monkeypatch.setattr(subprocess, "Popen", no_process)
+        idle = syncer.pid
+        os.kill(idle, signal.SIGKILL)
+        while not gone(idle) and syncer.pid == idle:
+            await asyncio.sleep(0.01)
+        with pytest.raises(StoreError, match="cannot start the fsync process"):
+            await store.save(first)
+        monkeypatch.setattr(subprocess, "Popen", real_popen)
+        await asyncio.sleep(RESTART_WAIT)
+        current = await store.get("op_1")
+        assert current is not None and await store.save(current)
         current = await store.get("op_1")
         assert current is not None
-        monkeypatch.setattr(subprocess, "Popen", no_process)
         await _lost_under(store, syncer, current)
         with pytest.raises(StoreError, match="until the gateway restarts"):
-            await store.create(op(3))
+            await store.create(op(2))
     finally:
         monkeypatch.undo()
         await store.close()
 
 
+async def test_a_store_closed_while_its_helper_is_lost_answers_every_waiting_write(
+    tmp_path: Path,
+) -> None:
+    """Closing the store while an fsync is in flight and another write waits for the next
+    one, and the helper dies meanwhile: both writes hear that the store closed; none waits
+    forever."""
+    store = SQLiteStore(str(tmp_path / "g.db"))
+    await store.open()
+    first, second = await store.create(op(1)), await store.create(op(2))
+    syncer = store._syncer
+    assert isinstance(syncer, WalSyncer) and syncer.pid is not None
+    pid = syncer.pid
+    os.kill(pid, signal.SIGSTOP)
+    in_flight = asyncio.ensure_future(store.save(first))
+    while syncer._asked is None:
+        await asyncio.sleep(0.001)
+    waiting = asyncio.ensure_future(store.save(second))  # committed, waits for the next
+    await asyncio.sleep(0.01)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.wait_for(closing, 5)
+    for write in (in_flight, waiting):
+        with pytest.raises(StoreError):
+            await asyncio.wait_for(write, 5)
+
+
 def test_a_syncer_moved_to_another_event_loop_starts_a_helper_there(tmp_path: Path) -> None:
     """The helper's answers are watched by the loop that started it: a sync asked under
-    another loop ends that helper and starts one whose answers this loop hears."""
+    another loop (with nothing in flight) ends that helper and starts one whose answers
+    this loop hears."""
     wal = tmp_path / "g.db-wal"
     wal.write_bytes(b"frames")
     syncer = WalSyncer(str(wal))
