@@ -87,27 +87,27 @@ def encode(value: Any) -> bytes | None:
     refused, as psycopg refuses it (libpq would cut a text parameter short at it)."""
     kind = type(value)  # the exact types first: a poll encodes ~30 parameters
     if kind is str:
-        if "\x00" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return value.encode()  # type: ignore[no-any-return]
+        return _checked(value).encode()
     if kind is float or kind is int:
-        return repr(value).encode()
+        return repr(value).encode()  # a float's repr reads back exactly ('inf' too)
     if value is None:
         return None
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        return value.encode()
     if isinstance(value, bool):
         return b"t" if value else b"f"
+    if isinstance(value, str):
+        return _checked(value).encode()
     if isinstance(value, int | float):
-        return repr(value).encode()  # a float's repr reads back exactly ('inf' too)
+        return repr(value).encode()
     if isinstance(value, list | tuple):
-        if any("\x00" in str(v) for v in value):
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-        quoted = (str(v).replace("\\", "\\\\").replace('"', '\\"') for v in value)
+        quoted = (_checked(str(v)).replace("\\", "\\\\").replace('"', '\\"') for v in value)
         return ("{" + ",".join(f'"{v}"' for v in quoted) + "}").encode()
     raise TypeError(f"no text form for a parameter of type {type(value).__name__}")
+
+
+def _checked(value: str) -> str:
+    if "\x00" in value:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return value
 
 
 class _Link:

@@ -41,6 +41,7 @@ from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
+from redis.utils import HIREDIS_AVAILABLE
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
@@ -68,18 +69,22 @@ from gateway.store.redis_turns import Command, Turns
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 
 
+HIREDIS = HIREDIS_AVAILABLE  # redis-py's own check: hiredis >= 3.2 importable
+
+
 class PackedConnection(aioredis.Connection):
     """redis-py's asyncio connection packs a command argument by argument in Python; its
     sync connection packs with hiredis (a dependency: ``redis[hiredis]``) through this same
     serializer. A poll's scripts carry dozens of arguments: packing them in Python measured
-    the largest part of the Redis store's own cost a forwarded poll. ``rediss://`` and
-    ``unix://`` URLs keep redis-py's own connection classes."""
+    the largest part of the Redis store's own cost a forwarded poll. Without hiredis (or one
+    older than redis-py accepts) it packs as redis-py does. ``rediss://`` and ``unix://``
+    URLs keep redis-py's own connection classes."""
 
     _packer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
         encoder = self.encoder
-        if encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
+        if not HIREDIS or encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
             return super().pack_command(*args)  # hiredis writes UTF-8, strictly, only
         packed: list[bytes] = self._packer.pack(*args)
         return packed

@@ -487,23 +487,15 @@ class SQLiteStore(Store):
         self._sync_soon()
 
     def _helper_lost(self, lost: HelperLost, waiters: list[asyncio.Future[None]]) -> None:
-        """No fsync process answered. One that ended with the fsync in flight leaves its
-        outcome unknown, and Linux reports a write-back error once per file description, so
-        a new helper might never hear it: the store stops, as after a failed fsync. One that
-        could not be started or reached was asked nothing: the waiting writes fail (503
-        upstream, nothing forwarded), what they committed waits for the next fsync, and the
-        store serves on. Waiters of a closing store hear that it closed."""
-        reason = f"sqlite fsync: {self._path}-wal: {lost}"
+        """The fsync process ended with the fsync in flight: its outcome is unknown, and
+        Linux reports a write-back error once per file description, so a new helper might
+        never hear it: the store stops, as after a failed fsync. (One that could not be
+        started or reached was asked nothing: the syncer made that fsync on a thread.)
+        Waiters of a closing store hear that it closed."""
         if self._closed:
-            error = StoreError("sqlite store is closed", operation="commit")
-            _fail_all([*waiters, *self._unsynced], error)
-            self._unsynced = []
-        elif lost.in_flight:
-            self._break(reason, waiters)
+            self._fail_waiting(waiters, StoreError("sqlite store is closed", operation="commit"))
         else:
-            log.warning("%s; the writes that waited for it are refused", reason)
-            _fail_all([*waiters, *self._unsynced], StoreError(reason, operation="commit"))
-            self._unsynced = []
+            self._break(f"sqlite fsync: {self._path}-wal: {lost}", waiters)
 
     def _break(self, reason: str, waiters: list[asyncio.Future[None]]) -> None:
         """A failed fsync: what it should have made durable may never reach the disk (Linux
@@ -513,7 +505,10 @@ class SQLiteStore(Store):
         from what the disk holds."""
         if self._broken is None:
             self._broken = f"{reason} (the store refuses every call until the gateway restarts)"
-        error = StoreError(self._broken, operation="commit")
+        self._fail_waiting(waiters, StoreError(self._broken, operation="commit"))
+
+    def _fail_waiting(self, waiters: list[asyncio.Future[None]], error: StoreError) -> None:
+        """``waiters`` and every write waiting for the next fsync hear ``error``."""
         for waiter in [*waiters, *self._unsynced]:
             if not waiter.done():
                 waiter.set_exception(error)
@@ -587,8 +582,10 @@ class SQLiteStore(Store):
         try:
             await waiter
         except StoreError:
-            if self._broken is not None:
+            if self._broken is not None or self._closed:
                 raise
+            if self._last_turn.get(record.operation_id) == number:
+                raise  # not rolled back: its turn stands, unconfirmed
             return False
         return True
 
@@ -835,12 +832,6 @@ OVERDUE = (
     "SELECT operation_id FROM operations WHERE provider = ? AND outcome = 'pending'"
     " AND deadline_at <= ? ORDER BY deadline_at LIMIT ?"
 )
-
-
-def _fail_all(waiters: list[asyncio.Future[None]], error: StoreError) -> None:
-    for waiter in waiters:
-        if not waiter.done():
-            waiter.set_exception(error)
 
 
 def _probe(conn: sqlite3.Connection) -> None:

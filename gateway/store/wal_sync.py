@@ -11,15 +11,18 @@ It never decides what an fsync means for the store's data. A failed fsync is an 
 with the disk's errno. A helper that ended with an fsync asked of it is ``HelperLost`` with
 ``in_flight``: that fsync's outcome, and any error it met, are unknown (Linux reports a
 write-back error once per file description: a new helper may never hear of it). A helper
-that ended idle is replaced at the next ``sync`` without anyone hearing of it; one that
-cannot be started (or reached) is ``HelperLost`` without ``in_flight``, and starting is not
-tried again for RESTART_WAIT. All of it is the store's to handle.
+that ended idle, or before it said it was ready, was asked nothing: it is replaced without
+anyone hearing of it. While none can be started or reached (no memory, no process slots)
+the fsync is made on a thread of the gateway's instead (slower under load, never refused),
+and a helper is tried again after RESTART_WAIT. All the store hears is the fsync's outcome,
+or ``HelperLost`` once it is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -28,9 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from gateway.store.fsync_helper import WalFile
+
 PROGRAM = Path(__file__).with_name("fsync_helper.py")
 EXIT_WAIT = 2.0  # seconds ``close`` waits for the helper to end before killing it
 RESTART_WAIT = 0.5  # seconds after a helper failed to start before one is tried again
+REAP_EVERY = 0.05  # seconds between looks at a killed helper until it has ended
+log = logging.getLogger("statusgate")
 # Told how an fsync ended: None when it succeeded, else the OSError or HelperLost.
 Done = Callable[[BaseException | None], None]
 
@@ -50,7 +57,8 @@ class Syncer(Protocol):
 
     def sync(self, done: Done) -> None:
         """An fsync that begins after this call; ``done`` is called on the event loop when
-        it ends (at once when it cannot be asked for)."""
+        it ends: None, the ``OSError`` it met, or ``HelperLost`` when its outcome is unknown
+        or the syncer is closed."""
 
     async def close(self) -> None:
         """No more fsyncs; release what ``start`` took."""
@@ -66,6 +74,9 @@ class WalSyncer:
         self._asked: Done | None = None  # told when the fsync asked for ends
         self._closed = False
         self._failed_at: float | None = None  # when a helper last failed to start
+        self._ready = False  # the helper said it is ready (whatever it was asked may have run)
+        self._thread: asyncio.Future[None] | None = None  # an fsync made without a helper
+        self._file = WalFile(path)  # that fsync's descriptor
 
     @property
     def pid(self) -> int | None:
@@ -86,17 +97,19 @@ class WalSyncer:
         if failed is not None and time.monotonic() - failed < RESTART_WAIT:
             raise HelperLost("the fsync process could not be started just now", in_flight=False)
         try:
-            process = subprocess.Popen(
+            process = subprocess.Popen(  # a session of its own: no terminal's signals
                 [sys.executable, "-I", "-S", str(PROGRAM), self._path],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
         except OSError as exc:
             self._failed_at = time.monotonic()
             reason = f"cannot start the fsync process: {exc.strerror or exc}"
             raise HelperLost(reason, in_flight=False) from None
         self._failed_at = None
+        self._ready = False
         assert process.stdout is not None
         os.set_blocking(process.stdout.fileno(), False)
         self._loop = asyncio.get_running_loop()
@@ -104,7 +117,7 @@ class WalSyncer:
         self._process = process
 
     def sync(self, done: Done) -> None:
-        if self._asked is not None:
+        if self._asked is not None or self._thread is not None:
             raise RuntimeError("one fsync at a time")
         for attempt in range(2):  # a helper that ended idle is replaced once, unheard of
             try:
@@ -112,19 +125,41 @@ class WalSyncer:
                 assert self._process is not None and self._process.stdin is not None
                 os.write(self._process.stdin.fileno(), b"s")
             except HelperLost as exc:
-                done(exc)
+                self._in_thread(done, exc)
                 return
             except OSError as exc:  # it ended while idle: the request never reached it
                 self._lose()
                 if attempt:
-                    done(_unreachable(exc))
+                    self._in_thread(done, _unreachable(exc))
                     return
                 continue
             self._asked = done
             return
 
+    def _in_thread(self, done: Done, why: HelperLost) -> None:
+        """No helper to ask (none could be started or reached): the fsync is made on a
+        thread of the gateway's, so the writes waiting for it are delayed, never refused
+        (they are committed: refusing them would tell an agent that a saved write failed).
+        A closed syncer makes no more fsyncs."""
+        if self._closed:
+            done(why)
+            return
+        log.warning("%s; this fsync of %s is made on a thread instead", why, self._path)
+        thread = self._thread = asyncio.get_running_loop().run_in_executor(None, self._file.sync)
+
+        def ended(future: asyncio.Future[None]) -> None:
+            self._thread = None
+            error = future.exception()
+            if error is None or isinstance(error, OSError):
+                done(error)
+            else:  # not a disk's answer: whether the fsync ran is unknown
+                done(HelperLost(f"the fsync thread failed: {error!r}", in_flight=True))
+
+        thread.add_done_callback(ended)
+
     def _answered(self) -> None:
-        """The helper wrote: an answer (its last byte is the one asked for), or EOF."""
+        """The helper wrote: its ready byte, an answer (its last byte is the one asked
+        for), or EOF."""
         process = self._process
         assert process is not None and process.stdout is not None
         try:
@@ -137,8 +172,19 @@ class WalSyncer:
         if not data:
             code = process.poll()
             how = f"exited with status {code}" if code is not None else "closed its output"
-            self._lose(HelperLost(f"the fsync process {how}", in_flight=True))
+            if self._ready:
+                self._lose(HelperLost(f"the fsync process {how}", in_flight=True))
+                return
+            asked, self._asked = self._asked, None  # it never read the request: not made
+            self._lose()
+            if asked is not None:
+                lost = HelperLost(f"the fsync process {how} as it started", in_flight=False)
+                self._in_thread(asked, lost)
             return
+        if not self._ready:  # its first byte says it is ready (READY)
+            self._ready, data = True, data[1:]
+            if not data:
+                return
         asked, self._asked = self._asked, None
         if asked is None:
             return
@@ -164,12 +210,26 @@ class WalSyncer:
         process.stdout.close()
         if kill and process.poll() is None:
             process.kill()
+            self._reap(process)
+
+    def _reap(self, process: subprocess.Popen[bytes]) -> None:
+        """Wait for a killed helper without blocking the loop (one in an fsync on a hung
+        disk ends only when the disk answers)."""
+        if process.poll() is not None:
+            return
+        if self._loop is None or self._loop.is_closed():
             process.wait()
+            return
+        self._loop.call_later(REAP_EVERY, self._reap, process)
 
     async def close(self) -> None:
         """End the helper: its input closed, it exits (after an fsync it was making); killed
-        if it has not within EXIT_WAIT."""
+        if it has not within EXIT_WAIT. An fsync made on a thread is waited for as long."""
         self._closed = True
+        if self._thread is not None:
+            await asyncio.wait([self._thread], timeout=EXIT_WAIT)
+        if self._thread is None:  # else it still holds the descriptor (a hung disk)
+            self._file.close()
         process, self._process = self._process, None
         if process is None:
             return
@@ -180,7 +240,7 @@ class WalSyncer:
             await asyncio.sleep(0.01)
         else:
             process.kill()
-            process.wait()
+            self._reap(process)
         asked, self._asked = self._asked, None
         if asked is not None:
             asked(HelperLost("the fsync process was stopped with its store", in_flight=True))

@@ -379,3 +379,22 @@ def test_commands_are_packed_by_hiredis_as_redis_py_packs_them() -> None:
         "redis://127.0.0.1:1/0?encoding=latin-1", connection_class=PackedConnection
     ).make_connection()  # another encoding than hiredis writes: redis-py packs
     assert latin.pack_command("SET", "k", "é") == [b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n\xe9\r\n"]
+
+
+def test_without_hiredis_commands_are_packed_as_redis_py_packs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An install without hiredis (or one older than redis-py accepts, where its packer
+    cannot run) packs in Python, as redis-py does, instead of failing every command."""
+    from redis.asyncio.connection import Connection
+
+    from gateway.store import redis as redis_store
+
+    def no_hiredis(*args: object) -> list[bytes]:
+        raise NameError("name 'hiredis' is not defined")  # as redis-py's packer without it
+
+    monkeypatch.setattr(redis_store, "HIREDIS", False)
+    monkeypatch.setattr(redis_store.PackedConnection._packer, "pack", no_hiredis)
+    arguments = ["EVALSHA", "0123abc", 2, "{k}:op", 1.5, "é"]
+    packed = redis_store.PackedConnection().pack_command(*arguments)
+    assert packed == Connection().pack_command(*arguments)

@@ -1,6 +1,7 @@
 """The SQLite store's fsync process (gateway/store/wal_sync.py, gateway/store/fsync_helper.py),
 run for real: fsyncs answered, a disk error named by its errno, a killed helper replaced,
-and the store failing only the writes whose fsync was lost."""
+an fsync made on a thread while none can start, and the store failing only the writes whose
+fsync was lost."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from gateway.core.models import OperationRecord
 from gateway.errors import StoreError
 from gateway.store import SQLiteStore
+from gateway.store.fsync_helper import READY
 from gateway.store.wal_sync import PROGRAM, RESTART_WAIT, HelperLost, WalSyncer
 
 from conftest import pending_record
@@ -129,17 +131,21 @@ async def test_a_helper_killed_idle_is_replaced_and_one_killed_mid_fsync_is_repo
         os.kill(busy, signal.SIGKILL)
         with pytest.raises(HelperLost, match="fsync process") as raised:
             await asyncio.wait_for(asked, 5)
-        assert raised.value.in_flight and gone(busy)
+        assert raised.value.in_flight
+        while not gone(busy):  # reaped off the loop, which never waits for it
+            await asyncio.sleep(0.01)
         await asyncio.wait_for(synced(syncer), 5)
         assert syncer.pid not in (None, busy)
     finally:
         await syncer.close()
 
 
-def test_the_helper_ignores_ctrl_c_and_exits_when_its_input_ends(tmp_path: Path) -> None:
-    """A Ctrl-C reaches the whole process group: the helper stays for the gateway's last
-    fsyncs while it shuts down, and exits (status 0) once the gateway closes its input, or
-    dies."""
+def test_the_helper_says_ready_ignores_signals_and_exits_when_its_input_ends(
+    tmp_path: Path,
+) -> None:
+    """The helper's first byte says it is ready; a Ctrl-C, a stop or a reload signal leaves
+    it there for the gateway's fsyncs; it exits (status 0) once the gateway closes its
+    input, or dies."""
     wal = tmp_path / "g.db-wal"
     wal.write_bytes(b"frames")
     helper = subprocess.Popen(
@@ -148,13 +154,15 @@ def test_the_helper_ignores_ctrl_c_and_exits_when_its_input_ends(tmp_path: Path)
         stdout=subprocess.PIPE,
     )
     assert helper.stdin is not None and helper.stdout is not None
+    assert helper.stdout.read(1) == READY
     helper.stdin.write(b"s")
     helper.stdin.flush()
     assert helper.stdout.read(1) == b"\x00"
-    helper.send_signal(signal.SIGINT)
-    helper.stdin.write(b"s")
-    helper.stdin.flush()
-    assert helper.stdout.read(1) == b"\x00"
+    for sent in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        helper.send_signal(sent)
+        helper.stdin.write(b"s")
+        helper.stdin.flush()
+        assert helper.stdout.read(1) == b"\x00"
     helper.stdin.close()
     assert helper.wait(5) == 0
     helper.stdout.close()
@@ -174,12 +182,14 @@ async def _lost_under(store: SQLiteStore, syncer: WalSyncer, record: OperationRe
 
 
 async def test_a_helper_lost_mid_fsync_stops_the_store_and_one_that_cannot_start_does_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A helper that cannot be started was asked nothing: the durable write waiting fails
-    (503 upstream, nothing forwarded), and once a helper starts again the store serves on.
-    A helper killed with an fsync in flight leaves that fsync's outcome (and any disk error
-    it met) unknown: the store stops until a restart, as after a failed fsync."""
+    """A helper that cannot be started was asked nothing: the fsync is made on a thread, so
+    the durable write waiting for it succeeds (it is committed: refusing it would tell the
+    agent that a saved write failed) and a warning names why; once a helper starts again
+    the fsyncs are its own. A helper killed with an fsync in flight leaves that fsync's
+    outcome (and any disk error it met) unknown: the store stops until a restart, as after
+    a failed fsync."""
     store = SQLiteStore(str(tmp_path / "g.db"))
     await store.open()
     try:
@@ -196,12 +206,16 @@ async def test_a_helper_lost_mid_fsync_stops_the_store_and_one_that_cannot_start
         os.kill(idle, signal.SIGKILL)
         while not gone(idle) and syncer.pid == idle:
             await asyncio.sleep(0.01)
-        with pytest.raises(StoreError, match="cannot start the fsync process"):
-            await store.save(first)
+        assert await store.save(first)
+        assert syncer.pid is None
+        assert "cannot start the fsync process: Resource temporarily unavailable" in caplog.text
+        assert "made on a thread instead" in caplog.text
+        current = await store.get("op_1")
+        assert current is not None and current.version == first.version + 1
         monkeypatch.setattr(subprocess, "Popen", real_popen)
         await asyncio.sleep(RESTART_WAIT)
-        current = await store.get("op_1")
-        assert current is not None and await store.save(current)
+        assert await store.save(current)
+        assert syncer.pid is not None
         current = await store.get("op_1")
         assert current is not None
         await _lost_under(store, syncer, current)
@@ -210,6 +224,28 @@ async def test_a_helper_lost_mid_fsync_stops_the_store_and_one_that_cannot_start
     finally:
         monkeypatch.undo()
         await store.close()
+
+
+async def test_a_helper_that_dies_as_it_starts_was_asked_nothing(tmp_path: Path) -> None:
+    """A helper that ends before its ready byte never read the request: that fsync is made
+    on a thread and succeeds (not an fsync of unknown outcome, which would stop the store)."""
+    wal = tmp_path / "g.db-wal"
+    wal.write_bytes(b"frames")
+    syncer = WalSyncer(str(wal))
+    real_popen = subprocess.Popen
+
+    def dying(args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        return real_popen([sys.executable, "-c", "import os; os._exit(3)"], **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    try:
+        subprocess.Popen = dying  # type: ignore[assignment,misc]
+        asked = synced(syncer)
+    finally:
+        subprocess.Popen = real_popen  # type: ignore[misc]
+    await asyncio.wait_for(asked, 5)
+    await asyncio.wait_for(synced(syncer), 5)  # a real helper now
+    assert syncer.pid is not None
+    await syncer.close()
 
 
 async def test_a_store_closed_while_its_helper_is_lost_answers_every_waiting_write(
