@@ -8,6 +8,7 @@ nothing (no test asserts a timing either: the verdicts are for the reader of one
 from __future__ import annotations
 
 import operator
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,27 +75,58 @@ def ratio(rows: Rows, a: tuple[str, str], b: tuple[str, str]) -> float | None:
     return rows[a].rps / rows[b].rps if a in rows and b in rows else None
 
 
+Rounds = Mapping[str, list[float]]  # a ratio target's what -> its ratio in each round
+
+
+def ratio_target(
+    what: str,
+    rows: Rows,
+    a: tuple[str, str],
+    b: tuple[str, str],
+    rounds: Rounds,
+    bound: float,
+    stretch: float | None = None,
+) -> Target:
+    """A throughput ratio: the median of the run's interleaved rounds (fresh processes,
+    short runs taken in turn) where it has them, the rows' single runs beside; else the
+    single runs' ratio."""
+    single = ratio(rows, a, b)
+    measured = sorted(rounds.get(what, ()))
+    if not measured:
+        return Target(what, single, ">=", bound, stretch)
+    beside = f"median of {len(measured)} interleaved rounds: " + ", ".join(
+        f"{r:.2f}" for r in measured
+    )
+    if single is not None:
+        beside += f"; the single runs above: {single:.2f}x"
+    return Target(what, statistics.median(measured), ">=", bound, stretch, beside=beside)
+
+
 def issue_23(
     rows: Rows,
     fixed: Latencies,
     at_open: Latencies,
     overload: Mapping[str, Any],
+    rounds: Rounds | None = None,
 ) -> list[Target | str]:
     """Hot path: throughput ratios, added latency, the Redis path and its in-flight bound."""
+    rounds = rounds or {}
     return [
-        Target("G1 forwarded / B2 forwarded", ratio(rows, (G1, FWD), (B2, FWD)), ">=", 0.4, 0.5),
-        Target("G1 too-early / B3 fixed answer", ratio(rows, (G1, EARLY), B3), ">=", 0.45, 0.6),
+        ratio_target("G1 forwarded / B2 forwarded", rows, (G1, FWD), (B2, FWD), rounds, 0.4, 0.5),
+        ratio_target("G1 too-early / B3 fixed answer", rows, (G1, EARLY), B3, rounds, 0.45, 0.6),
         *added_latency(fixed, at_open),
-        Target("G2 forwarded / G1 forwarded", ratio(rows, (G2, FWD), (G1, FWD)), ">=", 0.9),
+        ratio_target("G2 forwarded / G1 forwarded", rows, (G2, FWD), (G1, FWD), rounds, 0.9),
         open_p99(G2, fixed, at_open, 100.0, 50.0),
         *past_the_bound(overload),
     ]
 
 
-def issue_24(rows: Rows, fixed: Latencies, at_open: Latencies) -> list[Target | str]:
+def issue_24(
+    rows: Rows, fixed: Latencies, at_open: Latencies, rounds: Rounds | None = None
+) -> list[Target | str]:
     """PostgreSQL store: G3 beside G1."""
     return [
-        Target("G3 forwarded / G1 forwarded", ratio(rows, (G3, FWD), (G1, FWD)), ">=", 0.8),
+        ratio_target("G3 forwarded / G1 forwarded", rows, (G3, FWD), (G1, FWD), rounds or {}, 0.8),
         open_p99(G3, fixed, at_open, 100.0),
     ]
 

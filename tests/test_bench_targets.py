@@ -101,3 +101,29 @@ def test_the_wait_once_connected_leaves_out_opening_the_connection() -> None:
     refused = summary["kinds"]["503 overloaded"]
     assert round(refused["max_ms"]) == 1250 and round(refused["connected_max_ms"]) == 50
     assert (summary["connections"], summary["slow_connects"]) == (1, 1)
+
+
+def test_a_ratio_target_is_the_median_of_its_interleaved_rounds() -> None:
+    """Where the run has interleaved rounds of a ratio, the verdict is on their median (the
+    rounds and the single runs' ratio shown beside); without rounds, on the single runs."""
+
+    class Row:
+        def __init__(self, rps: float) -> None:
+            self.rps, self.p50, self.p99 = rps, 0.0, 0.0
+
+    rows = {(targets.G1, targets.FWD): Row(300.0), (targets.B2, targets.FWD): Row(1000.0)}
+    what = "G1 forwarded / B2 forwarded"
+    rounds = {what: [0.47, 0.41, 0.44]}
+    ruled = targets.ratio_target(
+        what, rows, (targets.G1, targets.FWD), (targets.B2, targets.FWD), rounds, 0.4, 0.5
+    )
+    assert ruled.figure == 0.44 and ruled.verdict() == "met"
+    assert (
+        ruled.beside
+        == "median of 3 interleaved rounds: 0.41, 0.44, 0.47; the single runs above: 0.30x"
+    )
+    single = targets.issue_23(rows, {}, {}, {"skipped": "no Redis"})[0]
+    assert isinstance(single, targets.Target)
+    assert single.figure == 0.3 and single.verdict() == "MISSED" and single.beside == ""
+    even = targets.issue_24({}, {}, {}, {"G3 forwarded / G1 forwarded": [0.7, 0.9]})[0]
+    assert isinstance(even, targets.Target) and even.figure == 0.8 and even.verdict() == "met"
