@@ -464,32 +464,57 @@ def main() -> None:
                     "B3 aiohttp floor", f"http://127.0.0.1:{floor}", job_paths, agent, seconds
                 )
             stores, redis, postgres = _stores(folder)
-            for name, store in stores:
-                _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
-            _paired(folder, agent, rows, 3 if args.quick else ROUNDS)
-            _interleaved(folder, provider, agent, job_paths, 3 if args.quick else ROUNDS, stores)
-            _extra_rows(folder, agent, seconds, rows, redis, postgres)
-            rate = FIXED * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
-            fixed: dict[str, Result] = {}
-            fixed["B0 provider"] = fixed_rate(provider, job_paths, direct_headers, rate, seconds)
-            with _bare(folder, provider) as base:
-                assert base is not None
-                fixed["B2 bare proxy"] = fixed_rate(base, job_paths, direct_headers, rate, seconds)
-            closed = {name: rows[(name, "forwarded poll")].rps for name, _ in stores}
-            fixed.update(_gateway_fixed(folder, agent, closed, seconds, stores, steps))
-            found = open_capacity("G1 Statusgate SQLite")
-            if found > 0:
-                AT_OPEN["B0 provider"] = fixed_rate(
-                    provider, job_paths, direct_headers, FIXED * found, seconds
+            try:
+                fixed, growth = _all_rows(
+                    folder, provider, agent, job_paths, jobs, rows, stores, args, seconds, steps
                 )
-            if redis is not None:
-                _overload(folder, agent, redis, closed["G2 Statusgate Redis"], seconds)
-            growth = _growth(folder, provider, jobs, agent, rate, seconds, args.growth)
-            if redis is not None:
-                _forget(redis)
-            if postgres is not None:
-                _forget_postgres(postgres)
+            finally:
+                if redis is not None:
+                    _forget(redis)
+                if postgres is not None:
+                    _forget_postgres(postgres)
     _print(rows, fixed, growth, args.growth)
+
+
+def _all_rows(
+    folder: Path,
+    provider: str,
+    agent: dict[str, str],
+    job_paths: list[str],
+    jobs: list[str],
+    rows: dict[tuple[str, str], Result],
+    stores: list[tuple[str, str]],
+    args: argparse.Namespace,
+    seconds: float,
+    steps: int,
+) -> tuple[dict[str, Result], dict[int, Result]]:
+    """The Statusgate rows after the baselines: closed loop, the interleaved rounds, fixed
+    rates, the overload burst and growth."""
+    direct_headers = {"Authorization": f"Bearer {KEY}"}
+    redis = next((store for name, store in stores if name == targets.G2), None)
+    postgres = next((store for name, store in stores if name == targets.G3), None)
+    for name, store in stores:
+        _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
+    _paired(folder, agent, rows, 3 if args.quick else ROUNDS)
+    _interleaved(folder, provider, agent, job_paths, 3 if args.quick else ROUNDS, stores)
+    _extra_rows(folder, agent, seconds, rows, redis, postgres)
+    rate = FIXED * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
+    fixed: dict[str, Result] = {}
+    fixed["B0 provider"] = fixed_rate(provider, job_paths, direct_headers, rate, seconds)
+    with _bare(folder, provider) as base:
+        assert base is not None
+        fixed["B2 bare proxy"] = fixed_rate(base, job_paths, direct_headers, rate, seconds)
+    closed = {name: rows[(name, "forwarded poll")].rps for name, _ in stores}
+    fixed.update(_gateway_fixed(folder, agent, closed, seconds, stores, steps))
+    found = open_capacity("G1 Statusgate SQLite")
+    if found > 0:
+        AT_OPEN["B0 provider"] = fixed_rate(
+            provider, job_paths, direct_headers, FIXED * found, seconds
+        )
+    if redis is not None:
+        _overload(folder, agent, redis, closed["G2 Statusgate Redis"], seconds)
+    growth = _growth(folder, provider, jobs, agent, rate, seconds, args.growth)
+    return fixed, growth
 
 
 def _stores(folder: Path) -> tuple[list[tuple[str, str]], str | None, str | None]:
@@ -755,9 +780,13 @@ def _interleaved(
             floor = free_port()
             running.enter_context(spawn([PY, str(ROOT / "bench/floor.py"), str(floor)], floor))
             measured[targets.B3[0]] = (f"http://127.0.0.1:{floor}", job_paths, agent)
-            for name, store in stores:
+            for name, store in stores:  # each round on a store of its own, as G1's file
                 if name == targets.G1:
                     store = f"sqlite:///{folder}/round-{round_}.db"
+                else:
+                    store += f"r{round_}"  # a Redis prefix or PostgreSQL schema of its own
+                    if name == targets.G3:
+                        running.callback(_forget_postgres, store)
                 gateway, paths = running.enter_context(_serving(folder, store, agent, audit=True))
                 measured[name] = (gateway, paths, agent)
                 if name == targets.G1:
@@ -770,7 +799,7 @@ def _interleaved(
                     base, paths, headers = measured[name]
                     summed[name] += capacity(base, paths, headers, SLICE_SECONDS).rps
         for what, (a, b) in pairs.items():
-            if a in summed and b in summed:
+            if summed.get(a) and summed.get(b):  # a target that answered nothing has no ratio
                 ROUND_RATIOS.setdefault(what, []).append(summed[a] / summed[b])
 
 

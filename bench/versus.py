@@ -98,7 +98,9 @@ def _round(
     return {
         name: (
             summed[name] / SLICES,
-            spent[name] / (summed[name] * SECONDS) * 1e6 if name in forwarded else None,
+            spent[name] / (summed[name] * SECONDS) * 1e6
+            if name in forwarded and summed[name]
+            else None,
         )
         for name in names
     }
@@ -117,11 +119,10 @@ def _report(rounds: list[Figures]) -> None:
         for label, name in (("other", other), ("this", this)):
             under = base or name.replace("G3", "G1")
             if name in rounds[0] and under in rounds[0]:
-                _line(f"{what}, {label}", [r[name][0] / r[under][0] for r in rounds])
+                _line(f"{what}, {label}", _ratios(rounds, name, under))
     for what, name in (("G1 forwarded", "G1"), ("too-early", "too-early"), ("G3 forwarded", "G3")):
         if f"{name} this" in rounds[0]:
-            ratios = [r[f"{name} this"][0] / r[f"{name} other"][0] for r in rounds]
-            _line(f"{what}, this / other", ratios)
+            _line(f"{what}, this / other", _ratios(rounds, f"{name} this", f"{name} other"))
     for name in rounds[0]:
         _line(f"{name} req/s", [r[name][0] for r in rounds], "{:.0f}")
     for name, (_, per_poll) in rounds[0].items():
@@ -129,7 +130,15 @@ def _report(rounds: list[Figures]) -> None:
             _line(f"{name} CPU us a poll", [r[name][1] or 0.0 for r in rounds], "{:.0f}")
 
 
+def _ratios(rounds: list[Figures], a: str, b: str) -> list[float]:
+    """``a`` / ``b`` in each round where ``b`` answered at all."""
+    return [r[a][0] / r[b][0] for r in rounds if r[b][0]]
+
+
 def _line(what: str, figures: list[float], form: str = "{:.2f}") -> None:
+    if not figures:
+        print(f"  {what:<36} {'n/a':>8}")
+        return
     each = ", ".join(form.format(f) for f in figures)
     print(f"  {what:<36} {form.format(statistics.median(figures)):>8}  [{each}]")
 

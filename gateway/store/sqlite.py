@@ -427,7 +427,8 @@ class SQLiteStore(Store):
         for operation_id in turn.written:
             self._cache.gone(operation_id)
             if self._last_turn.get(operation_id) == turn.number:
-                del self._last_turn[operation_id]  # the file's version is the last write
+                # the file's version is an earlier turn's, committed, perhaps not yet durable
+                self._last_turn[operation_id] = self._committed_through
         for waiter in turn.waiters:
             if not waiter.done():
                 error = StoreError(f"sqlite commit: {exc}", operation="commit")

@@ -77,6 +77,7 @@ class WalSyncer:
         self._ready = False  # the helper said it is ready (whatever it was asked may have run)
         self._thread: asyncio.Future[None] | None = None  # an fsync made without a helper
         self._file = WalFile(path)  # that fsync's descriptor
+        self._without_helper = False  # fsyncs are made in the gateway (logged once)
 
     @property
     def pid(self) -> int | None:
@@ -110,6 +111,9 @@ class WalSyncer:
             raise HelperLost(reason, in_flight=False) from None
         self._failed_at = None
         self._ready = False
+        if self._without_helper:
+            self._without_helper = False
+            log.info("the fsync process of %s started again", self._path)
         assert process.stdout is not None
         os.set_blocking(process.stdout.fileno(), False)
         self._loop = asyncio.get_running_loop()
@@ -139,16 +143,34 @@ class WalSyncer:
     def _in_thread(self, done: Done, why: HelperLost) -> None:
         """No helper to ask (none could be started or reached): the fsync is made on a
         thread of the gateway's, so the writes waiting for it are delayed, never refused
-        (they are committed: refusing them would tell an agent that a saved write failed).
-        A closed syncer makes no more fsyncs."""
+        (they are committed: refusing them would tell an agent that a saved write failed);
+        where not even a thread can start, on the loop itself. A warning when this begins,
+        an info line when a helper serves again. A closed syncer makes no more fsyncs."""
         if self._closed:
             done(why)
             return
-        log.warning("%s; this fsync of %s is made on a thread instead", why, self._path)
-        thread = self._thread = asyncio.get_running_loop().run_in_executor(None, self._file.sync)
+        if not self._without_helper:
+            self._without_helper = True
+            log.warning(
+                "%s; fsyncs of %s are made in the gateway until one starts", why, self._path
+            )
+        loop = asyncio.get_running_loop()
+        try:
+            thread = self._thread = loop.run_in_executor(None, self._file.sync)
+        except RuntimeError:  # no thread can start either (the machine is out of them)
+            self._thread = None
+            try:
+                self._file.sync()
+            except OSError as exc:
+                loop.call_soon(done, exc)
+            else:
+                loop.call_soon(done, None)
+            return
 
         def ended(future: asyncio.Future[None]) -> None:
             self._thread = None
+            if self._closed:  # close stopped waiting for it: the descriptor is free now
+                self._file.close()
             error = future.exception()
             if error is None or isinstance(error, OSError):
                 done(error)
@@ -214,13 +236,15 @@ class WalSyncer:
 
     def _reap(self, process: subprocess.Popen[bytes]) -> None:
         """Wait for a killed helper without blocking the loop (one in an fsync on a hung
-        disk ends only when the disk answers)."""
+        disk ends only when the disk answers); outside a running loop, wait for it."""
         if process.poll() is not None:
             return
-        if self._loop is None or self._loop.is_closed():
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
             process.wait()
             return
-        self._loop.call_later(REAP_EVERY, self._reap, process)
+        loop.call_later(REAP_EVERY, self._reap, process)
 
     async def close(self) -> None:
         """End the helper: its input closed, it exits (after an fsync it was making); killed

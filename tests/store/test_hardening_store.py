@@ -355,6 +355,59 @@ async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(tmp_path
         await store.close()
 
 
+async def test_sqlite_a_rolled_back_write_leaves_the_last_ones_fsync_to_wait_for(
+    tmp_path: Path,
+) -> None:
+    """A turn that ended an operation is committed and its fsync is still running when the
+    next turn, writing the same record again, is rolled back (a full disk): a reader then
+    gets the file's version, the ended one, only once that fsync is done, as before the
+    rollback."""
+    held = threading.Event()
+    holding = threading.Event()
+
+    def slow(fd: int) -> None:
+        if holding.is_set():
+            held.wait(10)
+        os.fsync(fd)
+
+    make, _ = thread_synced(slow)
+    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make)
+    await store.open()
+    try:
+        first = await store.create(op(1))
+        await store.acquire_lease("lease", "t", 0.0, 60.0)
+        holding.set()
+
+        def ended(current: OperationRecord) -> tuple[OperationRecord, str]:
+            return current.evolve(outcome=Outcome.SUCCEEDED, ended_at=1.0), "ended"
+
+        finishing = asyncio.ensure_future(
+            store.finish_poll(
+                "op_1", ended, known=first, lease="lease", token="t", durable=lambda r: True
+            )
+        )
+        await asyncio.sleep(0.05)  # committed; its fsync is held
+        current = store._cache.get("op_1")
+        assert current is not None and current.outcome is Outcome.SUCCEEDED
+        saving = asyncio.ensure_future(store.save(current))
+        await asyncio.sleep(0)  # the save wrote in this turn; its commit is queued after us
+        assert store._turn is not None
+        store._abort(store._turn, sqlite3.OperationalError("database or disk is full"))
+        with pytest.raises(StoreError, match="full"):
+            await saving
+        reading = asyncio.ensure_future(store.get("op_1"))
+        await asyncio.sleep(0.2)
+        assert not finishing.done() and not reading.done()
+        held.set()
+        assert await asyncio.wait_for(finishing, 5) == "ended"
+        read = await asyncio.wait_for(reading, 5)
+        assert read is not None and read.outcome is Outcome.SUCCEEDED
+        assert read.version == current.version
+    finally:
+        held.set()
+        await store.close()
+
+
 async def test_sqlite_killed_after_a_pending_answer_before_its_commit(tmp_path: Path) -> None:
     """The window the pending answer's early reply opens: the gateway answered "running"
     and died before the turn's commit. What the disk then holds (the files copied in that

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import signal
 import subprocess
@@ -190,6 +191,7 @@ async def test_a_helper_lost_mid_fsync_stops_the_store_and_one_that_cannot_start
     the fsyncs are its own. A helper killed with an fsync in flight leaves that fsync's
     outcome (and any disk error it met) unknown: the store stops until a restart, as after
     a failed fsync."""
+    caplog.set_level(logging.INFO, logger="statusgate")
     store = SQLiteStore(str(tmp_path / "g.db"))
     await store.open()
     try:
@@ -208,14 +210,20 @@ async def test_a_helper_lost_mid_fsync_stops_the_store_and_one_that_cannot_start
             await asyncio.sleep(0.01)
         assert await store.save(first)
         assert syncer.pid is None
-        assert "cannot start the fsync process: Resource temporarily unavailable" in caplog.text
-        assert "made on a thread instead" in caplog.text
         current = await store.get("op_1")
         assert current is not None and current.version == first.version + 1
+        assert await store.save(current)  # within RESTART_WAIT: on a thread, not warned again
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warned == [
+            "cannot start the fsync process: Resource temporarily unavailable; fsyncs of "
+            f"{tmp_path / 'g.db'}-wal are made in the gateway until one starts"
+        ]
         monkeypatch.setattr(subprocess, "Popen", real_popen)
         await asyncio.sleep(RESTART_WAIT)
-        assert await store.save(current)
+        current = await store.get("op_1")
+        assert current is not None and await store.save(current)
         assert syncer.pid is not None
+        assert f"the fsync process of {tmp_path / 'g.db'}-wal started again" in caplog.text
         current = await store.get("op_1")
         assert current is not None
         await _lost_under(store, syncer, current)
@@ -224,6 +232,33 @@ async def test_a_helper_lost_mid_fsync_stops_the_store_and_one_that_cannot_start
     finally:
         monkeypatch.undo()
         await store.close()
+
+
+async def test_without_a_process_or_a_thread_the_fsync_is_made_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine out of process slots is often out of threads too: the fsync is then made
+    on the loop itself (a blocking fsync, better than a write that never hears back), and
+    its outcome still reaches the caller."""
+    wal = tmp_path / "g.db-wal"
+    wal.write_bytes(b"frames")
+    syncer = WalSyncer(str(wal))
+    loop = asyncio.get_running_loop()
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    def no_thread(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    monkeypatch.setattr(loop, "run_in_executor", no_thread)
+    await asyncio.wait_for(synced(syncer), 5)
+    wal.unlink()  # an error still comes back as its OSError (here: the file is gone)
+    syncer._file.close()
+    with pytest.raises(FileNotFoundError):
+        await asyncio.wait_for(synced(syncer), 5)
+    await syncer.close()
 
 
 async def test_a_helper_that_dies_as_it_starts_was_asked_nothing(tmp_path: Path) -> None:
