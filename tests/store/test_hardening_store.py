@@ -5,13 +5,14 @@ SQLite file belongs to one store at a time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -303,11 +304,12 @@ async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(tmp_path: P
         await again.close()
 
 
-async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(tmp_path: Path) -> None:
-    """The answer that ends an operation is written and answered only once durable; a
-    reader of that record meanwhile (another agent's status call) waits for the same
-    fsync, never answering from an outcome the disk may not hold. A still-pending answer
-    (finish_poll's ``durable`` says so) is answered before its fsync."""
+@contextlib.asynccontextmanager
+async def fsync_held(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[SQLiteStore, OperationRecord, threading.Event]]:
+    """A SQLite store, its record op_1 (created, leased), and an event: every fsync after
+    op_1's creation waits until the event is set (at the end, whatever happens)."""
     held = threading.Event()
     holding = threading.Event()
 
@@ -323,26 +325,38 @@ async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(tmp_path
         first = await store.create(op(1))
         await store.acquire_lease("lease", "t", 0.0, 60.0)
         holding.set()
+        yield store, first, held
+    finally:
+        held.set()
+        await store.close()
 
-        def running(current: OperationRecord) -> tuple[OperationRecord, str]:
+
+def finish(store: SQLiteStore, known: OperationRecord, outcome: Outcome) -> asyncio.Future[str]:
+    """finish_poll of op_1 with an answer that leaves it ``outcome`` (pending answers are
+    not awaited for durability, as the poll flow passes them)."""
+
+    def answered(current: OperationRecord) -> tuple[OperationRecord, str]:
+        if outcome is Outcome.PENDING:
             return current.evolve(last_known_state="running"), "pending"
+        return current.evolve(outcome=outcome, ended_at=1.0), "ended"
 
-        pending = await asyncio.wait_for(
-            store.finish_poll(
-                "op_1", running, known=first, lease="lease", token="t", durable=lambda r: False
-            ),
-            1.0,
+    durable = outcome is not Outcome.PENDING
+    return asyncio.ensure_future(
+        store.finish_poll(
+            "op_1", answered, known=known, lease="lease", token="t", durable=lambda r: durable
         )
+    )
+
+
+async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(tmp_path: Path) -> None:
+    """The answer that ends an operation is written and answered only once durable; a
+    reader of that record meanwhile (another agent's status call) waits for the same
+    fsync, never answering from an outcome the disk may not hold. A still-pending answer
+    (finish_poll's ``durable`` says so) is answered before its fsync."""
+    async with fsync_held(tmp_path) as (store, first, held):
+        pending = await asyncio.wait_for(finish(store, first, Outcome.PENDING), 1.0)
         assert pending == "pending"  # answered with its fsync still held
-
-        def ended(current: OperationRecord) -> tuple[OperationRecord, str]:
-            return current.evolve(outcome=Outcome.SUCCEEDED, ended_at=1.0), "ended"
-
-        finishing = asyncio.ensure_future(
-            store.finish_poll(
-                "op_1", ended, known=first, lease="lease", token="t", durable=lambda r: True
-            )
-        )
+        finishing = finish(store, first, Outcome.SUCCEEDED)
         reading = asyncio.ensure_future(store.get("op_1"))
         await asyncio.sleep(0.2)
         assert not finishing.done() and not reading.done()
@@ -350,9 +364,6 @@ async def test_sqlite_hands_out_an_ended_record_only_once_it_is_durable(tmp_path
         assert await asyncio.wait_for(finishing, 5) == "ended"
         read = await asyncio.wait_for(reading, 5)
         assert read is not None and read.outcome is Outcome.SUCCEEDED
-    finally:
-        held.set()
-        await store.close()
 
 
 async def test_sqlite_a_rolled_back_write_leaves_the_last_ones_fsync_to_wait_for(
@@ -362,30 +373,8 @@ async def test_sqlite_a_rolled_back_write_leaves_the_last_ones_fsync_to_wait_for
     next turn, writing the same record again, is rolled back (a full disk): a reader then
     gets the file's version, the ended one, only once that fsync is done, as before the
     rollback."""
-    held = threading.Event()
-    holding = threading.Event()
-
-    def slow(fd: int) -> None:
-        if holding.is_set():
-            held.wait(10)
-        os.fsync(fd)
-
-    make, _ = thread_synced(slow)
-    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make)
-    await store.open()
-    try:
-        first = await store.create(op(1))
-        await store.acquire_lease("lease", "t", 0.0, 60.0)
-        holding.set()
-
-        def ended(current: OperationRecord) -> tuple[OperationRecord, str]:
-            return current.evolve(outcome=Outcome.SUCCEEDED, ended_at=1.0), "ended"
-
-        finishing = asyncio.ensure_future(
-            store.finish_poll(
-                "op_1", ended, known=first, lease="lease", token="t", durable=lambda r: True
-            )
-        )
+    async with fsync_held(tmp_path) as (store, first, held):
+        finishing = finish(store, first, Outcome.SUCCEEDED)
         await asyncio.sleep(0.05)  # committed; its fsync is held
         current = store._cache.get("op_1")
         assert current is not None and current.outcome is Outcome.SUCCEEDED
@@ -403,9 +392,6 @@ async def test_sqlite_a_rolled_back_write_leaves_the_last_ones_fsync_to_wait_for
         read = await asyncio.wait_for(reading, 5)
         assert read is not None and read.outcome is Outcome.SUCCEEDED
         assert read.version == current.version
-    finally:
-        held.set()
-        await store.close()
 
 
 async def test_sqlite_killed_after_a_pending_answer_before_its_commit(tmp_path: Path) -> None:
