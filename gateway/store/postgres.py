@@ -124,12 +124,6 @@ class PostgresStore(Store):
         self._checking: asyncio.Task[None] | None = None
         self._start_sql = _START.format(s=self._s, cas=_CAS)
         self._finish_sql = f"SELECT {self._s}.sg_finish(%s, %s, {_CAS})"
-        # the same, committed without waiting for the WAL flush (set_config local to the
-        # statement's own transaction: safe behind PgBouncer's transaction pooling)
-        self._lazy_sql = (
-            f"SELECT {self._s}.sg_finish(%s, %s, {_CAS}),"
-            " set_config('synchronous_commit', 'off', true)"
-        )
         self._cas_sql = f"SELECT {self._s}.sg_cas({_CAS})"
         self._index_sql = (
             f"INSERT INTO {self._s}.result_values SELECT %s::text, %s::text, v, %s::text"
@@ -138,7 +132,6 @@ class PostgresStore(Store):
         self._prepare = prepare
         self._start_st = Statement.of("sg_start", self._start_sql)
         self._finish_st = Statement.of("sg_finish", self._finish_sql)
-        self._lazy_st = Statement.of("sg_finish_lazy", self._lazy_sql)
         self._cas_st = Statement.of("sg_cas", self._cas_sql)
         self._index_st = Statement.of("sg_index", self._index_sql)
         self._get_st = Statement.of(
@@ -155,7 +148,7 @@ class PostgresStore(Store):
             " unnest(%s::text[], %s::text[], %s::text[]) AS j (a, p, k)"
             " ON o.account = j.a AND o.provider = j.p AND o.provider_job_id = j.k",
         )
-        hot = (self._start_st, self._finish_st, self._lazy_st, self._cas_st, self._index_st)
+        hot = (self._start_st, self._finish_st, self._cas_st, self._index_st)
         self._turns = Turns(
             self._turn_connection,
             (*hot, self._get_st, self._find_st, self._finds_st),
@@ -206,13 +199,14 @@ class PostgresStore(Store):
         except (psycopg.Error, OSError, TimeoutError) as exc:
             raise self._failed(operation, exc) from exc
 
-    async def _turn(self, operation: str, *calls: Call) -> list[Rows]:
+    async def _turn(self, operation: str, *calls: Call, flush: bool = True) -> list[Rows]:
         """The rows of each of ``calls``, sent in this turn's pipeline (one transaction
-        for them all), within ``timeout``."""
+        for them all), within ``timeout``; ``flush=False`` when the commit need not wait
+        for the WAL flush (a read, or a write a database crash may cost)."""
         if not self._opened:
             raise StoreError(f"postgresql {operation}: the store is not open", operation=operation)
         try:
-            return await self._turns.call(*calls)
+            return await self._turns.call(*calls, flush=flush)
         except (psycopg.Error, OSError, TimeoutError) as exc:
             raise self._failed(operation, exc) from exc
 
@@ -375,7 +369,7 @@ class PostgresStore(Store):
         return existing
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        [rows] = await self._turn("get", (self._get_st, (operation_id,)))
+        [rows] = await self._turn("get", (self._get_st, (operation_id,)), flush=False)
         return self._seen(load(rows[0]) if rows else None)
 
     def _seen(self, record: OperationRecord | None) -> OperationRecord | None:
@@ -394,10 +388,10 @@ class PostgresStore(Store):
 
     async def _find_many(self, jobs: list[Job]) -> dict[Job, OperationRecord]:
         if len(jobs) == 1:
-            [rows] = await self._turn("find", (self._find_st, jobs[0]))
+            [rows] = await self._turn("find", (self._find_st, jobs[0]), flush=False)
         else:
             columns = tuple(list(column) for column in zip(*jobs, strict=True))
-            [rows] = await self._turn("find", (self._finds_st, columns))
+            [rows] = await self._turn("find", (self._finds_st, columns), flush=False)
         records = [record for row in rows if (record := load(row)) is not None]
         return {(r.account, r.provider, r.provider_job_id): r for r in records}
 
@@ -690,9 +684,11 @@ class PostgresStore(Store):
         new, result = change(known)
         if new is not None:
             # the index in the write's transaction (a lost write leaves rows find_result ignores)
-            finish = self._finish_st if durable is None or durable(result) else self._lazy_st
             answers = await self._turn(
-                "save", *self._indexed(new), (finish, (lease, token, *cas_args(new)))
+                "save",
+                *self._indexed(new),
+                (self._finish_st, (lease, token, *cas_args(new))),
+                flush=durable is None or durable(result),
             )
             answer = _integer(answers[-1])
             if answer != -3 and self._wrote(new, answer):

@@ -8,10 +8,21 @@ turn's finds) to the next pipeline and returns the future of their rows. What it
   pipeline out, go together as one pipeline on one connection: written at once, answered in
   the order sent. With two connections a turn's pipeline goes while the one before still
   waits for its answers.
-- A caller's statements end with a Sync of their own, so they are one implicit transaction
-  (autocommit): a caller with one statement has exactly the transaction it had on a pooled
-  connection. A statement that fails fails its own caller only, with its error; the
-  callers in the same pipeline are answered as if it had not been there.
+- A caller's statements are one transaction, and so are its neighbours': the callers of one
+  pipeline are grouped, each group one implicit transaction (one Sync, one commit, one WAL
+  flush) instead of one each. Those that asked for no flush (``flush=False``: reads, and
+  writes a crash may cost) go first as one group, committed with ``synchronous_commit``
+  off; the rest after them as another. Callers given in the same turn are concurrent, so
+  this order among them is as good as any other (each sees the others' writes or not, as
+  it would with any interleaving of its own transaction).
+- A statement that fails fails its own caller only, with its error: its group is rolled
+  back (the database undid all of it), and its callers are sent again in the next round
+  trip on the same connection, one transaction each, so the others are answered as if it
+  had not been there. A group waits at most ``GROUP_LOCK_WAIT`` for a row lock
+  (``lock_timeout``, local to its transaction) before it is rolled back and sent again so:
+  two groups that hold rows the other wants (two replicas polling one operation, a
+  provider's pacing row) cannot wait on each other for long, and single transactions
+  take their locks one statement at a time, as before grouping.
 - Every caller hears within ``timeout`` of its call: a pipeline's deadline is its first
   caller's call plus ``timeout``, one timer a pipeline (none a call). A pipeline past its
   deadline, or whose connection breaks, fails every caller not answered yet. Its
@@ -19,7 +30,7 @@ turn's finds) to the next pipeline and returns the future of their rows. What it
   then fails at its next write (the answer to a Sync) and ends, so statements queued
   behind a stuck one mostly never run, though one may still commit. Nothing is ever sent
   twice: a statement whose outcome is unknown (it may have committed: a reservation) is an
-  error to its caller.
+  error to its caller. Only a group the database reported rolled back is sent again.
 - A connection is opened again by the next pipeline that needs it, within that pipeline's
   deadline; one the server closed while idle (a restart, ``pg_terminate_backend``) is
   noticed before anything is sent on it, so a restarted database costs no caller an error.
@@ -49,6 +60,7 @@ Answer = asyncio.Future[list[Rows]]
 BOUND = 1024  # statements waiting for their pipeline
 LINKS = 8  # connections (see docs/postgres.md: each commit waits for its own WAL flush)
 CANCEL_WAIT = 0.2  # seconds an abandoned pipeline's callers wait for its cancel to land
+GROUP_LOCK_WAIT = "100ms"  # a group's lock_timeout (a lone caller waits as long as it must)
 
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
@@ -75,7 +87,17 @@ class Statement:
 
 Call = tuple[Statement, Sequence[Any]]
 Sent = tuple[Statement, list[bytes | None]]
-Waiting = tuple[tuple[Sent, ...], Answer]
+Waiting = tuple[tuple[Sent, ...], Answer, bool]  # a caller's statements, answer, flush
+
+# A group's first statement: its transaction's settings, local to it (so safe behind
+# PgBouncer's transaction pooling). None for a lone caller that needs the flush.
+_LAZY = Statement.of("sg_turns_lazy", "SELECT set_config('synchronous_commit', 'off', true)")
+_GROUP = Statement.of("sg_turns_group", "SELECT set_config('lock_timeout', %s, true)")
+_LAZY_GROUP = Statement.of(
+    "sg_turns_lazy_group",
+    "SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', %s, true)",
+)
+_SETTINGS = (_LAZY, _GROUP, _LAZY_GROUP)
 
 
 class Overloaded(psycopg.OperationalError):
@@ -153,7 +175,7 @@ class Turns:
         """``connect`` opens one connection (autocommit, its session set up); ``statements``
         are prepared on each connection when ``prepare``, else sent unnamed every time."""
         self._connect = connect
-        self._statements = tuple(statements)
+        self._statements = (*statements, *_SETTINGS)
         self._prepare = prepare
         self._timeout = timeout
         self._bound = bound
@@ -165,6 +187,7 @@ class Turns:
         self._starting = False  # a link's task is created and has not taken its batch yet
         self._tasks: set[asyncio.Task[None]] = set()
         self.pipelines = 0  # pipelines sent so far (one round trip each)
+        self.resends = 0  # rounds of callers sent again, one transaction each
 
     async def open(self) -> None:
         """Open every connection now, so the first calls do not wait for it; one that
@@ -178,9 +201,10 @@ class Turns:
         except (psycopg.Error, OSError, TimeoutError):
             link.conn = None
 
-    def call(self, *calls: Call) -> Answer:
+    def call(self, *calls: Call, flush: bool = True) -> Answer:
         """The future of each statement's rows, sent with the rest of this turn's; it
-        raises the first error among them, or the pipeline's."""
+        raises the first error among them, or the pipeline's. ``flush=False``: the commit
+        need not wait for the WAL flush (a read, or a write a database crash may cost)."""
         if self._count and self._count + len(calls) > self._bound:  # alone, any size
             raise Overloaded(f"{self._count} statements already waiting for the database")
         loop = asyncio.get_running_loop()
@@ -188,7 +212,7 @@ class Turns:
         sent = tuple((statement, [encode(a) for a in args]) for statement, args in calls)
         if not self._queued:
             self._since = loop.time()
-        self._queued.append((sent, answer))
+        self._queued.append((sent, answer, flush))
         self._count += len(calls)
         if self._idle and not self._starting:
             self._start(loop)
@@ -250,39 +274,73 @@ class Turns:
         return conn
 
     async def _exchange(self, pgconn: pq.abc.PGconn, batch: list[Waiting]) -> None:
-        """Send the batch as one pipeline, a Sync after each caller's statements, and
-        answer each caller as its results come back."""
+        """Send the batch as one pipeline of at most two groups (no flush first), answer
+        each caller when its group has committed, and send the callers of a group that was
+        rolled back again, one transaction each."""
         batch = [waiting for waiting in batch if not waiting[1].done()]  # cancelled: unsent
         if not batch:
             return
-        for sent, _ in batch:
-            for statement, params in sent:
-                if self._prepare:
-                    pgconn.send_query_prepared(statement.name, params)
-                else:
-                    pgconn.send_query_params(statement.sql, params)
-            pgconn.pipeline_sync()
+        groups = [g for g in ([w for w in batch if not w[2]], [w for w in batch if w[2]]) if g]
+        for group in groups:
+            self._send(pgconn, group)
         self.pipelines += 1
         await _flush(pgconn)
-        for sent, answer in batch:
+        again = [w for group in groups if not await self._answer(pgconn, group) for w in group]
+        again = [waiting for waiting in again if not waiting[1].done()]
+        if again:
+            for waiting in again:
+                self._send(pgconn, [waiting])
+            self.resends += 1
+            await _flush(pgconn)
+            for waiting in again:
+                await self._answer(pgconn, [waiting])
+
+    def _send(self, pgconn: pq.abc.PGconn, group: list[Waiting]) -> None:
+        """One group's statements, after its settings, and its Sync (queued, not flushed)."""
+        settings = _settings(group)
+        if settings is not None:
+            self._queue(pgconn, settings)
+        for sent, _, _ in group:
+            for statement, params in sent:
+                self._queue(pgconn, (statement, params))
+        pgconn.pipeline_sync()
+
+    def _queue(self, pgconn: pq.abc.PGconn, sent: Sent) -> None:
+        statement, params = sent
+        if self._prepare:
+            pgconn.send_query_prepared(statement.name, params)
+        else:
+            pgconn.send_query_params(statement.sql, params)
+
+    async def _answer(self, pgconn: pq.abc.PGconn, group: list[Waiting]) -> bool:
+        """Read one group's results through its Sync and answer its callers; False, with
+        nobody answered, when a group of several failed (rolled back: send it again)."""
+        failed = False
+        if _settings(group) is not None:
+            failed = (await _outcome(pgconn))[1] is not None
+        outcomes: list[tuple[list[Rows], Exception | None]] = []
+        for sent, _, _ in group:
             rows: list[Rows] = []
             error: Exception | None = None
             for _ in sent:
-                result = await _result(pgconn)
-                if result is not None and result.status in _OK:
-                    rows.append(_rows(result))
+                got, problem = await _outcome(pgconn)
+                if got is not None:
+                    rows.append(got)
                 elif error is None:  # the statements after it in its Sync were not run
-                    error = _error(result, pgconn)
-                    if pgconn.status == _BAD:
-                        raise error  # the connection broke: every answer left is unknown
-                await _end(pgconn)
-            await _synced(pgconn)
+                    error = problem
+            failed = failed or error is not None
+            outcomes.append((rows, error))
+        await _synced(pgconn)
+        if failed and len(group) > 1:
+            return False
+        for (_, answer, _), (rows, error) in zip(group, outcomes, strict=True):
             if answer.done():  # its caller was cancelled
                 continue
             if error is None:
                 answer.set_result(rows)
             else:
                 answer.set_exception(error)
+        return True
 
     async def _drop(self, link: _Link, *, abandon: bool = False) -> None:
         """Close the link's connection; when ``abandon``ed with statements out, reset it
@@ -329,6 +387,29 @@ async def _result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
         await _ready(pgconn.socket, write=False)
         pgconn.consume_input()
     return pgconn.get_result()
+
+
+async def _outcome(pgconn: pq.abc.PGconn) -> tuple[Rows | None, Exception | None]:
+    """One statement's rows, or its error; raised when the connection broke (every
+    answer left is unknown)."""
+    result = await _result(pgconn)
+    if result is not None and result.status in _OK:
+        outcome: tuple[Rows | None, Exception | None] = (_rows(result), None)
+    else:
+        error = _error(result, pgconn)
+        if pgconn.status == _BAD:
+            raise error
+        outcome = (None, error)
+    await _end(pgconn)
+    return outcome
+
+
+def _settings(group: list[Waiting]) -> Sent | None:
+    """The statement that opens ``group``'s transaction, if any."""
+    lazy, several = not group[0][2], len(group) > 1
+    if several:
+        return (_LAZY_GROUP if lazy else _GROUP), [GROUP_LOCK_WAIT.encode()]
+    return (_LAZY, []) if lazy else None
 
 
 async def _end(pgconn: pq.abc.PGconn) -> None:
@@ -398,6 +479,6 @@ def _reset_on_close(fd: int) -> None:
 
 
 def _fail(batch: list[Waiting], exc: BaseException) -> None:
-    for _, answer in batch:
+    for _, answer, _ in batch:
         if not answer.done():
             answer.set_exception(exc)

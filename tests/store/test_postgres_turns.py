@@ -97,7 +97,9 @@ async def test_one_turns_statements_go_in_one_pipeline(postgres_url: str) -> Non
 async def test_a_failing_statement_fails_its_own_caller_only(postgres_url: str) -> None:
     """A write whose statement fails in the database (a budget out of the integer range)
     raises StoreError for its caller; the reads and writes sent in the same pipeline go
-    through. A parameter the database could not take (NUL) is refused before sending."""
+    through (the failed write's group rolled back and sent again, one transaction each,
+    in one more round trip). A parameter the database could not take (NUL) is refused
+    before sending."""
     store, records = await opened(postgres_url, 5)
     try:
         sent = store._turns.pipelines
@@ -110,12 +112,13 @@ async def test_a_failing_statement_fails_its_own_caller_only(postgres_url: str) 
             store.get("op_4"),
             return_exceptions=True,
         )
-        assert store._turns.pipelines == sent + 1
+        assert store._turns.pipelines == sent + 1 and store._turns.resends == 1
         assert answers[0] == records[0]
         assert isinstance(answers[1], StoreError)
         assert isinstance(answers[4], StoreError) and "out of range" in str(answers[4])
         assert answers[2:4] + answers[5:7] == [True] * 4
-        assert answers[7] == records[4].evolve(early_refusals=1, version=2)
+        assert answers[7] == records[4]  # a read of the same turn: its group went first
+        assert await store.get("op_4") == records[4].evolve(early_refusals=1, version=2)
         assert await store.get("op_2") == records[2]
     finally:
         await store.close()
@@ -142,6 +145,85 @@ async def test_a_callers_statements_are_one_transaction(counters: tuple[str, str
         assert turns.pipelines == 1
     finally:
         await turns.aclose()
+
+
+async def test_a_pipelines_callers_commit_together(postgres_base_url: str) -> None:
+    """The callers of one pipeline are two transactions, not one each: those that need no
+    WAL flush commit together with synchronous_commit off, the rest together with it on."""
+    xact = Statement.of(
+        "xact",
+        "SELECT pg_current_xact_id()::text, current_setting('synchronous_commit'),"
+        " current_setting('lock_timeout')",
+    )
+    turns = turns_on(postgres_base_url.split("?", 1)[0], xact, links=1)
+    try:
+        await turns.open()
+        answers = await asyncio.gather(
+            *(turns.call((xact, ()), flush=n % 2 == 0) for n in range(6)),
+            turns.call((xact, ()), flush=False),
+        )
+        rows = [answer[0][0] for answer in answers]
+        flushed, lazy = {rows[n] for n in (0, 2, 4)}, {rows[n] for n in (1, 3, 5, 6)}
+        assert len(flushed) == 1 and len(lazy) == 1 and flushed != lazy
+        assert [row[1:] for row in (*flushed, *lazy)] == [(b"on", b"100ms"), (b"off", b"100ms")]
+        assert turns.pipelines == 1 and turns.resends == 0
+        alone = await turns.call((xact, ()))  # a lone caller: the session's own settings
+        assert alone[0][0][1:] == (b"on", b"0")
+    finally:
+        await turns.aclose()
+
+
+async def test_a_group_held_up_by_a_lock_is_sent_again_alone(counters: tuple[str, str]) -> None:
+    """A group that waits on a row lock longer than GROUP_LOCK_WAIT is rolled back and its
+    callers sent again one transaction each; they wait for the lock as long as they must
+    and each write commits exactly once."""
+    base, table = counters
+    bump = Statement.of("bump", f"UPDATE {table} SET n = n + 1 WHERE id = 1 RETURNING n")
+    turns = turns_on(base, bump, links=1)
+    try:
+        await turns.open()
+        with psycopg.connect(base, autocommit=True) as holder:
+            with holder.transaction():
+                holder.execute(f"SELECT 1 FROM {table} WHERE id = 1 FOR UPDATE")
+                calls = [asyncio.ensure_future(turns.call((bump, ()))) for _ in range(3)]
+                await asyncio.sleep(0.3)  # past the group's lock_timeout, within its deadline
+            answers = await asyncio.gather(*calls)
+        assert sorted(answer[0][0][0] for answer in answers) == [b"1", b"2", b"3"]
+        assert counted(base, table) == 3
+        assert turns.pipelines == 1 and turns.resends == 1
+    finally:
+        await turns.aclose()
+
+
+async def test_two_groups_locking_in_opposite_orders_both_go_through(
+    counters: tuple[str, str],
+) -> None:
+    """Two replicas' pipelines, each one group taking the same two rows in the opposite
+    order, would deadlock until deadlock_timeout (1 s, past every caller's deadline): the
+    group's lock_timeout ends the wait at once, and every write commits exactly once."""
+    base, table = counters
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {table} VALUES (2, 0)")
+    bump = Statement.of(
+        "bump", f"UPDATE {table} SET n = n + 1 WHERE id = %s RETURNING pg_sleep(0.05)::text"
+    )
+    one, two = turns_on(base, bump, links=1), turns_on(base, bump, links=1)
+    try:
+        await asyncio.gather(one.open(), two.open())
+        started = time.perf_counter()
+        answers = await asyncio.gather(
+            one.call((bump, (1,))),
+            one.call((bump, (2,))),
+            two.call((bump, (2,))),
+            two.call((bump, (1,))),
+        )
+        assert len(answers) == 4 and time.perf_counter() - started < 0.9
+        with psycopg.connect(base, autocommit=True) as conn:
+            rows = conn.execute(f"SELECT id, n FROM {table} ORDER BY id").fetchall()
+        assert rows == [(1, 2), (2, 2)]
+        assert one.resends + two.resends >= 1
+    finally:
+        await asyncio.gather(one.aclose(), two.aclose())
 
 
 async def test_a_caller_cancelled_before_its_pipeline_went_sends_nothing(

@@ -581,10 +581,10 @@ async def test_finds_in_one_loop_turn_share_one_query(pg: Any) -> None:
     queries = 0
     real = pg._turn
 
-    async def counted(*args: Any) -> Any:
+    async def counted(*args: Any, **kw: Any) -> Any:
         nonlocal queries
         queries += len(args) - 1  # the statements after the operation's name
-        return await real(*args)
+        return await real(*args, **kw)
 
     pg._turn = counted
     sent = pg._turns.pipelines
