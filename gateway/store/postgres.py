@@ -14,7 +14,9 @@ background), the one all replicas share.
 
 The hot statements (a poll's ``sg_start`` and ``sg_finish``, ``sg_cas``, ``get``, the
 turn's finds) go through postgres_turns.Turns: one pipeline per turn of the event loop on
-connections of their own, each caller's statements its own implicit transaction. The rest
+connections of their own, the callers of a pipeline grouped into two implicit transactions
+(those that need no WAL flush, then the rest; a failed group sent again one caller a
+transaction). The rest
 (create, idempotency, leases, lists, purge, the locked fallbacks, the clock) take a pooled
 connection.
 
