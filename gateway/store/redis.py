@@ -155,8 +155,9 @@ class RedisStore(Store):
                 max_connections=1,
                 socket_timeout=timeout,
                 socket_connect_timeout=timeout,
-                # again once on a broken connection (a restarted Redis), never after a
-                # timeout: the pipeline may have run, and its scripts must not run twice
+                # opening the connection (connect and handshake) again once on a connection
+                # error; Turns never sends a pipeline twice: once written it may have run,
+                # and its scripts must not run twice (see redis_turns.py)
                 retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
                 **QUIET_CONNECT,
             )

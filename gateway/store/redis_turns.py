@@ -8,15 +8,28 @@ reads) to the one pipeline that goes next. What it guarantees:
   together as the next pipeline (``transaction=False``: not atomic together, each command
   is). A caller's commands go in its order, next to each other (WAIT aside, below), and
   only after every command a caller was answered for: Redis runs them in the order asked.
-- Each caller gets its own answers; a command that fails in Redis (a script's error,
-  WRONGTYPE) fails its own caller only, with that error.
+- Each caller gets its own answers, as redis-py's own pipeline would give them (the same
+  decoding, the client's response callbacks); a command that fails in Redis (a script's
+  error, WRONGTYPE) fails its own caller only, with the exception redis-py raises for it.
 - Scripts go as EVALSHA with the sha computed here (``script``), never SCRIPT EXISTS or
   LOAD per pipeline. After NOSCRIPT (Redis restarted or its scripts flushed) the scripts are
   loaded and only the commands that got NOSCRIPT are sent again, once, in one more round
   trip; so a script should be its caller's last command (the others ran before it).
-- A pipeline that fails as a whole (timeout, connection refused or reset, after the
-  client's own retry) fails every caller in it, and every caller that queued behind it:
+- A pipeline that fails as a whole (no complete answer within the connection's
+  ``socket_timeout``: redis-py's TimeoutError; refused, reset or closed: its
+  ConnectionError) fails every caller in it, and every caller that queued behind it:
   nobody waits through two timeouts of a Redis that does not answer.
+- Nothing is sent twice. A pipeline's bytes go to the socket once: whatever happens after
+  (a timeout, a reset, the server closing), Redis may have run it (a script spends a
+  status request), so its callers get the error. Only opening the connection is tried
+  again, by redis-py's ``connect`` under the client's Retry (the store's: once, on a
+  ConnectionError), before anything is written. A connection the server closed while idle
+  (a restart, CLIENT KILL) is noticed before the next pipeline is written on it and opened
+  again, so a restarted Redis costs no caller an error (unless the close reaches us in the
+  very turn a pipeline goes out). redis-py's pipeline sent the whole pipeline again on a
+  ConnectionError while reading its answers too, which could run its scripts twice.
+- A pipeline that fails as a whole drops its connection (the socket aborted, its parser
+  thrown away): a late answer is never read, let alone given to a later caller.
 - At most ``bound`` commands wait for their pipeline; past that a caller is refused at once
   (``Overloaded``) instead of queueing behind a Redis that cannot keep up. A call that
   finds nothing waiting is taken whatever its size (one turn's batch of reads can be
@@ -26,28 +39,149 @@ reads) to the one pipeline that goes next. What it guarantees:
   timeout), after its other commands, and their callers share the answer. A replica that
   does not acknowledge holds up one pipeline by WAIT's timeout, not one per caller.
 
+How it talks: redis-py's own ``Connection`` (the client's pool's: any URL the store takes,
+TCP, TLS, unix socket) connects and does the handshake (HELLO, AUTH, SELECT, the connect
+timeout). The pipeline's I/O is done here on that connection's streams, not by redis-py's
+Pipeline and Retry: one write of all the packed commands, every answer parsed by one
+``hiredis.Reader`` a connection, built as redis-py builds its own (its error mapping, its
+decoding), and one timeout a pipeline rather than one a reply. The streams and the error
+mapping are private members of redis-py: ``_redis_py_wire`` is the one place reaching for
+them, and a test fails if they are gone.
+
 It never opens a transaction and must not be given blocking commands other than WAIT.
 Redis Cluster is not served here: its pipelines split by node (the store keeps its pool
-path).
+path). RESP3 push messages are skipped, not handled: nothing here subscribes, and the
+maintenance notifications redis-py asks a server for at connect (where it has them) go
+unheeded, so a node that moves breaks the connection and the next pipeline reopens it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, cast
 
+import hiredis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import InvalidResponse, NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Command = tuple[str | int | float | bytes, ...]
 Waiting = tuple[tuple[Command, ...], asyncio.Future[list[Any]]]
 BOUND = 1024  # commands waiting for their pipeline
+READ_SIZE = 65536  # bytes a read from the socket, as redis-py's socket_read_size
+_MORE = object()  # hiredis: no complete reply buffered (False and None are replies)
+_CLOSED = "Connection closed by server."  # redis-py's words for it
 
 
 class Overloaded(RedisError):
     """More commands are waiting for Redis than the bound: refused without waiting."""
+
+
+class _Encoder(Protocol):
+    encoding: str
+    encoding_errors: str
+    decode_responses: bool
+
+
+class _Connection(Protocol):
+    """What is used of redis-py's asyncio connection, typed (redis-py leaves these bare)."""
+
+    encoder: _Encoder
+    socket_timeout: float | None
+
+    async def connect(self) -> None: ...
+    async def disconnect(self, nowait: bool = ...) -> None: ...
+    def pack_command(self, *args: Any) -> list[bytes]: ...
+
+
+def _redis_py_wire(
+    conn: object,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Callable[[str], Exception]]:
+    """A connected redis-py connection's streams, and the function its parser maps an error
+    reply with (``BaseParser.parse_error``, which redis-py hands its own hiredis.Reader).
+
+    Private in redis-py 8.1.0 (``_reader``, ``_writer``, ``_parser``, there since aioredis
+    became redis.asyncio in 4.2); tests/store/test_redis_turns.py fails if they go."""
+    reader = getattr(conn, "_reader", None)
+    writer = getattr(conn, "_writer", None)
+    parse_error = getattr(getattr(conn, "_parser", None), "parse_error", None)
+    if (
+        not isinstance(reader, asyncio.StreamReader)
+        or not isinstance(writer, asyncio.StreamWriter)
+        or not callable(parse_error)
+    ):
+        raise RedisConnectionError("redis-py's connection has no streams or parser here")
+    return reader, writer, cast(Callable[[str], Exception], parse_error)
+
+
+class _Link:
+    """One open connection: its streams and the parser of its answers."""
+
+    __slots__ = ("hiredis_packs", "parser", "stream", "timeout", "writer")
+
+    def __init__(self, conn: _Connection) -> None:
+        self.stream, self.writer, parse_error = _redis_py_wire(conn)
+        encoder = conn.encoder
+        decoding: dict[str, str] = {}
+        if encoder.decode_responses:
+            decoding = {"encoding": encoder.encoding, "errors": encoder.encoding_errors}
+        self.parser = hiredis.Reader(
+            protocolError=InvalidResponse, replyError=parse_error, notEnoughData=_MORE, **decoding
+        )
+        self.timeout = conn.socket_timeout or None  # redis-py: 0 or None, no timeout
+        # hiredis writes strings as UTF-8, strictly: the encoder's defaults
+        self.hiredis_packs = encoder.encoding == "utf-8" and encoder.encoding_errors == "strict"
+
+    def broken(self) -> bool:
+        """Closed by the server, or reset, since its last pipeline: open another first."""
+        stream = self.stream
+        return stream.at_eof() or stream.exception() is not None or self.writer.is_closing()
+
+    def abort(self) -> None:
+        """Drop the socket now, unread answers and all (a sync step: safe on cancel)."""
+        self.writer.transport.abort()
+
+    async def replies(self, count: int) -> list[Any]:
+        """The next ``count`` replies; error replies as redis-py's exceptions, in place."""
+        parser, stream = self.parser, self.stream
+        replies: list[Any] = []
+        while len(replies) < count:
+            reply = parser.gets()
+            if reply is _MORE:
+                chunk = await stream.read(READ_SIZE)
+                if not chunk:
+                    raise RedisConnectionError(_CLOSED)
+                parser.feed(chunk)
+            elif isinstance(reply, hiredis.PushNotification):
+                continue  # not an answer: nothing here asks for pushes
+            elif isinstance(reply, RedisConnectionError) or (
+                type(reply) is list and reply and isinstance(reply[0], RedisConnectionError)
+            ):
+                raise reply if isinstance(reply, Exception) else reply[0]  # as redis-py
+            else:
+                replies.append(reply)
+        return replies
+
+
+def _packed(link: _Link, conn: _Connection, commands: list[Command]) -> list[bytes]:
+    """The commands in RESP. hiredis.pack_command takes only str, int, float, bytes (and
+    memoryview) and writes them as both of redis-py's packers do; anything else, and a
+    command name with a space in it (redis-py splits it), is packed by the connection."""
+    pieces: list[bytes] = []
+    for command in commands:
+        name = command[0]
+        if link.hiredis_packs and type(name) is str and " " not in name:
+            try:
+                pieces.append(hiredis.pack_command(cast(Any, command)))  # its stub: 1-tuple
+                continue
+            except TypeError:
+                pass
+        pieces += conn.pack_command(*command)
+    return pieces
 
 
 class Turns:
@@ -59,6 +193,8 @@ class Turns:
         self._queued: list[Waiting] = []
         self._count = 0  # commands in _queued
         self._sender: asyncio.Task[None] | None = None
+        self._conn: _Connection | None = None  # taken from the pool once, kept
+        self._link: _Link | None = None  # _conn while open and in step
 
     def script(self, source: str) -> str:
         """Register a script; its sha, for ``evalsha``."""
@@ -145,11 +281,60 @@ class Turns:
         )
 
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
-        pipe = self._client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        answers: list[Any] = await pipe.execute(raise_on_error=False)
-        return answers
+        """One round trip: the answers to ``commands``, error replies in place."""
+        link = self._link
+        if link is None or link.broken():
+            link = await self._open()
+        conn = cast(_Connection, self._conn)
+        packed = _packed(link, conn, commands)  # before the timeout: nothing sent yet
+        try:
+            async with asyncio.timeout(link.timeout):
+                link.writer.writelines(packed)
+                await link.writer.drain()
+                replies = await link.replies(len(commands))
+        except TimeoutError:  # asyncio's, for the whole round trip
+            self._drop(link)
+            raise RedisTimeoutError(f"no complete answer from Redis in {link.timeout} s") from None
+        except OSError as exc:
+            self._drop(link)
+            raise RedisConnectionError(f"Error talking to Redis: {exc!r}") from exc
+        except BaseException:
+            self._drop(link)  # a protocol error, a server close, a cancel: out of step
+            raise
+        return self._decoded(commands, replies)
+
+    async def _open(self) -> _Link:
+        """The connection, opened (again) by redis-py: handshake, AUTH, SELECT, TLS."""
+        self._link = None
+        if self._conn is None:
+            take = cast(
+                Callable[[], Awaitable[_Connection]], self._client.connection_pool.get_connection
+            )
+            self._conn = await take()  # connected by the pool; never given back
+        else:
+            with contextlib.suppress(RedisError, OSError):
+                await self._conn.disconnect(nowait=True)  # what is left of the old socket
+            await self._conn.connect()
+        self._link = _Link(self._conn)
+        return self._link
+
+    def _drop(self, link: _Link) -> None:
+        link.abort()
+        if self._link is link:
+            self._link = None
+
+    def _decoded(self, commands: list[Command], replies: list[Any]) -> list[Any]:
+        """Replies as redis-py's pipeline returns them: through the client's callbacks
+        (redis-py's own, plain functions all; one set on the client must not be async)."""
+        callbacks = self._client.response_callbacks
+        for n, reply in enumerate(replies):
+            name = commands[n][0]
+            if isinstance(reply, Exception) or not isinstance(name, str | bytes):
+                continue
+            callback = callbacks.get(name)
+            if callback is not None:
+                replies[n] = callback(reply)
+        return replies
 
     async def aclose(self) -> None:
         """Stop sending (callers still waiting fail) and close the connection."""
@@ -158,7 +343,8 @@ class Turns:
             sender.cancel()
             await asyncio.wait([sender], timeout=0.1)
         _fail(self._take(), RedisConnectionError("the store is closed"))
-        await self._client.aclose()
+        self._link = None
+        await self._client.aclose(close_connection_pool=True)  # the pool is ours alone
 
 
 def _fail(batch: list[Waiting], exc: BaseException) -> None:
