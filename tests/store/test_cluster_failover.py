@@ -16,6 +16,7 @@ from redis.asyncio.client import Pipeline
 from gateway.errors import StoreError
 from gateway.store import store_from_url
 from gateway.store.redis import RedisStore
+from gateway.store.redis_turns import Turns
 
 from conftest import RedisCluster3, real_time_harness
 
@@ -111,7 +112,8 @@ async def test_whatever_the_cluster_client_raises_becomes_a_store_error(
 
     store._redis.hget = broken
     store._redis.get = broken
-    monkeypatch.setattr(Pipeline, "execute", broken)
+    monkeypatch.setattr(Pipeline, "execute", broken)  # a cluster's hot path: the pool's
+    monkeypatch.setattr(Turns, "_pipeline", broken)  # one Redis: the turns' own round trip
     try:
         with pytest.raises(StoreError) as caught:
             await store.get("op_failover")
