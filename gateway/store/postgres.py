@@ -679,7 +679,8 @@ class PostgresStore(Store):
         writes nothing (a poll superseded by a later one), else LeaseLost is raised.
 
         A result ``durable`` calls not durable yet (a pending answer) commits without
-        waiting for the WAL flush (``synchronous_commit`` off for that transaction alone):
+        waiting for the WAL flush (``synchronous_commit`` off for the transaction of the
+        pipeline's unflushed callers, which holds no write that must be flushed):
         its reservation was flushed, so a database crash can cost the answer (the gateway
         then audits the call as interrupted), never a budget; the next flushed commit
         flushes it too."""

@@ -5,9 +5,9 @@ connections of their own (libpq's pipeline mode, through psycopg's ``pq`` wrappe
 turn's finds) to the next pipeline and returns the future of their rows. What it guarantees:
 
 - Statements given within one loop turn, and all given while every connection had a
-  pipeline out, go together as one pipeline on one connection: written at once, answered in
-  the order sent. With two connections a turn's pipeline goes while the one before still
-  waits for its answers.
+  pipeline out, go together as one pipeline on one connection: written at once, each
+  caller's statements in its order (the order among callers: below). With two
+  connections a turn's pipeline goes while the one before still waits for its answers.
 - A caller's statements are one transaction, and so are its neighbours': the callers of one
   pipeline are grouped, each group one implicit transaction (one Sync, one commit, one WAL
   flush) instead of one each. Those that asked for no flush (``flush=False``: reads, and
@@ -18,7 +18,7 @@ turn's finds) to the next pipeline and returns the future of their rows. What it
 - A statement that fails fails its own caller only, with its error: its group is rolled
   back (the database undid all of it), and its callers are sent again in the next round
   trip on the same connection, one transaction each, so the others are answered as if it
-  had not been there. A group waits at most ``GROUP_LOCK_WAIT`` for a row lock
+  had not been there. A group waits at most ``GROUP_LOCK_WAIT`` for any one lock
   (``lock_timeout``, local to its transaction) before it is rolled back and sent again so:
   two groups that hold rows the other wants (two replicas polling one operation, a
   provider's pacing row) cannot wait on each other for long, and single transactions
@@ -243,11 +243,15 @@ class Turns:
                     conn = link.conn = await self._opened(link)
                 await self._exchange(conn.pgconn, batch)
         except Exception as exc:
-            await self._drop(link, abandon=True)  # what it still runs is unknown
-            _fail(batch, exc)
+            try:
+                await self._drop(link, abandon=True)  # what it still runs is unknown
+            finally:  # answered even when aclose cancels the drop's wait for its cancel
+                _fail(batch, exc)
         except BaseException:
-            await self._drop(link, abandon=True)
-            _fail(batch, psycopg.OperationalError("the store is closing"))
+            try:
+                await self._drop(link, abandon=True)
+            finally:
+                _fail(batch, psycopg.OperationalError("the store is closing"))
             raise
 
     async def _opened(self, link: _Link) -> psycopg.AsyncConnection[Any]:

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.core.models import OperationRecord
 from gateway.errors import StoreError
-from gateway.store import store_from_url
+from gateway.store import postgres_turns, store_from_url
 from gateway.store.postgres import PostgresStore
 from gateway.store.postgres_turns import Overloaded, Statement, Turns
 
@@ -305,6 +305,33 @@ async def test_an_abandoned_pipeline_never_runs_later(counters: tuple[str, str])
         assert counted(base, table) == 1 and turns.pipelines <= 3
     finally:
         await turns.aclose()
+
+
+async def test_closing_answers_a_pipeline_whose_cancel_is_slow(
+    counters: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store closed while a pipeline waits on a lock, its cancel slow to reach the server
+    (aclose cancels the sender again every 0.1 s, longer than that): the caller is answered
+    all the same, never left waiting."""
+    base, table = counters
+    real = postgres_turns._cancel
+
+    async def slow(cancel: Any) -> None:
+        await asyncio.sleep(0.15)
+        await real(cancel)
+
+    monkeypatch.setattr(postgres_turns, "_cancel", slow)
+    bump = Statement.of("bump", f"UPDATE {table} SET n = n + 1 WHERE id = 1 RETURNING n")
+    turns = turns_on(base, bump, links=1, timeout=5.0)
+    await turns.open()
+    with psycopg.connect(base, autocommit=True) as holder, holder.transaction():
+        holder.execute(f"SELECT 1 FROM {table} WHERE id = 1 FOR UPDATE")
+        waiting = turns.call((bump, ()))
+        await asyncio.sleep(0.2)  # its pipeline is out, held by the lock
+        await turns.aclose()
+        await asyncio.sleep(0.3)
+        assert waiting.done()
+        assert isinstance(waiting.exception(), psycopg.OperationalError)
 
 
 def server_pids(server: PostgresServer) -> list[int]:
