@@ -64,7 +64,8 @@ from gateway.store.base import (
     stop,
 )
 from gateway.store.redis_layout import Keys, millis, oldest, record_fields
-from gateway.store.redis_turns import Command, Turns
+from gateway.store.redis_turns import Turns
+from gateway.store.redis_wire import Command
 
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 

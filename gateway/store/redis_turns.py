@@ -39,14 +39,9 @@ reads) to the one pipeline that goes next. What it guarantees:
   timeout), after its other commands, and their callers share the answer. A replica that
   does not acknowledge holds up one pipeline by WAIT's timeout, not one per caller.
 
-How it talks: redis-py's own ``Connection`` (the client's pool's: any URL the store takes,
-TCP, TLS, unix socket) connects and does the handshake (HELLO, AUTH, SELECT, the connect
-timeout). The pipeline's I/O is done here on that connection's streams, not by redis-py's
-Pipeline and Retry: one write of all the packed commands, every answer parsed by one
-``hiredis.Reader`` a connection, built as redis-py builds its own (its error mapping, its
-decoding), and one timeout a pipeline rather than one a reply. The streams and the error
-mapping are private members of redis-py: ``_redis_py_wire`` is the one place reaching for
-them, and a test fails if they are gone.
+How it talks (redis_wire.py): redis-py's own connection connects and does the handshake;
+the pipeline's I/O is one write of the packed commands and one hiredis reader for every
+answer, with one timeout a pipeline rather than one a reply.
 
 It never opens a transaction and must not be given blocking commands other than WAIT.
 Redis Cluster is not served here: its pipelines split by node (the store keeps its pool
@@ -61,127 +56,21 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
-import hiredis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse, NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-Command = tuple[str | int | float | bytes, ...]
+from gateway.store.redis_wire import Command, Connection, Link, packed
+
 Waiting = tuple[tuple[Command, ...], asyncio.Future[list[Any]]]
 BOUND = 1024  # commands waiting for their pipeline
-READ_SIZE = 65536  # bytes a read from the socket, as redis-py's socket_read_size
-_MORE = object()  # hiredis: no complete reply buffered (False and None are replies)
-_CLOSED = "Connection closed by server."  # redis-py's words for it
 
 
 class Overloaded(RedisError):
     """More commands are waiting for Redis than the bound: refused without waiting."""
-
-
-class _Encoder(Protocol):
-    encoding: str
-    encoding_errors: str
-    decode_responses: bool
-
-
-class _Connection(Protocol):
-    """What is used of redis-py's asyncio connection, typed (redis-py leaves these bare)."""
-
-    encoder: _Encoder
-    socket_timeout: float | None
-
-    async def connect(self) -> None: ...
-    async def disconnect(self, nowait: bool = ...) -> None: ...
-    def pack_command(self, *args: Any) -> list[bytes]: ...
-
-
-def _redis_py_wire(
-    conn: object,
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Callable[[str], Exception]]:
-    """A connected redis-py connection's streams, and the function its parser maps an error
-    reply with (``BaseParser.parse_error``, which redis-py hands its own hiredis.Reader).
-
-    Private in redis-py 8.1.0 (``_reader``, ``_writer``, ``_parser``, there since aioredis
-    became redis.asyncio in 4.2); tests/store/test_redis_turns.py fails if they go."""
-    reader = getattr(conn, "_reader", None)
-    writer = getattr(conn, "_writer", None)
-    parse_error = getattr(getattr(conn, "_parser", None), "parse_error", None)
-    if (
-        not isinstance(reader, asyncio.StreamReader)
-        or not isinstance(writer, asyncio.StreamWriter)
-        or not callable(parse_error)
-    ):
-        raise RedisConnectionError("redis-py's connection has no streams or parser here")
-    return reader, writer, cast(Callable[[str], Exception], parse_error)
-
-
-class _Link:
-    """One open connection: its streams and the parser of its answers."""
-
-    __slots__ = ("hiredis_packs", "parser", "stream", "timeout", "writer")
-
-    def __init__(self, conn: _Connection) -> None:
-        self.stream, self.writer, parse_error = _redis_py_wire(conn)
-        encoder = conn.encoder
-        decoding: dict[str, str] = {}
-        if encoder.decode_responses:
-            decoding = {"encoding": encoder.encoding, "errors": encoder.encoding_errors}
-        self.parser = hiredis.Reader(
-            protocolError=InvalidResponse, replyError=parse_error, notEnoughData=_MORE, **decoding
-        )
-        self.timeout = conn.socket_timeout or None  # redis-py: 0 or None, no timeout
-        # hiredis writes strings as UTF-8, strictly: the encoder's defaults
-        self.hiredis_packs = encoder.encoding == "utf-8" and encoder.encoding_errors == "strict"
-
-    def broken(self) -> bool:
-        """Closed by the server, or reset, since its last pipeline: open another first."""
-        stream = self.stream
-        return stream.at_eof() or stream.exception() is not None or self.writer.is_closing()
-
-    def abort(self) -> None:
-        """Drop the socket now, unread answers and all (a sync step: safe on cancel)."""
-        self.writer.transport.abort()
-
-    async def replies(self, count: int) -> list[Any]:
-        """The next ``count`` replies; error replies as redis-py's exceptions, in place."""
-        parser, stream = self.parser, self.stream
-        replies: list[Any] = []
-        while len(replies) < count:
-            reply = parser.gets()
-            if reply is _MORE:
-                chunk = await stream.read(READ_SIZE)
-                if not chunk:
-                    raise RedisConnectionError(_CLOSED)
-                parser.feed(chunk)
-            elif isinstance(reply, hiredis.PushNotification):
-                continue  # not an answer: nothing here asks for pushes
-            elif isinstance(reply, RedisConnectionError) or (
-                type(reply) is list and reply and isinstance(reply[0], RedisConnectionError)
-            ):
-                raise reply if isinstance(reply, Exception) else reply[0]  # as redis-py
-            else:
-                replies.append(reply)
-        return replies
-
-
-def _packed(link: _Link, conn: _Connection, commands: list[Command]) -> list[bytes]:
-    """The commands in RESP. hiredis.pack_command takes only str, int, float, bytes (and
-    memoryview) and writes them as both of redis-py's packers do; anything else, and a
-    command name with a space in it (redis-py splits it), is packed by the connection."""
-    pieces: list[bytes] = []
-    for command in commands:
-        name = command[0]
-        if link.hiredis_packs and type(name) is str and " " not in name:
-            try:
-                pieces.append(hiredis.pack_command(cast(Any, command)))  # its stub: 1-tuple
-                continue
-            except TypeError:
-                pass
-        pieces += conn.pack_command(*command)
-    return pieces
 
 
 class Turns:
@@ -193,8 +82,8 @@ class Turns:
         self._queued: list[Waiting] = []
         self._count = 0  # commands in _queued
         self._sender: asyncio.Task[None] | None = None
-        self._conn: _Connection | None = None  # taken from the pool once, kept
-        self._link: _Link | None = None  # _conn while open and in step
+        self._conn: Connection | None = None  # taken from the pool once, kept
+        self._link: Link | None = None  # _conn while open and in step
 
     def script(self, source: str) -> str:
         """Register a script; its sha, for ``evalsha``."""
@@ -285,11 +174,11 @@ class Turns:
         link = self._link
         if link is None or link.broken():
             link = await self._open()
-        conn = cast(_Connection, self._conn)
-        packed = _packed(link, conn, commands)  # before the timeout: nothing sent yet
+        conn = cast(Connection, self._conn)
+        wire = packed(link, conn, commands)  # before the timeout: nothing sent yet
         try:
             async with asyncio.timeout(link.timeout):
-                link.writer.writelines(packed)
+                link.writer.writelines(wire)
                 await link.writer.drain()
                 replies = await link.replies(len(commands))
         except TimeoutError:  # asyncio's, for the whole round trip
@@ -303,22 +192,22 @@ class Turns:
             raise
         return self._decoded(commands, replies)
 
-    async def _open(self) -> _Link:
+    async def _open(self) -> Link:
         """The connection, opened (again) by redis-py: handshake, AUTH, SELECT, TLS."""
         self._link = None
         if self._conn is None:
             take = cast(
-                Callable[[], Awaitable[_Connection]], self._client.connection_pool.get_connection
+                Callable[[], Awaitable[Connection]], self._client.connection_pool.get_connection
             )
             self._conn = await take()  # connected by the pool; never given back
         else:
             with contextlib.suppress(RedisError, OSError):
                 await self._conn.disconnect(nowait=True)  # what is left of the old socket
             await self._conn.connect()
-        self._link = _Link(self._conn)
+        self._link = Link(self._conn)
         return self._link
 
-    def _drop(self, link: _Link) -> None:
+    def _drop(self, link: Link) -> None:
         link.abort()
         if self._link is link:
             self._link = None

@@ -1,6 +1,7 @@
-"""The Redis hot path's pipelines (gateway/store/redis_turns.py): what one loop turn asks for
-goes in one round trip, each caller gets its own answer or error, NOSCRIPT costs one more
-round trip, and a Redis that cannot answer or keep up fails callers at once."""
+"""The Redis hot path's pipelines (gateway/store/redis_turns.py, its wire redis_wire.py): what
+one loop turn asks for goes in one round trip, each caller gets its own answer or error,
+NOSCRIPT costs one more round trip, and a Redis that cannot answer or keep up fails callers
+at once."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from gateway.errors import StoreError
 from gateway.store import redis_layout as lua
 from gateway.store import store_from_url
 from gateway.store.redis import PackedConnection, RedisStore
-from gateway.store.redis_turns import Command, Overloaded, Turns, _Link, _packed, _redis_py_wire
+from gateway.store.redis_turns import Overloaded, Turns
+from gateway.store.redis_wire import Command, Link, packed, redis_py_wire
 
 from conftest import RedisServer, pending_record
 
@@ -593,7 +595,7 @@ async def test_redis_py_still_has_what_turns_reads_of_it(redis_base_url: str) ->
     )
     conn = await pool.get_connection()
     try:
-        reader, writer, parse_error = _redis_py_wire(conn)
+        reader, writer, parse_error = redis_py_wire(conn)
         assert isinstance(reader, asyncio.StreamReader)
         assert isinstance(writer, asyncio.StreamWriter)
         assert isinstance(parse_error("NOSCRIPT No matching script."), NoScriptError)
@@ -615,6 +617,6 @@ def test_commands_go_as_redis_pys_packing_writes_them(connection_class: type[Any
         ("SCRIPT LOAD", "return 1"),
         ("HGET", memoryview(b"key"), bytearray(b"field")),  # type: ignore[arg-type]
     ]
-    link = _Link.__new__(_Link)
+    link = Link.__new__(Link)
     link.hiredis_packs = True
-    assert b"".join(_packed(link, conn, commands)) == b"".join(conn.pack_commands(commands))
+    assert b"".join(packed(link, conn, commands)) == b"".join(conn.pack_commands(commands))
