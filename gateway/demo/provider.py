@@ -679,16 +679,26 @@ async def _gzip_bomb(request: web.Request, step: dict[str, Any]) -> web.StreamRe
 
 @functools.lru_cache(maxsize=4)
 def _bomb(megabytes: float) -> bytes:
-    """Made once per size, at submit (50 MB take ~0.2 s to compress: made in the handler,
-    they ate a short upstream timeout on a busy machine)."""
+    """Made once per size, at submit, and without compressing it all: each MiB of spaces
+    after a full flush deflates to the same bytes, so one MiB is compressed and its block
+    repeated (compressing 50 MB took 0.26 s here, which ate a 0.3 s upstream timeout on
+    a busy machine); only the gzip trailer's CRC reads the whole."""
     size = int(megabytes * 1024 * 1024)
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
-    parts = [compressor.compress(b'{"state": "running", "pad": "')]
     chunk = b" " * (1024 * 1024)
-    for _ in range(size // len(chunk)):
-        parts.append(compressor.compress(chunk))
-    parts.append(compressor.compress(b'"}') + compressor.flush())
-    return b"".join(parts)
+    head, tail = b'{"state": "running", "pad": "', b'"}'
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate: the gzip frame is ours
+    first = deflate.compress(head) + deflate.flush(zlib.Z_FULL_FLUSH)
+    block = deflate.compress(chunk) + deflate.flush(zlib.Z_FULL_FLUSH)
+    count = size // len(chunk)
+    crc = zlib.crc32(head)
+    for _ in range(count):
+        crc = zlib.crc32(chunk, crc)
+    crc = zlib.crc32(tail, crc)
+    length = len(head) + count * len(chunk) + len(tail)
+    last = deflate.compress(tail) + deflate.flush()
+    frame = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # gzip, deflate, no name, no time
+    trailer = crc.to_bytes(4, "little") + (length & 0xFFFFFFFF).to_bytes(4, "little")
+    return frame + first + block * count + last + trailer
 
 
 _FAULTS = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+
+from gateway.demo.provider import _bomb
 from gateway.demo.walkthrough import fleet, show
 
 
@@ -28,3 +31,11 @@ async def test_fleet_scene_shows_the_gateway_shielding_the_provider() -> None:
     assert gated_calls * 3 < direct_calls
     assert int(gated[-2]) <= 5  # peak calls in any second, under the 5/s ceiling
     assert int(direct[-1]) == int(gated[-1]) == 8  # every agent saw its job finish
+
+
+def test_the_gzip_bomb_is_a_whole_gzip_stream_of_its_json() -> None:
+    """The demo's gzip bomb (one deflated MiB repeated, its own gzip frame) inflates, CRC and
+    length checked, to the JSON it promises: its megabytes of spaces in a string."""
+    bomb = _bomb(3.0)
+    assert len(bomb) < 10_000
+    assert gzip.decompress(bomb) == b'{"state": "running", "pad": "' + b" " * 3 * 2**20 + b'"}'
