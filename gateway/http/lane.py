@@ -38,6 +38,7 @@ import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any, cast
 
 import httptools
@@ -55,6 +56,7 @@ from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from gateway.http.listener import Listener, bind
 from gateway.http.problems import problem
 
 log = logging.getLogger("statusgate")
@@ -705,8 +707,9 @@ class _Head:
 
 
 class LaneSite(web.BaseSite):
-    """A TCP listener whose agent calls take the lane and everything else aiohttp's own
-    server, both under one AppRunner. Each lane connection is registered with the runner's
+    """A TCP listener (gateway/http/listener.py: every waiting connection accepted at once)
+    whose agent calls take the lane and everything else aiohttp's own server, both under
+    one AppRunner. Each lane connection is registered with the runner's
     ``web.Server`` as aiohttp's own are, so the runner's cleanup stops both alike: no new
     requests once it begins (``close``), the one in hand answered within the shutdown
     timeout (``shutdown``)."""
@@ -758,12 +761,10 @@ class LaneSite(web.BaseSite):
         await super().start()
         loop = asyncio.get_running_loop()
         self.outbox = Outbox(loop)
-        self._server = await loop.create_server(
-            lambda: Lane(self),
-            self._host,
-            self._port,
-            backlog=self._backlog,
-            reuse_port=self._reuse_port,
+        sockets = await loop.run_in_executor(  # getaddrinfo may ask a resolver
+            None, partial(bind, self._host, self._port, reuse_port=bool(self._reuse_port))
         )
-        if self._server.sockets:
-            self._port = self._server.sockets[0].getsockname()[1]
+        listener = Listener(sockets, lambda: Lane(self), backlog=self._backlog)
+        self._server = cast(asyncio.AbstractServer, listener)  # what the runner reads of it
+        if listener.sockets:
+            self._port = listener.sockets[0].getsockname()[1]

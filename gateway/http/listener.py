@@ -1,0 +1,148 @@
+"""The agent listener's sockets, and the accepting of every connection waiting on them.
+
+Why it exists: uvloop's servers accept one connection per turn of the event loop (libuv
+stopped accepting in a loop in 1.45, "unix: don't accept() connections in a loop", #3696,
+trusting level-triggered polling for the next one). A busy loop turns every 5-10 ms, so a
+burst of new connections waited in the kernel's accept queue at ~150 a second: measured
+against the gateway past its in-flight bound, 180 connections queued and the last caller
+waited 0.9 s for a ``503 overloaded`` that is otherwise answered in ~10 ms; a bare uvloop
+server with a loop busy in 5 ms slices took 1.05 s to accept 200 connections, this module
+27 ms. Here each readiness of a listening socket accepts every waiting connection (up to
+PER_TURN, as asyncio's own loop does up to its backlog), each handed to the loop as a
+transport of its own (``loop.connect_accepted_socket``, ~90 us more a connection than
+libuv's accept, paid once per connection, not per request).
+
+What it owns: binding (the addresses ``getaddrinfo`` gives for the host, SO_REUSEADDR,
+SO_REUSEPORT for ``--workers``, IPv6 sockets IPv6-only, as ``loop.create_server`` binds),
+accepting, and closing the sockets (``close``: no new connection is accepted; connections
+handed over are the server's to stop, and one still being handed over is closed). Out of
+descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) it stops accepting for RETRY seconds
+with one warning, as asyncio does, rather than spin on a socket that stays readable; the
+kernel keeps the waiting connections meanwhile.
+
+What it never does: read or write a byte of a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+
+log = logging.getLogger("statusgate")
+PER_TURN = 512  # connections accepted at most per readiness of one socket
+RETRY = 1.0  # seconds accepting pauses when the process is out of descriptors or memory
+EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def bind(host: str | None, port: int, *, reuse_port: bool = False) -> list[socket.socket]:
+    """Bound, non-blocking TCP sockets (not yet listening) for ``host`` and ``port``, one
+    per address the host resolves to (every interface for "" or None); OSError naming the
+    address that cannot be bound."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:  # one socket a family, as create_server binds
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                why = (exc.strerror or str(exc)).lower()
+                message = f"error while attempting to bind on {address}: {why}"
+                raise OSError(exc.errno, message) from None
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class Listener:
+    """Listening sockets whose waiting connections are all accepted at each readiness, each
+    handed to ``protocol`` on a transport of the loop's. What aiohttp's runner reads of a
+    site's server: ``sockets`` and ``close``."""
+
+    def __init__(
+        self,
+        sockets: list[socket.socket],
+        protocol: Callable[[], asyncio.Protocol],
+        *,
+        backlog: int,
+    ) -> None:
+        self.sockets = sockets
+        self._protocol = protocol
+        self._loop = asyncio.get_running_loop()
+        self._closed = False
+        self._starting: set[asyncio.Task[None]] = set()  # transports being made (held here:
+        # the loop keeps only weak references to tasks)
+        self._exhausted = False  # a warning was logged for the spell of EMFILE/ENFILE
+        for sock in sockets:
+            sock.listen(backlog)
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _accept(self, sock: socket.socket) -> None:
+        for _ in range(PER_TURN):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:  # gone before it was accepted
+                continue
+            except OSError as exc:
+                if exc.errno in EXHAUSTED:
+                    self._pause(sock, exc)
+                    return
+                log.warning("accepting a connection failed: %s", exc)
+                return
+            self._exhausted = False
+            conn.setblocking(False)
+            task = self._loop.create_task(self._start(conn))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+
+    async def _start(self, conn: socket.socket) -> None:
+        try:
+            transport, _ = await self._loop.connect_accepted_socket(self._protocol, conn)
+        except OSError as exc:  # reset before its transport was made: nothing to answer
+            log.debug("an accepted connection ended before it was served: %s", exc)
+            conn.close()
+            return
+        if self._closed:  # accepted as the listener closed: the stop has begun without it
+            transport.close()
+
+    def _pause(self, sock: socket.socket, exc: OSError) -> None:
+        """Out of descriptors or memory: the socket stays readable, so accepting pauses
+        (the kernel keeps the connections waiting) and resumes after RETRY."""
+        if not self._exhausted:
+            self._exhausted = True
+            log.warning(
+                "cannot accept connections (%s): pausing %g s; raise the open-files limit"
+                " (ulimit -n) if this repeats",
+                exc.strerror or exc,
+                RETRY,
+            )
+        self._loop.remove_reader(sock.fileno())
+        self._loop.call_later(RETRY, self._resume, sock)
+
+    def _resume(self, sock: socket.socket) -> None:
+        if not self._closed:
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def close(self) -> None:
+        """Stop accepting and close the sockets; a connection still being handed over is
+        closed once its transport is made (within a turn of the loop)."""
+        if self._closed:
+            return
+        self._closed = True
+        for sock in self.sockets:
+            self._loop.remove_reader(sock.fileno())
+            sock.close()

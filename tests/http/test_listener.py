@@ -1,0 +1,179 @@
+"""The agent listener (gateway/http/listener.py) on real sockets: a burst of connections is
+accepted within a few turns of a busy loop (uvloop's own servers take one a turn), binding
+says which address failed, and running out of descriptors pauses accepting instead of
+spinning. Counted in turns of the loop, never timed."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+
+import pytest
+import uvloop
+
+from gateway.http import listener
+from gateway.http.listener import Listener, bind
+
+BURST = 200
+
+
+class Counted(asyncio.Protocol):
+    def __init__(self, made: list[asyncio.Transport]) -> None:
+        self.made = made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made.append(transport)  # type: ignore[arg-type]
+
+
+async def busy_turns_to_accept(serve: Callable[[list[asyncio.Transport]], object]) -> int:
+    """Turns of a loop kept busy (each turn spins ~1 ms in Python, as a loaded gateway's
+    turns do) until BURST connections opened at once are all made; at most 4 * BURST."""
+    made: list[asyncio.Transport] = []
+    port = await serve(made)  # type: ignore[misc]
+    clients = []
+    for _ in range(BURST):
+        client = socket.socket()
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.connect(("127.0.0.1", port))
+        clients.append(client)
+    loop = asyncio.get_running_loop()
+    turns = 0
+    while len(made) < BURST and turns < 4 * BURST:
+        until = loop.time() + 0.001
+        while loop.time() < until:
+            pass
+        await asyncio.sleep(0)
+        turns += 1
+    for transport in made:
+        transport.close()
+    for client in clients:
+        client.close()
+    return turns
+
+
+def on_uvloop(test: Callable[[], object]) -> object:
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop).run(test())  # type: ignore[arg-type]
+
+
+def test_a_burst_is_accepted_in_a_few_turns_of_a_busy_uvloop() -> None:
+    """200 connections waiting at once are all served within a few turns of a busy uvloop
+    loop; uvloop's own server (libuv accepts one per turn) needs a turn for each."""
+
+    async def ours(made: list[asyncio.Transport]) -> int:
+        sockets = bind("127.0.0.1", 0)
+        server = Listener(sockets, lambda: Counted(made), backlog=4096)
+        serving.append(server)
+        return int(sockets[0].getsockname()[1])
+
+    async def uvloops_own(made: list[asyncio.Transport]) -> int:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: Counted(made), "127.0.0.1", 0, backlog=4096)
+        serving.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    serving: list[Listener | asyncio.AbstractServer] = []
+
+    async def both() -> tuple[int, int]:
+        try:
+            return await busy_turns_to_accept(ours), await busy_turns_to_accept(uvloops_own)
+        finally:
+            for server in serving:
+                server.close()
+
+    fast, slow = on_uvloop(both)  # type: ignore[misc]
+    assert fast <= 10
+    assert slow >= BURST // 2  # what the listener exists for: if this fails, libuv changed
+
+
+async def test_closing_stops_accepting_and_frees_the_port() -> None:
+    """After ``close`` no connection is accepted and the port can be bound again."""
+    made: list[asyncio.Transport] = []
+    sockets = bind("127.0.0.1", 0)
+    port = sockets[0].getsockname()[1]
+    server = Listener(sockets, lambda: Counted(made), backlog=16)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(made) == 1
+    server.close()
+    writer.close()
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+    again = bind("127.0.0.1", port)
+    again[0].close()
+    for transport in made:
+        transport.close()
+
+
+def test_binding_a_taken_port_names_the_address() -> None:
+    """A port in use fails with an OSError saying which address could not be bound."""
+    taken = bind("127.0.0.1", 0)
+    taken[0].listen(1)
+    port = taken[0].getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=rf"127\.0\.0\.1.*{port}.*address already in use"):
+            bind("127.0.0.1", port)
+    finally:
+        taken[0].close()
+
+
+def test_reuse_port_lets_workers_share_the_port() -> None:
+    """With ``reuse_port`` (``--workers``) two sockets bind and listen on one port."""
+    first = bind("127.0.0.1", 0, reuse_port=True)
+    port = first[0].getsockname()[1]
+    second = bind("127.0.0.1", port, reuse_port=True)
+    try:
+        first[0].listen(1)
+        second[0].listen(1)
+    finally:
+        first[0].close()
+        second[0].close()
+
+
+class Exhausting(socket.socket):
+    """A listening socket whose next ``accept`` fails as if the process were out of
+    descriptors, ``failures`` times."""
+
+    failures = 1
+
+    def accept(self) -> tuple[socket.socket, object]:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().accept()
+
+
+async def test_out_of_descriptors_pauses_accepting_then_resumes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EMFILE stops accepting for RETRY with one warning (the socket stays readable: no
+    spinning on it), then the waiting connection is accepted."""
+    monkeypatch.setattr(listener, "RETRY", 0.05)
+    sock = Exhausting(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    made: list[asyncio.Transport] = []
+    server = Listener([sock], lambda: Counted(made), backlog=16)
+    try:
+        with caplog.at_level(logging.WARNING, logger="statusgate"):
+            _, writer = await asyncio.open_connection(*sock.getsockname())
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert made == []  # paused, not spinning: one failed accept
+            assert sock.failures == 0
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if made:
+                    break
+        assert len(made) == 1
+        warnings = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
+        assert len(warnings) == 1 and "ulimit -n" in warnings[0]
+        writer.close()
+    finally:
+        server.close()
+        for transport in made:
+            transport.close()
