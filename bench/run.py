@@ -5,16 +5,18 @@ Everything runs on loopback in this one run: the demo provider (B0 direct), ngin
 (G1), on Redis (G2, when a Redis answers) and on PostgreSQL (G3, when one answers at
 STATUSGATE_BENCH_POSTGRES, else STATUSGATE_TEST_POSTGRES, else 127.0.0.1:5432 as postgres).
 Capacity is measured closed-loop with wrk (or a Python closed loop when wrk is missing),
-latency open-loop at a fixed rate of 60% of a forwarded capacity (G1's for the baselines, a
-store's own for it). For G1, G2 and G3 the open-loop capacity is searched too (the highest
-rate bench/openloop.py sustains) and latency shown at 60% of both. G2 is then driven past a
-small in-flight bound (limits.max_in_flight) to see how fast it refuses. The ratio targets
-are judged on interleaved rounds (fresh processes of B2, B3 and each store, short runs in
-turn), since single runs minutes apart move by up to 2x on a shared VM. Nothing here is
-asserted: every target of the open issues is printed beside its figure, met or MISSED, in
-one block at the end (bench/targets.py). Options: --quick (shorter runs), --growth N (stored
-operations for the growth row), --stores-only (the Statusgate rows G1-G3, their fixed-rate
-latency and the overload step, nothing else).
+latency open-loop (bench/openloop.py) at a fixed rate of 60% of a forwarded capacity: a
+store's own, in rounds, each round measuring the capacity and at once the latency at 60% of
+it (B0 at G1's rate of the round, for G1's added latency), the targets judged on the median
+round; B2 at G1's capacity row. For G1, G2 and G3 the open-loop capacity is searched too
+(the highest rate bench/openloop.py sustains) and latency shown at 60% of it beside. G2 is
+then driven past a small in-flight bound (limits.max_in_flight) to see how fast it refuses.
+The ratio targets are judged on interleaved rounds (fresh processes of B2, B3 and each
+store, short runs in turn), since single runs minutes apart move by up to 2x on a shared VM.
+Nothing here is asserted: every target of the open issues is printed beside its figure, met
+or MISSED, in one block at the end (bench/targets.py). Options: --quick (shorter runs),
+--growth N (stored operations for the growth row), --stores-only (the Statusgate rows G1-G3,
+their fixed-rate latency and the overload step, nothing else).
 """
 
 from __future__ import annotations
@@ -439,7 +441,7 @@ def main() -> None:
             )
             job_paths = [f"/v1/jobs/{j}" for j in jobs]
             if args.stores_only:
-                _stores_only(folder, agent, seconds, rows, steps)
+                _stores_only(folder, agent, seconds, rows, steps, args, (provider, job_paths))
                 return
             rows[("B0 provider", "forwarded poll")] = capacity(
                 provider, job_paths, direct_headers, seconds
@@ -500,12 +502,14 @@ def _all_rows(
     _extra_rows(folder, agent, seconds, rows, redis, postgres)
     rate = FIXED * rows[("G1 Statusgate SQLite", "forwarded poll")].rps
     fixed: dict[str, Result] = {}
-    fixed["B0 provider"] = fixed_rate(provider, job_paths, direct_headers, rate, seconds)
     with _bare(folder, provider) as base:
         assert base is not None
         fixed["B2 bare proxy"] = fixed_rate(base, job_paths, direct_headers, rate, seconds)
     closed = {name: rows[(name, "forwarded poll")].rps for name, _ in stores}
-    fixed.update(_gateway_fixed(folder, agent, closed, seconds, stores, steps))
+    latency_rounds = 3 if args.quick else LATENCY_ROUNDS_FULL
+    fixed.update(
+        _gateway_fixed(folder, agent, seconds, stores, steps, latency_rounds, (provider, job_paths))
+    )
     found = open_capacity("G1 Statusgate SQLite")
     if found > 0:
         AT_OPEN["B0 provider"] = fixed_rate(
@@ -539,16 +543,19 @@ def _stores_only(
     seconds: float,
     rows: dict[tuple[str, str], Result],
     steps: int,
+    args: argparse.Namespace,
+    provider: tuple[str, list[str]],
 ) -> None:
-    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity and of its
-    open-loop capacity, and G2 past its in-flight bound."""
+    """G1, G2 and G3 side by side, each then at 60% of its own forwarded capacity (B0 beside
+    G1) and of its open-loop capacity, and G2 past its in-flight bound."""
     stores, redis, postgres = _stores(folder)
     try:
         for name, store in stores:
             _gateway_paths(name, folder, store, agent, seconds, rows, audit=True)
         _extra_rows(folder, agent, seconds, rows, redis, postgres)
         closed = {name: rows[(name, "forwarded poll")].rps for name, _ in stores}
-        fixed = _gateway_fixed(folder, agent, closed, seconds, stores, steps)
+        latency_rounds = 3 if args.quick else LATENCY_ROUNDS_FULL
+        fixed = _gateway_fixed(folder, agent, seconds, stores, steps, latency_rounds, provider)
         if redis is not None:
             _overload(folder, agent, redis, closed["G2 Statusgate Redis"], seconds)
     finally:
@@ -841,14 +848,23 @@ def _extra_rows(
 def _gateway_fixed(
     folder: Path,
     agent: dict[str, str],
-    closed: dict[str, float],
     seconds: float,
     stores: list[tuple[str, str]],
     steps: int,
+    rounds: int,
+    provider: tuple[str, list[str]] | None = None,
 ) -> dict[str, Result]:
-    """Each Statusgate store at 60% of its own closed-loop forwarded capacity; those in
-    SEARCHED then also at 60% of their open-loop capacity, searched on the same gateway."""
+    """Each Statusgate store at 60% of its own closed-loop forwarded capacity, in ``rounds`` rounds
+    on one fresh gateway: each round measures the capacity (wrk, as long as the capacity
+    rows) and at once the latency at 60% of it, so that a rate is never set from a capacity
+    measured minutes before on a VM whose speed drifts by up to 2x (a rate from a faster
+    minute overloads a slower one). G1's rounds also run B0 (``provider``: its URL and job
+    paths) at the same rate, before or after G1 in turn, for the added latency. Kept per
+    round in LATENCY_ROUNDS (targets.py judges the median); returned, each store's median
+    round. Stores in SEARCHED then also at 60% of their open-loop capacity, searched on the
+    same gateway."""
     results = {}
+    direct = {"Authorization": f"Bearer {KEY}"}
     for name, store in stores:
         store = store.replace(".db", "-fixed.db") if store.startswith("sqlite") else store + "f"
         port = free_port()
@@ -860,12 +876,35 @@ def _gateway_fixed(
             jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
             paths = [f"/p/bench/v1/jobs/{j}" for j in jobs]
             gateway = f"http://127.0.0.1:{port}"
-            results[name] = fixed_rate(gateway, paths, agent, FIXED * closed[name], seconds)
+            baseline = provider if name == targets.G1 else None
+            capacities = []
+            for round_ in range(rounds):
+                capacities.append(capacity(gateway, paths, agent, seconds).rps)
+                rate = FIXED * capacities[-1]
+                runs = [(name, gateway, paths, agent)]
+                if baseline is not None:
+                    runs.insert(round_ % 2, (targets.B0, baseline[0], baseline[1], direct))
+                for target, url, where, headers in runs:
+                    measured = fixed_rate(url, where, headers, rate, seconds)
+                    LATENCY_ROUNDS.setdefault(target, []).append(measured)
+            for target in (name, targets.B0) if baseline is not None else (name,):
+                results[target] = _median_round(LATENCY_ROUNDS[target])
             if name in SEARCHED:
-                found = open_loop_capacity(name, gateway, paths, agent, closed[name], steps)
+                closed = statistics.median(capacities)
+                found = open_loop_capacity(name, gateway, paths, agent, closed, steps)
                 if found > 0:
                     AT_OPEN[name] = fixed_rate(gateway, paths, agent, FIXED * found, seconds)
     return results
+
+
+LATENCY_ROUNDS: dict[str, list[Result]] = {}  # target -> its fixed-rate latency, per round
+LATENCY_ROUNDS_FULL = 5  # rounds of the fixed-rate latency without --quick
+
+
+def _median_round(measured: list[Result]) -> Result:
+    """The round whose p50 is the median (a real round's rate, p50 and p99 together)."""
+    ordered = sorted(measured, key=lambda result: result.p50)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 OVERLOAD_BOUND = 32  # limits.max_in_flight of the overload step's gateway (the default: 256)
@@ -986,8 +1025,10 @@ def _print(
     _print_open_capacity(rows)
     _print_ratios(rows, growth, stored)
     sections = {
-        "Targets (issue 23)": targets.issue_23(rows, fixed, AT_OPEN, OVERLOAD, ROUND_RATIOS),
-        "Targets (issue 24)": targets.issue_24(rows, fixed, AT_OPEN, ROUND_RATIOS),
+        "Targets (issue 23)": targets.issue_23(
+            rows, fixed, AT_OPEN, OVERLOAD, ROUND_RATIOS, LATENCY_ROUNDS
+        ),
+        "Targets (issue 24)": targets.issue_24(rows, fixed, AT_OPEN, ROUND_RATIOS, LATENCY_ROUNDS),
     }
     for line in targets.block(sections):
         print(line)
@@ -1008,8 +1049,9 @@ def _print_machine() -> None:
 
 def _print_fixed(fixed: dict[str, Result]) -> None:
     """Each row at 60% of a closed-loop capacity (wrk's, the issues' tables) and, below it,
-    at 60% of an open-loop one where that was searched: B0 and B2 at G1's, a store at its own."""
-    print("\nLatency at a fixed rate (open loop, forwarded poll)")
+    at 60% of an open-loop one where that was searched: B0 and B2 at G1's, a store at its own.
+    A store's row (and B0's) is its median round; every round is listed after the table."""
+    print("\nLatency at a fixed rate (open loop, forwarded poll; a store's median round)")
     print(f"{'target':<24} {'rate: 60% of':<28} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     for target, closed in fixed.items():
         whose = "G1's" if target.startswith("B") else "its"
@@ -1020,6 +1062,11 @@ def _print_fixed(fixed: dict[str, Result]) -> None:
                     f"{target:<24} {basis:<28} {result.rps:>9.0f} {result.p50:>8.2f} "
                     f"{result.p99:>8.2f}"
                 )
+    if LATENCY_ROUNDS:
+        print("Rounds (each at 60% of the capacity measured just before it): rate p50 / p99 ms")
+        for target, measured in LATENCY_ROUNDS.items():
+            shown = ", ".join(f"{m.rps:.0f}/s {m.p50:.1f} / {m.p99:.1f}" for m in measured)
+            print(f"  {target:<24} {shown}")
 
 
 def _print_open_capacity(rows: dict[tuple[str, str], Result]) -> None:

@@ -127,3 +127,31 @@ def test_a_ratio_target_is_the_median_of_its_interleaved_rounds() -> None:
     assert single.figure == 0.3 and single.verdict() == "MISSED" and single.beside == ""
     even = targets.issue_24({}, {}, {}, {"G3 forwarded / G1 forwarded": [0.7, 0.9]})[0]
     assert isinstance(even, targets.Target) and even.figure == 0.8 and even.verdict() == "met"
+
+
+class Latency:
+    def __init__(self, rps: float, p50: float, p99: float) -> None:
+        self.rps, self.p50, self.p99 = rps, p50, p99
+
+
+def test_the_added_latency_is_the_median_of_the_rounds_differences() -> None:
+    """Each round's G1 figure less B0's of the same round, at that round's rate; the verdict
+    on their median, every round shown beside; without rounds, the single runs'."""
+    rounds = {
+        targets.G1: [Latency(900, 4.0, 20.0), Latency(600, 9.0, 40.0), Latency(800, 5.5, 30.0)],
+        targets.B0: [Latency(900, 1.0, 2.0), Latency(600, 1.0, 3.0), Latency(800, 1.5, 2.0)],
+    }
+    p50, p99 = targets.added_latency({}, {}, rounds)
+    assert (p50.figure, p50.verdict()) == (4.0, "met")
+    assert p50.beside == "median of 3 rounds: 3.0 at 900/s, 8.0 at 600/s, 4.0 at 800/s"
+    assert (p99.figure, p99.verdict()) == (28.0, "MISSED")
+    single = {targets.G1: Latency(900, 7.0, 9.0), targets.B0: Latency(900, 1.0, 2.0)}
+    assert targets.added_latency(single, {}, {})[0].figure == 6.0
+
+
+def test_a_stores_open_loop_p99_is_the_median_of_its_rounds() -> None:
+    """The p99 target is judged on the median round, the rounds listed beside."""
+    rounds = {targets.G3: [Latency(500, 5, 150.0), Latency(510, 5, 40.0), Latency(490, 5, 60.0)]}
+    judged = targets.open_p99(targets.G3, {}, {}, 100.0, None, rounds)
+    assert (judged.figure, judged.verdict()) == (60.0, "met")
+    assert judged.beside.startswith("median of 3 rounds: 150.0 at 500/s, 40.0 at 510/s")
