@@ -3,7 +3,9 @@
 Starts the demo provider and a gateway (SQLite), submits one job per 100 held calls whose
 next poll is 30 s away, opens N held calls (the gateway holds each on a timer), then measures
 the gateway process's resident memory growth per held call, its CPU use while they wait, and
-the provider calls made. Prints one block; asserts nothing.
+the provider calls made. The calls open at once; those answered 503 overloaded (more in hand
+than limits.max_in_flight until they park) retry after Retry-After, as agents' SDKs do.
+Prints one block; asserts nothing.
 
 Usage: held.py [N] [WAIT_SECONDS]
 """
@@ -49,17 +51,32 @@ def gateway_pid(port: int) -> int:
     raise RuntimeError("gateway process not found")
 
 
-async def hold_all(base: str, jobs: list[str], count: int, wait: int) -> dict[int, int]:
-    """Open ``count`` held calls; how many got each status."""
+RETRIES = 5  # 503s a call retries after their Retry-After, as agents' SDKs do
+
+
+async def hold_all(
+    base: str, jobs: list[str], count: int, wait: int, retried: Counter[int]
+) -> dict[int, int]:
+    """Open ``count`` held calls at once; how many got each status in the end. A call
+    answered ``503 overloaded`` (more calls arrived at once than ``limits.max_in_flight``
+    takes before they park) retries after its Retry-After, up to RETRIES times, as the
+    agents' SDKs do; ``retried`` counts the calls by how many times they retried."""
     headers = {"Authorization": f"Bearer {TOKEN}", "Prefer": f"wait={wait}"}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=wait + 30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
 
         async def one(n: int) -> int:
-            async with http.get(f"{base}/v1/jobs/{jobs[n % len(jobs)]}", headers=headers) as r:
-                await r.read()
-                return r.status
+            for attempt in range(RETRIES + 1):
+                url = f"{base}/v1/jobs/{jobs[n % len(jobs)]}"
+                async with http.get(url, headers=headers) as r:
+                    await r.read()
+                    after = r.headers.get("Retry-After")
+                if r.status != 503 or after is None or attempt == RETRIES:
+                    retried[attempt] += 1
+                    return r.status
+                await asyncio.sleep(float(after))
+            raise AssertionError("unreachable")
 
         statuses = await asyncio.gather(*(one(n) for n in range(count)))
     return dict(Counter(statuses))
@@ -86,7 +103,8 @@ async def run(count: int, wait: int) -> None:
                 jobs = await _jobs(base, max(1, count // 100))
                 pid = gateway_pid(port)
                 before, cpu0 = rss_kib(pid), cpu_seconds(pid)
-                task = asyncio.create_task(hold_all(base, jobs, count, wait))
+                retried: Counter[int] = Counter()
+                task = asyncio.create_task(hold_all(base, jobs, count, wait, retried))
                 await asyncio.sleep(min(10, wait / 3))  # every call is in and held by now
                 during, cpu1, t1 = rss_kib(pid), cpu_seconds(pid), time.monotonic()
                 await asyncio.sleep(min(10, wait / 3))
@@ -100,6 +118,11 @@ async def run(count: int, wait: int) -> None:
         print(f"  gateway CPU while they wait: {idle:.1f}% of a core [< 5%]")
         shown = ", ".join(f"{n} x {status}" for status, n in sorted(answered.items()))
         print(f"  answers: {shown} (429: the wait ended before the next permitted poll)")
+        again = ", ".join(f"{n} after {k}" for k, n in sorted(retried.items()) if k)
+        print(
+            f"  calls that retried a 503 overloaded after its Retry-After: {again or 'none'}"
+            " (all opened at once: past limits.max_in_flight until they park)"
+        )
         print(f"  gateway CPU to take them in: {cpu1 - cpu0:.1f} s")
         print(
             f"  provider status calls: {calls} for {len(jobs)} jobs (the schedule allows "
