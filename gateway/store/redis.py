@@ -331,15 +331,30 @@ class RedisStore(Store):
     ) -> Any:
         """A script's answer, after ``before`` (commands of the same caller, sent first):
         on one Redis in this turn's pipeline (Turns), on a cluster from the pool."""
+        return (await self._writing(operation, script, keys, args, *before))[0]
+
+    async def _writing(
+        self, operation: str, script: Any, keys: list[str], args: Any, *before: Command
+    ) -> tuple[Any, Any]:
+        """A writing script's answer, and with ``wait_replicas`` on one Redis the answer of
+        the WAIT sent in the same pipeline, on the same connection, after it (None
+        otherwise: ``_replicated`` then asks): a WAIT sent in a later pipeline could go on
+        a connection opened again meanwhile (a failover that moved the address), whose
+        WAIT acknowledges nothing of this write."""
         if self._turns is not None:
             command = Turns.evalsha(script.sha, keys, args)
-            return (await self._call(operation, self._turns.call(*before, command)))[-1]
+            if self._wait_replicas <= 0:
+                answers = await self._call(operation, self._turns.call(*before, command))
+                return answers[-1], None
+            wait: Command = ("WAIT", self._wait_replicas, self._wait_millis)
+            answers = await self._call(operation, self._turns.call(*before, command, wait))
+            return answers[-2], answers[-1]
         if before:
             pipe = self._redis.pipeline(transaction=False)
             for command in before:
                 pipe.execute_command(*command)
             await self._call(operation, pipe.execute())
-        return await self._call(operation, script(keys=keys, args=args))
+        return await self._call(operation, script(keys=keys, args=args)), None
 
     async def find_result(self, account: str, provider: str, value: str) -> OperationRecord | None:
         key = self.keys.result(account, provider, value)
@@ -438,13 +453,15 @@ class RedisStore(Store):
 
     async def save(self, record: OperationRecord) -> bool:
         keys, args, written = self.keys.cas(record)
-        result = await self._script("save", self._cas, keys, args, *self._result_sets(record))
+        result, acked = await self._writing(
+            "save", self._cas, keys, args, *self._result_sets(record)
+        )
         if result == -2:
             raise NotAdmissible("by Redis time this status request is not permitted now")
         if result != 1:
             return False
         self._copy(written)
-        await self._replicated("save")
+        await self._replicated("save", acked)
         return True
 
     @property
@@ -454,8 +471,9 @@ class RedisStore(Store):
     async def _replicated(self, operation: str, acked: Any = None) -> None:
         """With ``wait_replicas`` set, a write counts only once that many replicas have it,
         so a failover cannot forget a spent status request. WAIT answers for the writes of
-        the connection it is sent on: on one Redis it goes after the write on the Turns
-        connection (``acked``: the answer of a WAIT already sent in the write's pipeline)."""
+        the connection it is sent on: on one Redis it goes in the write's own pipeline
+        (``acked``: that WAIT's answer; see ``_writing``), else after the write on the Turns
+        connection."""
         if self._wait_replicas <= 0:
             return
         if acked is None and self._turns is not None:
@@ -711,7 +729,7 @@ class RedisStore(Store):
         cas_keys, cas_args, stored = self.keys.cas(reserve)
         keys = [self.keys.lease(lease), *self.keys.pace(provider), *cas_keys]
         args = [token, max(1, int(ttl * 1000)), rate or 0.0, GUARD, member, MIN_WAIT, *cas_args]
-        raw_wait, written, *current = await self._script(
+        (raw_wait, written, *current), acked = await self._writing(
             "acquire_lease", self._start_reserve, keys, args
         )
         wait = float(raw_wait)
@@ -727,7 +745,7 @@ class RedisStore(Store):
                 self._forget(reserve.operation_id)  # gone
             return wait, False, moved
         self._copy(stored)
-        await self._replicated("save")
+        await self._replicated("save", acked)
         return wait, True, None
 
     async def finish_poll(
@@ -749,12 +767,12 @@ class RedisStore(Store):
             keys, args, stored = self.keys.cas(new)
             keys.append(self.keys.lease(lease))
             args.append(token)
-            written = await self._script(
+            written, acked = await self._writing(
                 "save", self._cas_release, keys, args, *self._result_sets(new)
             )
             if written == 1:
                 self._copy(stored)
-                await self._replicated("save")
+                await self._replicated("save", acked)
                 return result
         return await super().finish_poll(
             operation_id, change, known=known, lease=lease, token=token, durable=durable

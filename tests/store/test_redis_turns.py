@@ -620,3 +620,49 @@ def test_commands_go_as_redis_pys_packing_writes_them(connection_class: type[Any
     link = Link.__new__(Link)
     link.hiredis_packs = True
     assert b"".join(packed(link, conn, commands)) == b"".join(conn.pack_commands(commands))
+
+
+async def test_a_writes_wait_goes_in_the_writes_own_pipeline(
+    primary_and_replica: tuple[RedisServer, RedisServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With wait_replicas, every write of the poll path (reservation, answer, record save)
+    sends its WAIT in its own call, so on the same connection as the write: a WAIT sent in
+    a later pipeline could go on a connection opened again after a failover moved the
+    address, and acknowledge nothing of the write."""
+    primary, _ = primary_and_replica
+    sent: list[list[str]] = []
+    call = Turns.call
+
+    async def recording(self: Turns, *commands: Command) -> list[Any]:
+        sent.append([str(command[0]) for command in commands])
+        return await call(self, *commands)
+
+    monkeypatch.setattr(Turns, "call", recording)
+    store = store_from_url(f"{primary.url}?prefix=waitsown&wait_replicas=1")
+    assert isinstance(store, RedisStore)
+    try:
+        created = await store.create(record(1))
+        assert await store.save(created.evolve(early_refusals=1))
+        stored = await store.get(created.operation_id)
+        assert stored is not None
+        now = time.time()
+        reserve = stored.evolve(status_requests_used=1, last_polled_at=now)
+        started = await store.start_and_reserve("poll:w", "t", now, 5.0, "p", None, reserve)
+        assert started[1] is True
+        reserved = await store.get(created.operation_id)
+        assert reserved is not None
+        await store.finish_poll(
+            created.operation_id,
+            lambda current: (current.evolve(early_refusals=2), True),
+            known=reserved,
+            lease="poll:w",
+            token="t",
+        )
+        stored = await store.get(created.operation_id)
+        assert stored is not None and stored.early_refusals == 2
+        writes = [commands for commands in sent if "EVALSHA" in commands]
+        assert len(writes) == 3
+        assert all(commands[-1] == "WAIT" for commands in writes), writes
+        assert not [commands for commands in sent if commands == ["WAIT"]]
+    finally:
+        await store.close()
