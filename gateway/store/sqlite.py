@@ -479,6 +479,9 @@ class SQLiteStore(Store):
             self._break(f"sqlite fsync: {self._path}-wal: {reason or failure!r}", waiters)
             return
         self._durable_through = max(self._durable_through, through)
+        if self._lazy is not None and self._durable_through >= self._committed_through:
+            self._lazy.cancel()  # what it was for is durable: no wake-up for nothing
+            self._lazy = None
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)

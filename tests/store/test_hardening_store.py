@@ -270,6 +270,36 @@ async def test_sqlite_a_pending_answer_alone_is_fsynced_soon(tmp_path: Path) -> 
         await store.close()
 
 
+async def test_sqlite_a_pending_answer_fsynced_with_a_durable_write_costs_no_fsync_later(
+    tmp_path: Path,
+) -> None:
+    """A pending answer whose turn a durable write's fsync made durable leaves no fsync (and
+    no wake-up) behind for LAZY_SYNC later: one fsync serves both."""
+    make, made = thread_synced(os.fsync)
+    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make)
+    await store.open()
+    try:
+        first = await store.create(op(1))
+        second = await store.create(op(2))
+        (syncer,) = made
+
+        def running(current: OperationRecord) -> tuple[OperationRecord, str]:
+            return current.evolve(last_known_state="running"), "pending"
+
+        await store.finish_poll(
+            "op_1", running, known=first, lease="l", token="t", durable=lambda r: False
+        )
+        await asyncio.sleep(0)  # its turn commits, fsynced lazily
+        before = syncer.synced
+        assert await store.save(second.evolve(early_refusals=1))  # durable: fsynced now
+        assert syncer.synced == before + 1
+        assert store._lazy is None  # no timer left to wake the loop for nothing
+        await asyncio.sleep(LAZY_SYNC * 3)
+        assert syncer.synced == before + 1, "an fsync for a turn already durable"
+    finally:
+        await store.close()
+
+
 async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(tmp_path: Path) -> None:
     """A disk that fails the WAL's fsync (EIO) fails the writes that waited for it with a
     StoreError (503 store-unavailable upstream), and every call after it: Linux may drop
