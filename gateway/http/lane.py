@@ -38,7 +38,6 @@ import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import partial
 from typing import Any, cast
 
 import httptools
@@ -716,6 +715,7 @@ class LaneSite(web.BaseSite):
 
     __slots__ = (
         "_host",
+        "_listener",
         "_port",
         "_reuse_port",
         "app",
@@ -744,6 +744,7 @@ class LaneSite(web.BaseSite):
         self.middleware = middleware
         self.handler = handler
         self.outbox: Outbox
+        self._listener: Listener | None = None
 
     @property
     def name(self) -> str:
@@ -761,10 +762,17 @@ class LaneSite(web.BaseSite):
         await super().start()
         loop = asyncio.get_running_loop()
         self.outbox = Outbox(loop)
-        sockets = await loop.run_in_executor(  # getaddrinfo may ask a resolver
-            None, partial(bind, self._host, self._port, reuse_port=bool(self._reuse_port))
-        )
-        listener = Listener(sockets, lambda: Lane(self), backlog=self._backlog)
+        # at start, before anything is served: a name's lookup may hold the loop briefly
+        sockets = bind(self._host, self._port, reuse_port=bool(self._reuse_port))
+        listener = self._listener = Listener(sockets, lambda: Lane(self), backlog=self._backlog)
         self._server = cast(asyncio.AbstractServer, listener)  # what the runner reads of it
         if listener.sockets:
             self._port = listener.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """No new connection; those accepted before are registered with the runner's
+        server before its shutdown begins, so it answers their requests as it answers the
+        others' (a request read meanwhile is not cut off)."""
+        await super().stop()
+        if self._listener is not None:
+            await self._listener.handed_over()

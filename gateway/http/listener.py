@@ -9,16 +9,19 @@ waited 0.9 s for a ``503 overloaded`` that is otherwise answered in ~10 ms; a ba
 server with a loop busy in 5 ms slices took 1.05 s to accept 200 connections, this module
 27 ms. Here each readiness of a listening socket accepts every waiting connection (up to
 PER_TURN, as asyncio's own loop does up to its backlog), each handed to the loop as a
-transport of its own (``loop.connect_accepted_socket``, ~90 us more a connection than
-libuv's accept, paid once per connection, not per request).
+transport of its own (``loop.connect_accepted_socket``, in a task: ~90 us more CPU a
+connection than libuv's accept, and its first request read a turn of the loop later; paid
+once per connection, not per request).
 
 What it owns: binding (the addresses ``getaddrinfo`` gives for the host, SO_REUSEADDR,
-SO_REUSEPORT for ``--workers``, IPv6 sockets IPv6-only, as ``loop.create_server`` binds),
-accepting, and closing the sockets (``close``: no new connection is accepted; connections
-handed over are the server's to stop, and one still being handed over is closed). Out of
-descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) it stops accepting for RETRY seconds
-with one warning, as asyncio does, rather than spin on a socket that stays readable; the
-kernel keeps the waiting connections meanwhile.
+SO_REUSEPORT for ``--workers``, IPv6 sockets IPv6-only, a family the host cannot make
+skipped, as ``loop.create_server`` binds), accepting, and closing the sockets (``close``: no
+new connection is accepted; ``handed_over`` waits until the connections accepted before are
+the server's, which stops them as it stops the others). Out of descriptors or memory (EMFILE,
+ENFILE, ENOBUFS, ENOMEM) it stops accepting for RETRY seconds with one warning, as asyncio
+does, rather than spin on a socket that stays readable; the kernel keeps the waiting
+connections meanwhile. A connection that failed before it was accepted (the network errors
+``accept`` reports for it, ECONNABORTED among them) is skipped.
 
 What it never does: read or write a byte of a connection.
 """
@@ -35,17 +38,38 @@ log = logging.getLogger("statusgate")
 PER_TURN = 512  # connections accepted at most per readiness of one socket
 RETRY = 1.0  # seconds accepting pauses when the process is out of descriptors or memory
 EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# accept(2) on Linux: a pending network error of the new connection, "treat like EAGAIN"
+GONE = frozenset(
+    {
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
+        errno.ENONET,
+        errno.EHOSTUNREACH,
+        errno.EOPNOTSUPP,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EPERM,  # a firewall refused it
+    }
+)
 
 
 def bind(host: str | None, port: int, *, reuse_port: bool = False) -> list[socket.socket]:
     """Bound, non-blocking TCP sockets (not yet listening) for ``host`` and ``port``, one
-    per address the host resolves to (every interface for "" or None); OSError naming the
+    per address the host resolves to (every interface for "" or None; an address family
+    this machine cannot make, IPv6 on a kernel without it, is skipped); OSError naming the
     address that cannot be bound."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
+    unmade: OSError | None = None
     try:
         for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError as exc:  # the family is not supported here
+                unmade = exc
+                continue
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if reuse_port:
@@ -59,6 +83,8 @@ def bind(host: str | None, port: int, *, reuse_port: bool = False) -> list[socke
                 message = f"error while attempting to bind on {address}: {why}"
                 raise OSError(exc.errno, message) from None
             sock.setblocking(False)
+        if not sockets:
+            raise unmade or OSError(errno.EADDRNOTAVAIL, f"no address to listen on for {host}")
     except BaseException:
         for sock in sockets:
             sock.close()
@@ -68,8 +94,8 @@ def bind(host: str | None, port: int, *, reuse_port: bool = False) -> list[socke
 
 class Listener:
     """Listening sockets whose waiting connections are all accepted at each readiness, each
-    handed to ``protocol`` on a transport of the loop's. What aiohttp's runner reads of a
-    site's server: ``sockets`` and ``close``."""
+    handed to ``protocol`` on a transport of the loop's. What aiohttp's runner uses of a
+    site's server: ``sockets`` and ``close`` (the rest of ``asyncio.Server``'s face too)."""
 
     def __init__(
         self,
@@ -78,16 +104,33 @@ class Listener:
         *,
         backlog: int,
     ) -> None:
-        self.sockets = sockets
+        self._sockets = sockets
         self._protocol = protocol
         self._loop = asyncio.get_running_loop()
         self._closed = False
         self._starting: set[asyncio.Task[None]] = set()  # transports being made (held here:
         # the loop keeps only weak references to tasks)
         self._exhausted = False  # a warning was logged for the spell of EMFILE/ENFILE
+        try:
+            for sock in sockets:
+                sock.listen(backlog)
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            raise
         for sock in sockets:
-            sock.listen(backlog)
             self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        """The listening sockets; none once closed (as ``asyncio.Server.sockets``)."""
+        return () if self._closed else tuple(self._sockets)
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def is_serving(self) -> bool:
+        return not self._closed
 
     def _accept(self, sock: socket.socket) -> None:
         for _ in range(PER_TURN):
@@ -95,9 +138,10 @@ class Listener:
                 conn, _ = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except ConnectionAbortedError:  # gone before it was accepted
-                continue
             except OSError as exc:
+                if exc.errno in GONE:  # that connection failed before it was accepted
+                    log.debug("a connection failed before it was accepted: %s", exc)
+                    continue
                 if exc.errno in EXHAUSTED:
                     self._pause(sock, exc)
                     return
@@ -110,14 +154,16 @@ class Listener:
             task.add_done_callback(self._starting.discard)
 
     async def _start(self, conn: socket.socket) -> None:
+        """The accepted connection on a transport of its own, its protocol told
+        (``connection_made``) by the time this returns."""
         try:
-            transport, _ = await self._loop.connect_accepted_socket(self._protocol, conn)
+            await self._loop.connect_accepted_socket(self._protocol, conn)
         except OSError as exc:  # reset before its transport was made: nothing to answer
             log.debug("an accepted connection ended before it was served: %s", exc)
             conn.close()
-            return
-        if self._closed:  # accepted as the listener closed: the stop has begun without it
-            transport.close()
+        except BaseException:
+            conn.close()  # a no-op once a transport took it (uvloop detaches it at close)
+            raise
 
     def _pause(self, sock: socket.socket, exc: OSError) -> None:
         """Out of descriptors or memory: the socket stays readable, so accepting pauses
@@ -138,11 +184,20 @@ class Listener:
             self._loop.add_reader(sock.fileno(), self._accept, sock)
 
     def close(self) -> None:
-        """Stop accepting and close the sockets; a connection still being handed over is
-        closed once its transport is made (within a turn of the loop)."""
+        """Stop accepting and close the sockets (the connections accepted before are not
+        touched: ``handed_over``)."""
         if self._closed:
             return
         self._closed = True
-        for sock in self.sockets:
+        for sock in self._sockets:
             self._loop.remove_reader(sock.fileno())
             sock.close()
+
+    async def handed_over(self) -> None:
+        """Every connection accepted so far has its transport and its protocol has been
+        told: the server it registered with stops it from here on."""
+        while self._starting:
+            await asyncio.gather(*self._starting, return_exceptions=True)
+
+    async def wait_closed(self) -> None:
+        await self.handed_over()

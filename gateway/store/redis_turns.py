@@ -14,7 +14,8 @@ reads) to the one pipeline that goes next. What it guarantees:
 - Scripts go as EVALSHA with the sha computed here (``script``), never SCRIPT EXISTS or
   LOAD per pipeline. After NOSCRIPT (Redis restarted or its scripts flushed) the scripts are
   loaded and only the commands that got NOSCRIPT are sent again, once, in one more round
-  trip; so a script should be its caller's last command (the others ran before it).
+  trip, with the pipeline's WAITs after them (the first WAITs ran before those writes); so a
+  script should be its caller's last command but for a WAIT (the others ran before it).
 - A pipeline that fails as a whole (no complete answer within the connection's
   ``socket_timeout``: redis-py's TimeoutError; refused, reset or closed: its
   ConnectionError) fails every caller in it, and every caller that queued behind it:
@@ -136,9 +137,18 @@ class Turns:
         if unloaded:
             shas = dict.fromkeys(str(commands[n][1]) for n in unloaded)
             loads: list[Command] = [("SCRIPT", "LOAD", self._scripts[sha]) for sha in shas]
-            again = await self._pipeline(loads + [commands[n] for n in unloaded])
-            for n, answer in zip(unloaded, again[len(loads) :], strict=True):
+            # the WAITs again, after the scripts sent again: the first ones answered for
+            # writes made before these scripts ran, not for theirs
+            waits = list(dict.fromkeys(c for c in commands if c[0] == "WAIT"))
+            resent = [commands[n] for n in unloaded]
+            again = await self._pipeline(loads + resent + waits)
+            after = len(loads) + len(resent)
+            for n, answer in zip(unloaded, again[len(loads) : after], strict=True):
                 answers[n] = answer
+            acked = dict(zip(waits, again[after:], strict=True))
+            for n, command in enumerate(commands):
+                if command[0] == "WAIT":
+                    answers[n] = acked[command]
         start = 0
         for group, future in batch:
             mine = answers[start : start + len(group)]

@@ -13,8 +13,10 @@ from collections.abc import Callable
 
 import pytest
 import uvloop
+from aiohttp import web
 
 from gateway.http import listener
+from gateway.http.lane import LaneSite
 from gateway.http.listener import Listener, bind
 
 BURST = 200
@@ -28,9 +30,13 @@ class Counted(asyncio.Protocol):
         self.made.append(transport)  # type: ignore[arg-type]
 
 
-async def busy_turns_to_accept(serve: Callable[[list[asyncio.Transport]], object]) -> int:
+async def busy_turns_to_accept(
+    serve: Callable[[list[asyncio.Transport]], object],
+    count: Callable[[list[asyncio.Transport]], int] = len,
+) -> int:
     """Turns of a loop kept busy (each turn spins ~1 ms in Python, as a loaded gateway's
-    turns do) until BURST connections opened at once are all made; at most 4 * BURST."""
+    turns do) until BURST connections opened at once are all made (``count`` of them);
+    at most 4 * BURST."""
     made: list[asyncio.Transport] = []
     port = await serve(made)  # type: ignore[misc]
     clients = []
@@ -42,7 +48,7 @@ async def busy_turns_to_accept(serve: Callable[[list[asyncio.Transport]], object
         clients.append(client)
     loop = asyncio.get_running_loop()
     turns = 0
-    while len(made) < BURST and turns < 4 * BURST:
+    while count(made) < BURST and turns < 4 * BURST:
         until = loop.time() + 0.001
         while loop.time() < until:
             pass
@@ -177,3 +183,121 @@ async def test_out_of_descriptors_pauses_accepting_then_resumes(
         server.close()
         for transport in made:
             transport.close()
+
+
+def test_the_agent_site_takes_a_burst_in_a_few_turns_of_a_busy_uvloop() -> None:
+    """The agent listener (LaneSite) is the one that accepts a burst at once: 200
+    connections are the runner's within a few turns of a busy uvloop loop."""
+
+    async def agent_site(made: list[asyncio.Transport]) -> int:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return web.Response(text="ok")
+
+        runner = web.AppRunner(web.Application())
+        await runner.setup()
+        site = LaneSite(
+            runner, "127.0.0.1", 0, middleware=lambda r, h: h(r), handler=handler, backlog=4096
+        )
+        await site.start()
+        runners.append(runner)
+        return site.port
+
+    def registered(_: list[asyncio.Transport]) -> int:
+        server = runners[0].server
+        return len(server.connections) if server is not None else 0
+
+    runners: list[web.AppRunner] = []
+
+    async def run() -> int:
+        try:
+            return await busy_turns_to_accept(agent_site, registered)
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    assert on_uvloop(run) <= 10  # type: ignore[operator]
+
+
+def test_a_connection_accepted_as_the_listener_closes_is_handed_over_whole() -> None:
+    """A connection accepted just before ``close`` still gets its transport and protocol,
+    and is not closed by the listener: ``handed_over`` returns once the server has it (a
+    request read meanwhile is answered by the server's graceful stop, not cut off)."""
+
+    async def run() -> None:
+        made: list[asyncio.Transport] = []
+        sockets = bind("127.0.0.1", 0)
+        server = Listener(sockets, lambda: Counted(made), backlog=16)
+        loop = asyncio.get_running_loop()
+        client = socket.socket()
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.connect(sockets[0].getsockname())
+        for _ in range(50):  # accepted, its transport not made yet
+            await asyncio.sleep(0)
+            if server._starting:
+                break
+        assert server._starting and not made
+        server.close()
+        await server.handed_over()
+        assert len(made) == 1 and not made[0].is_closing()
+        made[0].write(b"still open")
+        await asyncio.sleep(0.05)
+        assert await loop.sock_recv(client, 64) == b"still open"
+        made[0].close()
+        client.close()
+
+    on_uvloop(run)
+
+
+def test_a_socket_that_cannot_listen_leaves_none_open() -> None:
+    """When one of a host's sockets cannot listen (its port taken meanwhile), every socket
+    is closed: none is left accepting with no one to stop it."""
+
+    async def run() -> None:
+        first = bind("127.0.0.1", 0)  # bound, not listening: the port can be bound again
+        port = first[0].getsockname()[1]
+        second = bind("127.0.0.1", port)
+        second[0].listen(1)  # taken by a listener: first[0].listen now fails
+        try:
+            with pytest.raises(OSError):
+                Listener([*bind("127.0.0.1", 0), first[0]], lambda: Counted([]), backlog=16)
+            assert first[0].fileno() == -1
+        finally:
+            second[0].close()
+
+    on_uvloop(run)
+
+
+def test_an_address_family_the_machine_lacks_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a kernel without IPv6 every-interface binding listens on IPv4 alone, as
+    ``loop.create_server`` does, instead of refusing to start; with no family at all it
+    says why."""
+    real = socket.socket
+
+    def no_ipv6(family: int = socket.AF_INET, *args: object) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(listener.socket, "socket", no_ipv6)
+    monkeypatch.setattr(
+        listener.socket,
+        "getaddrinfo",
+        lambda *a, **k: [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0)),
+        ],
+    )
+    sockets = bind("", 0)
+    try:
+        assert [s.family for s in sockets] == [socket.AF_INET]
+    finally:
+        for sock in sockets:
+            sock.close()
+    monkeypatch.setattr(
+        listener.socket,
+        "getaddrinfo",
+        lambda *a, **k: [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0))],
+    )
+    with pytest.raises(OSError, match="not supported"):
+        bind("", 0)

@@ -666,3 +666,39 @@ async def test_a_writes_wait_goes_in_the_writes_own_pipeline(
         assert not [commands for commands in sent if commands == ["WAIT"]]
     finally:
         await store.close()
+
+
+async def test_a_write_sent_again_after_noscript_is_waited_for_again(
+    primary_and_replica: tuple[RedisServer, RedisServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After NOSCRIPT (Redis restarted, its scripts flushed, a failover) the write is sent
+    again with its WAIT after it: the WAIT of the first pipeline ran before the write
+    existed, so a stalled replica still fails the write closed (it once returned True)."""
+    primary, replica = primary_and_replica
+    pipelines: list[list[str]] = []
+    pipeline = Turns._pipeline
+
+    async def recorded(self: Turns, commands: list[Command]) -> list[Any]:
+        pipelines.append([str(command[0]) for command in commands])
+        return await pipeline(self, commands)
+
+    monkeypatch.setattr(Turns, "_pipeline", recorded)
+    store = store_from_url(f"{primary.url}?prefix=noscriptwait&wait_replicas=1")
+    assert isinstance(store, RedisStore)
+    client = sync_redis.Redis(port=primary.port)
+    try:
+        created = await store.create(record(1))
+        assert await store.save(created.evolve(early_refusals=1))
+        client.script_flush()
+        deadline = time.monotonic() + 10  # the replica acknowledges what it has (each second)
+        while client.wait(1, 100) < 1:
+            assert time.monotonic() < deadline, "the replica never caught up"
+        assert replica.process is not None
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        pipelines.clear()
+        with pytest.raises(StoreError, match="0 of 1 replicas acknowledged"):
+            await store.save(created.evolve(early_refusals=2, version=2))
+        assert pipelines == [["EVALSHA", "WAIT"], ["SCRIPT", "EVALSHA", "WAIT"]]
+    finally:
+        client.close()
+        await store.close()
