@@ -55,12 +55,13 @@ RETRIES = 5  # 503s a call retries after their Retry-After, as agents' SDKs do
 
 
 async def hold_all(
-    base: str, jobs: list[str], count: int, wait: int, retried: Counter[int]
+    base: str, jobs: list[str], count: int, wait: int, retried: Counter[int], sent: list[float]
 ) -> dict[int, int]:
     """Open ``count`` held calls at once; how many got each status in the end. A call
     answered ``503 overloaded`` (more calls arrived at once than ``limits.max_in_flight``
     takes before they park) retries after its Retry-After, up to RETRIES times, as the
-    agents' SDKs do; ``retried`` counts the calls by how many times they retried."""
+    agents' SDKs do; ``retried`` counts the calls by how many times they retried, ``sent``
+    holds when the last call went out (time.monotonic)."""
     headers = {"Authorization": f"Bearer {TOKEN}", "Prefer": f"wait={wait}"}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=wait + 30)
@@ -69,6 +70,7 @@ async def hold_all(
         async def one(n: int) -> int:
             for attempt in range(RETRIES + 1):
                 url = f"{base}/v1/jobs/{jobs[n % len(jobs)]}"
+                sent[0] = max(sent[0], time.monotonic())
                 async with http.get(url, headers=headers) as r:
                     await r.read()
                     after = r.headers.get("Retry-After")
@@ -104,9 +106,11 @@ async def run(count: int, wait: int) -> None:
                 pid = gateway_pid(port)
                 before, cpu0 = rss_kib(pid), cpu_seconds(pid)
                 retried: Counter[int] = Counter()
-                task = asyncio.create_task(hold_all(base, jobs, count, wait, retried))
+                sent = [0.0]
+                task = asyncio.create_task(hold_all(base, jobs, count, wait, retried, sent))
                 await asyncio.sleep(min(10, wait / 3))  # every call is in and held by now
                 during, cpu1, t1 = rss_kib(pid), cpu_seconds(pid), time.monotonic()
+                late = sent[0] > t1 - 1.0  # a call still went out a second before the sample
                 await asyncio.sleep(min(10, wait / 3))
                 cpu2, t2 = cpu_seconds(pid), time.monotonic()
                 answered = await task
@@ -114,6 +118,8 @@ async def run(count: int, wait: int) -> None:
         growth = (during - before) / count
         print(f"Held waits: {count} concurrent Prefer: wait={wait} calls on one gateway process")
         print(f"  resident memory growth per held call: {growth:.1f} KiB [< 32 KB]")
+        if late:
+            print("  (calls were still coming in when memory was sampled: understated)")
         idle = 100 * (cpu2 - cpu1) / (t2 - t1)
         print(f"  gateway CPU while they wait: {idle:.1f}% of a core [< 5%]")
         shown = ", ".join(f"{n} x {status}" for status, n in sorted(answered.items()))

@@ -317,7 +317,10 @@ class Engine:
             self.free()
             return
         request.opening, conn.closed = None, False
-        if request.done:
+        if conn.transport.is_closing():  # the server closed it before it could be used
+            request.conn, conn.request = conn, request
+            self.drop(conn, abort=False)
+        elif request.done:
             self.release(conn)
         else:
             request.connect = time.perf_counter() - began
