@@ -31,7 +31,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import orjson
 import redis.asyncio as aioredis
@@ -81,7 +81,8 @@ class PackedConnection(aioredis.Connection):
     older than redis-py accepts) it packs as redis-py does. ``rediss://`` and ``unix://``
     URLs keep redis-py's own connection classes."""
 
-    _packer = HiredisRespSerializer()
+    # redis-py 8.2 packs with hiredis itself and left the class untyped; 8.1 typed it
+    _packer: Any = cast(Any, HiredisRespSerializer)()
 
     def pack_command(self, *args: Any) -> list[bytes]:
         encoder = self.encoder
