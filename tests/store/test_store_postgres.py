@@ -9,8 +9,10 @@ a database can show."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -639,3 +641,79 @@ async def test_result_values_are_indexed_in_a_table_and_purged_with_the_record(
     with admin(postgres_url) as conn:
         left = conn.execute(f'SELECT count(*) FROM "{pg.schema}".result_values').fetchone()
     assert left == (0,)
+
+
+@contextlib.contextmanager
+def small_filesystem(folder: Path, owner: str | None, size: str = "4m") -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``folder`` (root only), owned by ``owner``; unmounted after."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full database disk needs root to mount a small tmpfs (CI runs as root)")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        if owner is not None:
+            shutil.chown(folder, owner)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into ``folder`` until its filesystem has no byte left."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 16, 1):  # whole blocks, then the last bytes one at a time
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def test_a_full_database_disk_fails_closed_and_recovers(
+    private_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The disk under the store's tables fills up (a tablespace on a small tmpfs; the WAL
+    stays on its own disk, as on a managed database): a submit, whose writes need a new
+    page, is answered 503 store-unavailable with Retry-After within 1.5 s and reaches no
+    provider; the gateway logs it and keeps serving; once space returns the same submit
+    goes through, with no restart."""
+    space = small_filesystem(Path(private_postgres.folder) / "space", private_postgres.user)
+    with space as where:
+        base = private_postgres.url
+        with admin(base) as conn:
+            conn.execute(f"CREATE TABLESPACE small LOCATION '{where}'")
+            conn.execute("CREATE DATABASE sgfull")
+            conn.execute("ALTER DATABASE sgfull SET default_tablespace = small")
+        url = f"{base.rsplit('/', 1)[0]}/sgfull"
+        async with real_time_harness(tmp_path, store_url=url) as harness:
+            filler = fill(where)  # the store's tables exist, every one of them empty
+            seen = len(harness.provider.log)
+            for attempt in range(3):
+                started = time.perf_counter()
+                response = await harness.submit([{"state": "running"}], key="on-a-full-disk")
+                took = time.perf_counter() - started
+                body = await response.json()
+                assert response.status == 503, body
+                assert body["type"] == "/problems/store-unavailable"
+                assert "Retry-After" in response.headers
+                assert took < 1.5, (attempt, took)
+            assert len(harness.provider.log) == seen
+            server_log = (Path(private_postgres.folder) / "log").read_text()
+            assert "No space left on device" in server_log  # the disk, not something else
+            filler.unlink()
+            response = await harness.submit([{"state": "running"}], key="on-a-full-disk")
+            assert response.status in (200, 201, 202), await response.text()
+            job = (await response.json())["id"]
+            assert (await harness.poll_when_due(job)).status == 200
+        with admin(base) as conn:
+            conn.execute("DROP DATABASE sgfull WITH (FORCE)")
+            conn.execute("DROP TABLESPACE small")
