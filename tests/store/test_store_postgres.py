@@ -1,7 +1,7 @@
 """PostgreSQL-only guarantees (SPEC 18): reservations checked on the database clock and never
 overspent by racing replicas, a lost lease never written through, options from the URL, the
 layout's version, and failing closed (and recovering by itself) when the database is refused,
-gone, closed to connections, slow or short of connections.
+gone, closed to connections, slow, short of connections or out of disk.
 
 The contract suite (test_store_contract.py) runs on PostgreSQL too; this file holds what only
 a database can show."""
