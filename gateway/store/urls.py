@@ -26,11 +26,19 @@ def sqlite(url: str, cache_bytes: int) -> SQLiteStore:
     synchronous = options.get("synchronous", ["full"])[0].lower()
     if synchronous not in ("full", "normal"):
         raise ConfigError(["store: synchronous must be full or normal"])
-    try:
-        busy = parse_duration(options.get("busy_timeout", ["2s"])[0])
-    except ValueError as exc:
-        raise ConfigError([f"store: busy_timeout {exc}"]) from None
-    return SQLiteStore(path, synchronous=synchronous, busy_timeout=busy, cache_bytes=cache_bytes)
+    durations = {}
+    for name, default in (("busy_timeout", "2s"), ("group_commit", "0.5ms")):
+        try:
+            durations[name] = parse_duration(options.get(name, [default])[0])
+        except ValueError as exc:
+            raise ConfigError([f"store: {name} {exc}"]) from None
+    return SQLiteStore(
+        path,
+        synchronous=synchronous,
+        busy_timeout=durations["busy_timeout"],
+        cache_bytes=cache_bytes,
+        group_commit=durations["group_commit"],
+    )
 
 
 def redis(url: str) -> RedisStore:

@@ -20,7 +20,7 @@ import pytest
 from gateway.app import create_app
 from gateway.core import decide
 from gateway.core.models import FinalResponse, OperationRecord, Outcome
-from gateway.errors import StoreError
+from gateway.errors import ConfigError, StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
@@ -300,6 +300,91 @@ async def test_sqlite_a_pending_answer_fsynced_with_a_durable_write_costs_no_fsy
         await store.close()
 
 
+class TimedSyncer(ThreadSyncer):
+    """A ThreadSyncer that notes the loop time each fsync was asked for and ended."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, os.fsync)
+        self.asked: list[float] = []
+        self.ended: list[float] = []
+
+    def sync(self, done: Callable[[BaseException | None], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.asked.append(loop.time())
+
+        def told(error: BaseException | None) -> None:
+            self.ended.append(loop.time())
+            done(error)
+
+        super().sync(told)
+
+
+async def test_sqlite_the_next_fsync_waits_group_commit_after_the_last_one(
+    tmp_path: Path,
+) -> None:
+    """Group commit under load: an fsync starts no sooner than ``group_commit`` after the
+    last one ended, and every durable write made meanwhile shares it; a durable write after
+    a quiet spell is fsynced at once (no wait at low load); ``group_commit`` 0 spaces
+    nothing."""
+    spacing = 0.05
+    made: list[TimedSyncer] = []
+
+    def make(path: str) -> TimedSyncer:
+        made.append(TimedSyncer(path))
+        return made[-1]
+
+    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make, group_commit=spacing)
+    await store.open()
+    try:
+        (syncer,) = made
+        records = [await store.create(op(i)) for i in range(10)]  # each after the last
+        assert len(syncer.asked) >= 11  # the layout's, then one per create
+        for ended, asked in zip(syncer.ended[:-1], syncer.asked[1:], strict=True):
+            assert asked >= ended + spacing - 0.001, (asked, ended)
+        before = len(syncer.asked)
+        assert all(await asyncio.gather(*(store.save(r) for r in records)))
+        assert len(syncer.asked) == before + 1  # the ten writes made meanwhile: one fsync
+        await asyncio.sleep(spacing * 2)  # quiet: the next durable write is not held back
+        loop = asyncio.get_running_loop()
+        called = loop.time()
+        assert await store.save(records[0].evolve(version=2))
+        assert syncer.asked[-1] - called < spacing / 2
+    finally:
+        await store.close()
+    back_to_back = SQLiteStore(str(tmp_path / "b.db"), syncer=make, group_commit=0.0)
+    await back_to_back.open()
+    try:
+        first = await back_to_back.create(op(1))
+        held = asyncio.ensure_future(back_to_back.save(first))
+        assert await held
+        timed = made[-1]
+        assert timed.asked[-1] - timed.ended[-2] < spacing / 2
+    finally:
+        await back_to_back.close()
+
+
+async def test_sqlite_close_does_not_wait_for_a_held_back_fsync(tmp_path: Path) -> None:
+    """A store closed while its next fsync is held back for ``group_commit`` fsyncs at once:
+    the write is durable and close returns well before the spacing would have ended."""
+    store = SQLiteStore(str(tmp_path / "g.db"), group_commit=30.0)
+    await store.open()
+    first = await store.create(op(1))  # an fsync just ended: the next one is held back
+    saving = asyncio.ensure_future(store.save(first.evolve(early_refusals=3)))
+    await asyncio.sleep(0.05)
+    assert not saving.done()
+    started = time.perf_counter()
+    await store.close()
+    assert time.perf_counter() - started < 5.0
+    assert await saving
+    again = SQLiteStore(str(tmp_path / "g.db"))
+    await again.open()
+    try:
+        stored = await again.get("op_1")
+        assert stored is not None and stored.early_refusals == 3
+    finally:
+        await again.close()
+
+
 async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(tmp_path: Path) -> None:
     """A disk that fails the WAL's fsync (EIO) fails the writes that waited for it with a
     StoreError (503 store-unavailable upstream), and every call after it: Linux may drop
@@ -473,6 +558,18 @@ async def test_cache_bytes_reaches_the_store_from_the_url_helper(tmp_path: Path)
     assert isinstance(default, SQLiteStore) and isinstance(tuned, SQLiteStore)
     assert (default.cache_limit, tuned.cache_limit) == (64 * MiB, 3 * MiB)
     store_from_url("memory://", cache_bytes=1)  # stores without a cache take it too
+
+
+def test_group_commit_comes_from_the_url(tmp_path: Path) -> None:
+    """``?group_commit=`` spaces the SQLite store's fsyncs (0.5 ms unless given, 0 turns it
+    off); anything but a duration is a config error naming the option."""
+    spaced = [
+        store_from_url(f"sqlite:///{tmp_path}/a.db{query}")
+        for query in ("", "?group_commit=2ms", "?group_commit=0ms")
+    ]
+    assert [s.group_commit for s in spaced if isinstance(s, SQLiteStore)] == [0.0005, 0.002, 0]
+    with pytest.raises(ConfigError, match="store: group_commit must be a duration"):
+        store_from_url(f"sqlite:///{tmp_path}/a.db?group_commit=soon")
 
 
 async def test_one_sqlite_store_per_file(tmp_path: Path) -> None:
