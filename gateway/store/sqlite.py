@@ -9,14 +9,16 @@ idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): wit
 and answers a durable write only after an fsync that began after its commit, so the loop
 never waits for the disk and one fsync serves every turn committed while the one before ran
 (group commit, as PostgreSQL does; the loop waits for the disk only when SQLite rewrites the
-WAL header after a checkpoint). The next fsync starts no sooner than
-``?group_commit=`` (GROUP_COMMIT) after the last one ended, so under load each fsync serves
-more writes: on the development VM an fsync cost the machine ~0.5 ms of CPU in all (the
-helper woken, the disk's queue kicked, the loop woken), one a forwarded poll back to back,
-and the gateway saturated at 60% of its capacity. A write after a quiet spell is fsynced at
-once. A turn of pending answers alone is fsynced with the next fsync, or
-after LAZY_SYNC at most. A caller of a write waits for that, except where it says the result
-need not be durable yet (``finish_poll`` of an answer that leaves the operation pending:
+WAL header after a checkpoint). While the loop's thread is busy (gateway/store/busy.py: 75%
+of its time on the CPU or more), the next fsync starts no sooner than ``?group_commit=``
+(GROUP_COMMIT) after the last one ended, so each fsync serves more writes: on the
+development VM an fsync cost the machine ~0.5 ms of CPU in all (the helper woken, the disk's
+queue kicked, the loop woken), there was about one a forwarded poll, back to back, and they
+saturated the gateway at 60% of its capacity. At lower load fsyncs are not spaced: there the
+wait would cost more than the CPU saved. A turn of pending answers alone is fsynced with the
+next fsync, or after LAZY_SYNC at most. A caller of a write waits for that, except where it
+says the result need not be durable yet (``finish_poll`` of an answer that leaves the
+operation pending:
 its reservation is durable already, so a crash before the fsync costs the answer, never a
 budget; the restarted gateway audits the call as interrupted). Every read-modify-write
 (``mutate``) runs whole on the loop with no await inside, so it is atomic by construction;
@@ -54,6 +56,7 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -66,6 +69,7 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
+from gateway.store.busy import LoopShare
 from gateway.store.cache import Cache
 from gateway.store.wal_sync import HelperLost, Syncer, WalSyncer
 
@@ -200,10 +204,13 @@ class SQLiteStore(Store):
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         syncer: Callable[[str], Syncer] = WalSyncer,
         group_commit: float = GROUP_COMMIT,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ):
         self._path = path
         self._fsync = synchronous.lower() == "full" and path != ":memory:"
         self._group_commit = group_commit
+        self._cpu_clock = cpu_clock  # the loop thread's CPU time: is the loop busy?
+        self._load = LoopShare()
         self._busy_timeout = busy_timeout
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
         # fsyncs of FILE-wal (``synchronous=full``), by a helper process unless a test says
@@ -468,7 +475,7 @@ class SQLiteStore(Store):
             return
         if not self._unsynced and self._durable_through >= self._committed_through:
             return
-        if self._synced_at is not None and not self._closed:
+        if self._synced_at is not None and self._load.busy and not self._closed:
             loop = asyncio.get_running_loop()
             held = self._synced_at + self._group_commit - loop.time()
             if held > 0:
@@ -510,6 +517,7 @@ class SQLiteStore(Store):
             return
         if syncing is not None:  # an fsync was made: the next one is spaced from now
             self._synced_at = asyncio.get_running_loop().time()
+            self._load.seen(self._synced_at, self._cpu_clock())
         self._durable_through = max(self._durable_through, through)
         if self._lazy is not None and self._durable_through >= self._committed_through:
             self._lazy.cancel()  # what it was for is durable: no wake-up for nothing

@@ -319,13 +319,11 @@ class TimedSyncer(ThreadSyncer):
         super().sync(told)
 
 
-async def test_sqlite_the_next_fsync_waits_group_commit_after_the_last_one(
-    tmp_path: Path,
-) -> None:
-    """Group commit under load: an fsync starts no sooner than ``group_commit`` after the
-    last one ended, and every durable write made meanwhile shares it; a durable write after
-    a quiet spell is fsynced at once (no wait at low load); ``group_commit`` 0 spaces
-    nothing."""
+async def test_sqlite_a_busy_loop_spaces_its_fsyncs_by_group_commit(tmp_path: Path) -> None:
+    """Group commit under load: while the loop's thread is busy (its CPU clock, injected
+    here, running as fast as the loop's), an fsync starts no sooner than ``group_commit``
+    after the last one ended, and every durable write made meanwhile shares it; a durable
+    write after a quiet spell is fsynced at once."""
     spacing = 0.05
     made: list[TimedSyncer] = []
 
@@ -333,42 +331,64 @@ async def test_sqlite_the_next_fsync_waits_group_commit_after_the_last_one(
         made.append(TimedSyncer(path))
         return made[-1]
 
-    store = SQLiteStore(str(tmp_path / "g.db"), syncer=make, group_commit=spacing)
+    loop = asyncio.get_running_loop()
+    store = SQLiteStore(
+        str(tmp_path / "g.db"), syncer=make, group_commit=spacing, cpu_clock=loop.time
+    )
     await store.open()
     try:
         (syncer,) = made
-        records = [await store.create(op(i)) for i in range(10)]  # each after the last
-        assert len(syncer.asked) >= 11  # the layout's, then one per create
-        for ended, asked in zip(syncer.ended[:-1], syncer.asked[1:], strict=True):
-            assert asked >= ended + spacing - 0.001, (asked, ended)
+        await asyncio.sleep(0.06)  # a window of the loop's load ends at the next fsync
+        records = [await store.create(op(i)) for i in range(6)]  # one after the other
+        assert len(syncer.asked) == 7  # the layout's, then one per create
+        gaps = [b - e for e, b in zip(syncer.ended[1:-1], syncer.asked[2:], strict=True)]
+        assert all(gap >= spacing - 0.001 for gap in gaps), gaps  # busy from the 2nd
         before = len(syncer.asked)
         assert all(await asyncio.gather(*(store.save(r) for r in records)))
-        assert len(syncer.asked) == before + 1  # the ten writes made meanwhile: one fsync
+        assert len(syncer.asked) == before + 1  # the six writes made meanwhile: one fsync
         await asyncio.sleep(spacing * 2)  # quiet: the next durable write is not held back
-        loop = asyncio.get_running_loop()
         called = loop.time()
         assert await store.save(records[0].evolve(version=2))
         assert syncer.asked[-1] - called < spacing / 2
     finally:
         await store.close()
-    back_to_back = SQLiteStore(str(tmp_path / "b.db"), syncer=make, group_commit=0.0)
-    await back_to_back.open()
-    try:
-        first = await back_to_back.create(op(1))
-        held = asyncio.ensure_future(back_to_back.save(first))
-        assert await held
-        timed = made[-1]
-        assert timed.asked[-1] - timed.ended[-2] < spacing / 2
-    finally:
-        await back_to_back.close()
+
+
+async def test_sqlite_an_idle_loop_fsyncs_at_once(tmp_path: Path) -> None:
+    """At low load (the loop's thread rarely on the CPU) fsyncs are not spaced: a durable
+    write right after an fsync starts its own at once; so with ``group_commit`` 0."""
+    for spaced, idle in ((30.0, True), (0.0, False)):
+        made: list[TimedSyncer] = []
+
+        def make(path: str, made: list[TimedSyncer] = made) -> TimedSyncer:
+            made.append(TimedSyncer(path))
+            return made[-1]
+
+        loop = asyncio.get_running_loop()
+        clock = (lambda: 0.0) if idle else loop.time
+        path = str(tmp_path / f"{spaced}.db")
+        store = SQLiteStore(path, syncer=make, group_commit=spaced, cpu_clock=clock)
+        await store.open()
+        try:
+            records = [await store.create(op(i)) for i in range(4)]
+            await asyncio.sleep(0.06)  # a window of the loop's load ends at the next fsync
+            assert await store.save(records[0])
+            assert await store.save(records[1])
+            (syncer,) = made
+            assert syncer.asked[-1] - syncer.ended[-2] < 0.5, (spaced, syncer.asked)
+        finally:
+            await store.close()
 
 
 async def test_sqlite_close_does_not_wait_for_a_held_back_fsync(tmp_path: Path) -> None:
     """A store closed while its next fsync is held back for ``group_commit`` fsyncs at once:
     the write is durable and close returns well before the spacing would have ended."""
-    store = SQLiteStore(str(tmp_path / "g.db"), group_commit=30.0)
+    loop = asyncio.get_running_loop()
+    store = SQLiteStore(str(tmp_path / "g.db"), group_commit=30.0, cpu_clock=loop.time)
     await store.open()
-    first = await store.create(op(1))  # an fsync just ended: the next one is held back
+    first = await store.create(op(1))
+    await asyncio.sleep(0.06)  # the loop counts as busy from the next fsync's end
+    first = await store.create(op(2))  # an fsync just ended: the next one is held back
     saving = asyncio.ensure_future(store.save(first.evolve(early_refusals=3)))
     await asyncio.sleep(0.05)
     assert not saving.done()
@@ -379,7 +399,7 @@ async def test_sqlite_close_does_not_wait_for_a_held_back_fsync(tmp_path: Path) 
     again = SQLiteStore(str(tmp_path / "g.db"))
     await again.open()
     try:
-        stored = await again.get("op_1")
+        stored = await again.get("op_2")
         assert stored is not None and stored.early_refusals == 3
     finally:
         await again.close()
