@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -49,7 +50,11 @@ class Asker:
     """Whom a poll is made for: the provider job, what of the asker's own request goes to
     the provider with it, and how to tell that the asker went away. An agent's status call
     forwards its headers, allowed query parameters and body; a wait the gateway makes for
-    an account (MCP) forwards nothing of an agent's."""
+    an account (MCP) forwards nothing of an agent's.
+
+    ``uncancelled``: entered, nothing cancels the asker's task until it is left (the agent
+    lane defers the cancel of a gone client's handler): the poll then runs in the asker's
+    own task, not one of its own."""
 
     runtime: Runtime
     policy: ProviderPolicy
@@ -59,6 +64,7 @@ class Asker:
     body: bytes | None = None
     gone: Callable[[], bool] = lambda: False
     request: web.Request | None = None  # an agent's HTTP call, told when it joins a poll
+    uncancelled: AbstractContextManager[None] | None = None
 
 
 def record_asker(
@@ -196,12 +202,16 @@ async def shared_poll(
     asker: Asker, record: OperationRecord, *, pace: bool, from_copy: bool = False
 ) -> tuple[Decision, UpstreamResponse | None]:
     """Step 7: one poll per operation in this process at a time; every caller gets its
-    answer. The poll is a task of its own, so a caller that goes away never cuts it short.
+    answer. A caller that goes away never cuts the poll short: it runs in a task of its
+    own, or in the caller's task when nothing may cancel that meanwhile (``uncancelled``),
+    which saves the loop a turn at the poll's start and one at its end.
     ``from_copy``: ``record`` is ``Store.known``'s copy; StaleCopy when it was stale."""
     runtime, operation_id = asker.runtime, record.operation_id
     task = runtime.inflight.get(operation_id)
     if task is None:
         runtime.effects.check_audit()  # a hold or an MCP wait the disk filled under
+        if asker.uncancelled is not None:
+            return await _poll_here(asker, record, pace=pace, from_copy=from_copy)
         task = asyncio.create_task(_poll(asker, record, pace=pace, from_copy=from_copy))
         runtime.inflight[operation_id] = task
         task.add_done_callback(lambda done: _forget(runtime, operation_id, done))
@@ -213,6 +223,38 @@ async def shared_poll(
         if from_copy:
             raise
         return await shared_poll(asker, record, pace=pace)  # joined a poll from a stale copy
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if task.cancelled() and current is not None and not current.cancelling():
+            return await shared_poll(asker, record, pace=pace)  # not ours: that poll's
+        raise
+
+
+async def _poll_here(
+    asker: Asker, record: OperationRecord, *, pace: bool, from_copy: bool
+) -> tuple[Decision, UpstreamResponse | None]:
+    """The poll in the asker's own task, uncancelled throughout; callers that come meanwhile
+    wait for the future it resolves, as for a poll's task."""
+    runtime, operation_id = asker.runtime, record.operation_id
+    assert asker.uncancelled is not None
+    done: PollTask = asyncio.get_running_loop().create_future()
+    runtime.inflight[operation_id] = done
+    try:
+        with asker.uncancelled:
+            result = await _poll(asker, record, pace=pace, from_copy=from_copy)
+    except asyncio.CancelledError:
+        done.cancel()  # a cancel nothing was to send: those waiting start again
+        raise
+    except BaseException as exc:
+        done.set_exception(exc)
+        done.exception()  # retrieved here, raised to every caller waiting
+        raise
+    else:
+        done.set_result(result)
+        return result
+    finally:
+        if runtime.inflight.get(operation_id) is done:
+            del runtime.inflight[operation_id]
 
 
 def _forget(runtime: Runtime, operation_id: str, task: PollTask) -> None:

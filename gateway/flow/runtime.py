@@ -31,7 +31,8 @@ from gateway.store.base import Coordination, Records, Store
 if TYPE_CHECKING:
     from gateway.core.decide import Decision
 
-PollTask = asyncio.Task[tuple["Decision", UpstreamResponse | None]]
+# A poll in flight: its task, or the future a poll run in its caller's own task resolves
+PollTask = asyncio.Future[tuple["Decision", UpstreamResponse | None]]
 
 
 @dataclass

@@ -199,6 +199,11 @@ class LaneRequest(dict[Any, Any]):
         return self.rel_url.path
 
     @property
+    def uncancelled(self) -> Uncancelled:
+        """Entered, the lane does not cancel this request's handler until it is left."""
+        return self.content._lane.uncancelled
+
+    @property
     def content_length(self) -> int | None:
         if self._content_length == -1:
             value = self.headers.get(hdrs.CONTENT_LENGTH)
@@ -230,6 +235,27 @@ def wants_lane(first: bytes) -> bool | None:
     if match.end() == len(first) and b"/p/".startswith(target):
         return None  # "GET /p" so far
     return target.startswith(b"/p/")
+
+
+class Uncancelled:
+    """Entered by a handler that polls the provider in its own task (gateway/flow/polls.py):
+    until it leaves, its client going away or a stop past its grace does not cancel the
+    handler; the cancel waits for the poll's end, as if the poll had a task of its own."""
+
+    __slots__ = ("_lane",)
+
+    def __init__(self, lane: Lane) -> None:
+        self._lane = lane
+
+    def __enter__(self) -> None:
+        self._lane._uncancelled += 1
+
+    def __exit__(self, *exc: object) -> None:
+        lane = self._lane
+        lane._uncancelled -= 1
+        if not lane._uncancelled and lane._cancel_due:
+            lane._cancel_due = False
+            lane._cancel()
 
 
 class Outbox:
@@ -283,6 +309,9 @@ class Lane(asyncio.Protocol):
         self._relay: RequestHandler | None = None
         self._relay_waiting: list[bytes] = []
         self._chunked = False
+        self.uncancelled = Uncancelled(self)  # for the handler's poll (LaneRequest.uncancelled)
+        self._uncancelled = 0  # the handler is inside that many of them
+        self._cancel_due = False  # a cancel of the handler waits for their end
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -334,8 +363,7 @@ class Lane(asyncio.Protocol):
             self._idle.cancel()
         if self._body is not None:
             self._body.feed_eof()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client went away (aiohttp's handler_cancellation)
+        self._cancel()  # the client went away (aiohttp's handler_cancellation)
         if self._write_paused is not None and not self._write_paused.done():
             self._write_paused.set_result(None)
         if self._relay is not None:
@@ -498,6 +526,16 @@ class Lane(asyncio.Protocol):
             return
         self._next()
 
+    def _cancel(self) -> None:
+        """Cancel the handler running, now, or once it left its Uncancelled sections."""
+        task = self._task
+        if task is None or task.done():
+            return
+        if self._uncancelled:
+            self._cancel_due = True
+        else:
+            task.cancel()
+
     def _send(self, data: bytes) -> None:
         """``data`` to be written at the end of this turn of the loop, after what this
         connection queued before it."""
@@ -590,7 +628,7 @@ class Lane(asyncio.Protocol):
         if task is not None and not task.done():
             done, _ = await asyncio.wait([task], timeout=timeout)
             if not done:
-                task.cancel()
+                self._cancel()
         if self._relay is None:
             self._close()
 

@@ -29,6 +29,7 @@ from gateway.http.answers import (
     unknown_operation,
     upstream_problem,
 )
+from gateway.http.lane import LaneRequest
 from gateway.http.prefer import format_wait, prefer_wait
 from gateway.http.problems import problem
 from gateway.http.submit import read_body, submit
@@ -110,6 +111,9 @@ def _asker(call: Call) -> Asker:
         call.body,
         gone=lambda: gone(request),
         request=request,
+        # the lane defers the cancel of a gone client's handler while it polls: the poll
+        # runs in the handler's task (aiohttp's own server cancels at once: a task then)
+        uncancelled=request.uncancelled if isinstance(request, LaneRequest) else None,
     )
 
 

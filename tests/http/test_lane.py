@@ -40,6 +40,18 @@ async def answer(request: web.Request) -> web.StreamResponse:
         request.app[PAGE].append("gated")
         await request.app[GATE].wait()
         return web.Response(text="through")
+    if tail == "uncancelled":  # a poll in the handler's task: not cancelled until its end
+        assert isinstance(request, lane.LaneRequest)
+        with request.uncancelled:
+            request.app[PAGE].append("poll started")
+            await asyncio.sleep(0.3)
+            request.app[PAGE].append("poll done")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            request.app[PAGE].append("cancelled after the poll")
+            raise
+        return web.Response(text="never")
     if tail == "held":
         request.app[PAGE].append("held started")
         try:
@@ -318,6 +330,29 @@ async def test_a_client_that_goes_away_cancels_its_handler(
             break
         await asyncio.sleep(0.01)
     assert app[PAGE] == ["held started", "held cancelled"]
+
+
+async def test_a_gone_clients_handler_is_cancelled_only_after_its_poll(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A handler that polls in its own task (``request.uncancelled``) is not cancelled when
+    its client goes away mid-poll: the cancel waits for the poll's end, then comes at once,
+    as if the poll had had a task of its own."""
+    lane_port, _, app = servers
+    _, writer = await asyncio.open_connection("127.0.0.1", lane_port)
+    writer.write(GET % b"uncancelled")
+    for _ in range(100):
+        if app[PAGE]:
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    await asyncio.sleep(0.1)
+    assert app[PAGE] == ["poll started"]  # the client is gone; the poll goes on
+    for _ in range(100):
+        if "cancelled after the poll" in app[PAGE]:
+            break
+        await asyncio.sleep(0.01)
+    assert app[PAGE] == ["poll started", "poll done", "cancelled after the poll"]
 
 
 async def test_the_runners_cleanup_answers_the_call_in_hand_then_closes() -> None:
