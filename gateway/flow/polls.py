@@ -52,9 +52,9 @@ class Asker:
     forwards its headers, allowed query parameters and body; a wait the gateway makes for
     an account (MCP) forwards nothing of an agent's.
 
-    ``uncancelled``: entered, nothing cancels the asker's task until it is left (the agent
-    lane defers the cancel of a gone client's handler): the poll then runs in the asker's
-    own task, not one of its own."""
+    ``uncancelled``: entered, the asker's task is not cancelled for its client going away
+    or a stop's grace ending until it is left (the agent lane defers those cancels): the
+    poll then runs in the asker's own task, not one of its own."""
 
     runtime: Runtime
     policy: ProviderPolicy
@@ -226,7 +226,8 @@ async def shared_poll(
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if task.cancelled() and current is not None and not current.cancelling():
-            return await shared_poll(asker, record, pace=pace)  # not ours: that poll's
+            # the poll joined was cancelled, not this caller: start over, as from the start
+            return await shared_poll(asker, record, pace=pace, from_copy=from_copy)
         raise
 
 
@@ -242,8 +243,8 @@ async def _poll_here(
     try:
         with asker.uncancelled:
             result = await _poll(asker, record, pace=pace, from_copy=from_copy)
-    except asyncio.CancelledError:
-        done.cancel()  # a cancel nothing was to send: those waiting start again
+    except asyncio.CancelledError:  # only a cancel the lane does not defer (loop shutdown)
+        done.cancel()  # those waiting start over (shared_poll)
         raise
     except BaseException as exc:
         done.set_exception(exc)

@@ -248,14 +248,10 @@ class Uncancelled:
         self._lane = lane
 
     def __enter__(self) -> None:
-        self._lane._uncancelled += 1
+        self._lane.defer_cancel()
 
     def __exit__(self, *exc: object) -> None:
-        lane = self._lane
-        lane._uncancelled -= 1
-        if not lane._uncancelled and lane._cancel_due:
-            lane._cancel_due = False
-            lane._cancel()
+        self._lane.end_deferral()
 
 
 class Outbox:
@@ -525,6 +521,17 @@ class Lane(asyncio.Protocol):
             self._close()
             return
         self._next()
+
+    def defer_cancel(self) -> None:
+        """The handler enters an Uncancelled section."""
+        self._uncancelled += 1
+
+    def end_deferral(self) -> None:
+        """The handler leaves it: a cancel that waited comes now, when it was the last."""
+        self._uncancelled -= 1
+        if not self._uncancelled and self._cancel_due:
+            self._cancel_due = False
+            self._cancel()
 
     def _cancel(self) -> None:
         """Cancel the handler running, now, or once it left its Uncancelled sections."""

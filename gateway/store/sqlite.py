@@ -9,16 +9,13 @@ idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): wit
 and answers a durable write only after an fsync that began after its commit, so the loop
 never waits for the disk and one fsync serves every turn committed while the one before ran
 (group commit, as PostgreSQL does; the loop waits for the disk only when SQLite rewrites the
-WAL header after a checkpoint). While the loop's thread is busy (gateway/store/busy.py: 75%
-of its time on the CPU or more), the next fsync starts no sooner than ``?group_commit=``
-(GROUP_COMMIT) after the last one ended, so each fsync serves more writes: on the
-development VM an fsync cost the machine ~0.5 ms of CPU in all (the helper woken, the disk's
-queue kicked, the loop woken), there was about one a forwarded poll, back to back, and they
-saturated the gateway at 60% of its capacity. At lower load fsyncs are not spaced: there the
-wait would cost more than the CPU saved. A turn of pending answers alone is fsynced with the
-next fsync, or after LAZY_SYNC at most. A caller of a write waits for that, except where it
-says the result need not be durable yet (``finish_poll`` of an answer that leaves the
-operation pending:
+WAL header after a checkpoint). While the loop's thread is busy (gateway/store/loop_share.py),
+the next fsync starts no sooner than ``?group_commit=`` (GROUP_COMMIT) after the last one
+ended, so each fsync serves more writes: an fsync costs the machine far more CPU than a
+write (docs/benchmarks.md); at low load they start at once. A turn of pending answers alone
+is fsynced with the next fsync, or after LAZY_SYNC (and a group_commit) at most. A caller
+of a write waits for that, except where it says the result need not be durable yet
+(``finish_poll`` of an answer that leaves the operation pending:
 its reservation is durable already, so a crash before the fsync costs the answer, never a
 budget; the restarted gateway audits the call as interrupted). Every read-modify-write
 (``mutate``) runs whole on the loop with no await inside, so it is atomic by construction;
@@ -69,8 +66,8 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
-from gateway.store.busy import LoopShare
 from gateway.store.cache import Cache
+from gateway.store.loop_share import LoopShare
 from gateway.store.wal_sync import HelperLost, Syncer, WalSyncer
 
 log = logging.getLogger("statusgate")
@@ -82,7 +79,8 @@ PROBE_BYTES = 4096  # the readiness probe's write: about one record's pages
 CHECKPOINT_EVERY = 256  # commits between WAL checkpoints (on the reader thread)
 PURGE_CHUNK = 64  # records a turn of the loop deletes
 LAZY_SYNC = 0.01  # seconds a committed pending answer waits at most for an fsync
-GROUP_COMMIT = 0.0005  # seconds from one fsync's end to the next one's start, at least
+GROUP_COMMIT = 0.0005  # seconds from one fsync's end to the next one's start, at least (busy)
+MAX_GROUP_COMMIT = LAZY_SYNC  # the most ``?group_commit=`` may say
 LAST_TURNS = 16_384  # operations remembered with the turn that last wrote them
 WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint resets it
 
@@ -210,7 +208,7 @@ class SQLiteStore(Store):
         self._fsync = synchronous.lower() == "full" and path != ":memory:"
         self._group_commit = group_commit
         self._cpu_clock = cpu_clock  # the loop thread's CPU time: is the loop busy?
-        self._load = LoopShare()
+        self._loop_share = LoopShare()
         self._busy_timeout = busy_timeout
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
         # fsyncs of FILE-wal (``synchronous=full``), by a helper process unless a test says
@@ -475,7 +473,7 @@ class SQLiteStore(Store):
             return
         if not self._unsynced and self._durable_through >= self._committed_through:
             return
-        if self._synced_at is not None and self._load.busy and not self._closed:
+        if self._synced_at is not None and self._loop_share.busy and not self._closed:
             loop = asyncio.get_running_loop()
             held = self._synced_at + self._group_commit - loop.time()
             if held > 0:
@@ -493,9 +491,8 @@ class SQLiteStore(Store):
         """The held-back fsync, with the durable writes of the turn open now in it."""
         self._spaced = None
         if self._turn is not None and self._turn.waiters:
-            self._commit_turn()  # asks for the fsync itself
-        else:
-            self._sync_soon()
+            self._commit_turn()
+        self._sync_soon()  # also when that commit failed: the turns before it still wait
 
     def _synced(
         self,
@@ -517,7 +514,7 @@ class SQLiteStore(Store):
             return
         if syncing is not None:  # an fsync was made: the next one is spaced from now
             self._synced_at = asyncio.get_running_loop().time()
-            self._load.seen(self._synced_at, self._cpu_clock())
+            self._loop_share.seen(self._synced_at, self._cpu_clock())
         self._durable_through = max(self._durable_through, through)
         if self._lazy is not None and self._durable_through >= self._committed_through:
             self._lazy.cancel()  # what it was for is durable: no wake-up for nothing
@@ -850,9 +847,8 @@ class SQLiteStore(Store):
         for timer in (self._lazy, self._spaced):
             if timer is not None:
                 timer.cancel()
-        if self._lazy is not None or self._spaced is not None:
-            self._lazy = self._spaced = None
-            self._sync_soon()  # closed: not held back
+        self._lazy = self._spaced = None
+        self._sync_soon()  # closed: not held back
         while self._syncing is not None:  # each fsync may start the next
             await asyncio.shield(self._syncing)
         conn = self._connections.pop("write", None)

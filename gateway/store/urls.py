@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from gateway.errors import ConfigError
 from gateway.settings.units import parse_duration
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.sqlite import MAX_GROUP_COMMIT, SQLiteStore
 
 if TYPE_CHECKING:
     from gateway.store.postgres import PostgresStore
@@ -26,19 +26,26 @@ def sqlite(url: str, cache_bytes: int) -> SQLiteStore:
     synchronous = options.get("synchronous", ["full"])[0].lower()
     if synchronous not in ("full", "normal"):
         raise ConfigError(["store: synchronous must be full or normal"])
-    durations = {}
-    for name, default in (("busy_timeout", "2s"), ("group_commit", "0.5ms")):
-        try:
-            durations[name] = parse_duration(options.get(name, [default])[0])
-        except ValueError as exc:
-            raise ConfigError([f"store: {name} {exc}"]) from None
     return SQLiteStore(
         path,
         synchronous=synchronous,
-        busy_timeout=durations["busy_timeout"],
+        busy_timeout=_duration(options, "busy_timeout", "2s"),
         cache_bytes=cache_bytes,
-        group_commit=durations["group_commit"],
+        group_commit=_duration(options, "group_commit", "0.5ms", most=MAX_GROUP_COMMIT),
     )
+
+
+def _duration(
+    options: dict[str, list[str]], name: str, default: str, most: float | None = None
+) -> float:
+    """The URL option ``name`` as seconds (``default`` when absent), at most ``most``."""
+    try:
+        seconds = parse_duration(options.get(name, [default])[0])
+    except ValueError as exc:
+        raise ConfigError([f"store: {name} {exc}"]) from None
+    if most is not None and seconds > most:
+        raise ConfigError([f"store: {name} must be at most {round(most * 1000)}ms"])
+    return seconds
 
 
 def redis(url: str) -> RedisStore:

@@ -10,8 +10,10 @@ from typing import Any
 
 import aiohttp
 
+from gateway.errors import StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.http.prefer import prefer_wait
+from gateway.store import MemoryStore
 
 from conftest import AGENT_TOKEN, FakeClock, Harness, real_time_harness
 
@@ -99,6 +101,31 @@ async def test_fifty_concurrent_calls_make_one_provider_call(harness: Harness) -
     responses = await asyncio.gather(*(harness.poll(job) for _ in range(50)))
     assert {r.status for r in responses} == {200}
     assert len(harness.provider_calls(job)) == 1
+
+
+class FailingAnswers(MemoryStore):
+    """A store that takes reservations but cannot write a poll's answer."""
+
+    async def finish_poll(self, *args: Any, **kw: Any) -> Any:
+        await asyncio.sleep(0.05)  # the others join the poll meanwhile
+        raise StoreError("disk gone", operation="finish_poll")
+
+
+async def test_a_failed_poll_fails_every_caller_that_joined_it(make_harness: Any) -> None:
+    """A poll run in its first caller's task that fails (its answer cannot be written)
+    fails every caller that joined it with 503 store-unavailable, once, and leaves nothing
+    in flight: the next call is answered on its own."""
+    harness: Harness = await make_harness(store=FailingAnswers())
+    job = await job_of(await harness.submit([{"state": "running", "delay": 0.2}]))
+    harness.clock.now = (await harness.record(job)).next_poll_at
+    answers = await asyncio.gather(*(harness.poll(job) for _ in range(10)))
+    assert [a.status for a in answers] == [503] * 10
+    assert {(await a.json())["type"] for a in answers} == {"/problems/store-unavailable"}
+    assert len(harness.provider_calls(job)) == 1
+    runtime = harness.client.app[RUNTIME]
+    assert runtime.inflight == {}
+    later = await harness.poll(job)  # answered from the record, joined to no poll gone
+    assert later.status == 429 and len(harness.provider_calls(job)) == 1
 
 
 async def test_client_going_away_leaves_no_task_and_no_lease(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,7 @@ from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
 from gateway.store.base import measure_offset
 from gateway.store.cache import Cache, footprint
+from gateway.store.loop_share import WINDOW
 from gateway.store.sqlite import LAZY_SYNC
 from gateway.store.wal_sync import WalSyncer
 
@@ -319,32 +321,54 @@ class TimedSyncer(ThreadSyncer):
         super().sync(told)
 
 
-async def test_sqlite_a_busy_loop_spaces_its_fsyncs_by_group_commit(tmp_path: Path) -> None:
-    """Group commit under load: while the loop's thread is busy (its CPU clock, injected
-    here, running as fast as the loop's), an fsync starts no sooner than ``group_commit``
-    after the last one ended, and every durable write made meanwhile shares it; a durable
-    write after a quiet spell is fsynced at once."""
-    spacing = 0.05
+class LoopCpu:
+    """The loop thread's CPU clock as a test sets it: idle (it stands still) until ``busy``
+    is set, then running as fast as the loop's own clock (a loop always on the CPU)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+
+    def __call__(self) -> float:
+        return asyncio.get_running_loop().time() if self.busy else 0.0
+
+
+async def timed_store(
+    path: Path, group_commit: float, cpu: LoopCpu
+) -> tuple[SQLiteStore, TimedSyncer, list[OperationRecord]]:
+    """An open SQLite store fsyncing through a TimedSyncer, its loop made busy (``cpu``)
+    and its first record written: from the next fsync's end on, fsyncs are spaced."""
     made: list[TimedSyncer] = []
 
-    def make(path: str) -> TimedSyncer:
-        made.append(TimedSyncer(path))
+    def make(wal: str) -> TimedSyncer:
+        made.append(TimedSyncer(wal))
         return made[-1]
 
-    loop = asyncio.get_running_loop()
-    store = SQLiteStore(
-        str(tmp_path / "g.db"), syncer=make, group_commit=spacing, cpu_clock=loop.time
-    )
+    store = SQLiteStore(str(path), syncer=make, group_commit=group_commit, cpu_clock=cpu)
     await store.open()
+    first = await store.create(op(0))  # a window of the loop's share begins at its fsync
+    cpu.busy = True
+    await asyncio.sleep(WINDOW * 1.2)
+    return store, made[0], [first]
+
+
+async def test_sqlite_a_busy_loop_spaces_its_fsyncs_by_group_commit(tmp_path: Path) -> None:
+    """Group commit under load: while the loop's thread is busy, an fsync starts no sooner
+    than ``group_commit`` after the last one ended, and every durable write made meanwhile,
+    in whichever turn of the loop, shares it; a durable write after a quiet spell is
+    fsynced at once."""
+    spacing = 0.05
+    store, syncer, records = await timed_store(tmp_path / "g.db", spacing, LoopCpu())
+    loop = asyncio.get_running_loop()
     try:
-        (syncer,) = made
-        await asyncio.sleep(0.06)  # a window of the loop's load ends at the next fsync
-        records = [await store.create(op(i)) for i in range(6)]  # one after the other
-        assert len(syncer.asked) == 7  # the layout's, then one per create
-        gaps = [b - e for e, b in zip(syncer.ended[1:-1], syncer.asked[2:], strict=True)]
-        assert all(gap >= spacing - 0.001 for gap in gaps), gaps  # busy from the 2nd
+        records += [await store.create(op(i)) for i in range(1, 6)]  # one after the other
+        gaps = [b - e for e, b in zip(syncer.ended[2:-1], syncer.asked[3:], strict=True)]
+        assert len(gaps) == 4 and all(gap >= spacing - 0.001 for gap in gaps), gaps
         before = len(syncer.asked)
-        assert all(await asyncio.gather(*(store.save(r) for r in records)))
+        saves = []
+        for record in records:  # in six turns of the loop, within one spacing
+            saves.append(asyncio.ensure_future(store.save(record)))
+            await asyncio.sleep(spacing / 20)
+        assert all(await asyncio.gather(*saves))
         assert len(syncer.asked) == before + 1  # the six writes made meanwhile: one fsync
         await asyncio.sleep(spacing * 2)  # quiet: the next durable write is not held back
         called = loop.time()
@@ -356,25 +380,15 @@ async def test_sqlite_a_busy_loop_spaces_its_fsyncs_by_group_commit(tmp_path: Pa
 
 async def test_sqlite_an_idle_loop_fsyncs_at_once(tmp_path: Path) -> None:
     """At low load (the loop's thread rarely on the CPU) fsyncs are not spaced: a durable
-    write right after an fsync starts its own at once; so with ``group_commit`` 0."""
-    for spaced, idle in ((30.0, True), (0.0, False)):
-        made: list[TimedSyncer] = []
-
-        def make(path: str, made: list[TimedSyncer] = made) -> TimedSyncer:
-            made.append(TimedSyncer(path))
-            return made[-1]
-
-        loop = asyncio.get_running_loop()
-        clock = (lambda: 0.0) if idle else loop.time
-        path = str(tmp_path / f"{spaced}.db")
-        store = SQLiteStore(path, syncer=make, group_commit=spaced, cpu_clock=clock)
-        await store.open()
+    write right after an fsync starts its own at once; so with ``group_commit`` 0 on a busy
+    loop."""
+    for spaced, busy in ((30.0, False), (0.0, True)):
+        cpu = LoopCpu()
+        store, syncer, records = await timed_store(tmp_path / f"{spaced}.db", spaced, cpu)
+        cpu.busy = busy
         try:
-            records = [await store.create(op(i)) for i in range(4)]
-            await asyncio.sleep(0.06)  # a window of the loop's load ends at the next fsync
             assert await store.save(records[0])
-            assert await store.save(records[1])
-            (syncer,) = made
+            assert await store.save(records[0].evolve(version=2))
             assert syncer.asked[-1] - syncer.ended[-2] < 0.5, (spaced, syncer.asked)
         finally:
             await store.close()
@@ -383,13 +397,9 @@ async def test_sqlite_an_idle_loop_fsyncs_at_once(tmp_path: Path) -> None:
 async def test_sqlite_close_does_not_wait_for_a_held_back_fsync(tmp_path: Path) -> None:
     """A store closed while its next fsync is held back for ``group_commit`` fsyncs at once:
     the write is durable and close returns well before the spacing would have ended."""
-    loop = asyncio.get_running_loop()
-    store = SQLiteStore(str(tmp_path / "g.db"), group_commit=30.0, cpu_clock=loop.time)
-    await store.open()
-    first = await store.create(op(1))
-    await asyncio.sleep(0.06)  # the loop counts as busy from the next fsync's end
-    first = await store.create(op(2))  # an fsync just ended: the next one is held back
-    saving = asyncio.ensure_future(store.save(first.evolve(early_refusals=3)))
+    store, _, (record,) = await timed_store(tmp_path / "g.db", 30.0, LoopCpu())
+    record = await store.create(op(1))  # a busy loop's fsync just ended: the next is held
+    saving = asyncio.ensure_future(store.save(record.evolve(early_refusals=3)))
     await asyncio.sleep(0.05)
     assert not saving.done()
     started = time.perf_counter()
@@ -399,10 +409,54 @@ async def test_sqlite_close_does_not_wait_for_a_held_back_fsync(tmp_path: Path) 
     again = SQLiteStore(str(tmp_path / "g.db"))
     await again.open()
     try:
-        stored = await again.get("op_2")
+        stored = await again.get("op_1")
         assert stored is not None and stored.early_refusals == 3
     finally:
         await again.close()
+
+
+class FailingCommit:
+    """The store's writer connection, with its next COMMIT failing as a full disk's does."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.fail = True
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT" and self.fail:
+            self.fail = False
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+async def test_sqlite_a_failed_commit_of_a_held_back_fsyncs_turn_leaves_none_waiting(
+    tmp_path: Path,
+) -> None:
+    """When the held-back fsync comes and the turn open then fails to commit, that turn's
+    write fails, and the writes committed before it, waiting for the same fsync, get it."""
+    store, _, (record,) = await timed_store(tmp_path / "g.db", 30.0, LoopCpu())
+    try:
+        other = await store.create(op(1))  # a busy loop's fsync just ended: the next is held
+        committed = asyncio.ensure_future(store.save(record))
+        await asyncio.sleep(0.01)  # its turn committed, waiting for the held-back fsync
+        failing = asyncio.ensure_future(store.save(other))
+        await asyncio.sleep(0)  # written in the turn open now, not committed yet
+        writer = store._connections["write"]
+        store._connections["write"] = FailingCommit(writer)  # type: ignore[assignment]
+        assert store._spaced is not None
+        store._spaced.cancel()
+        assert store._synced_at is not None
+        store._synced_at -= 60.0  # the hold's end, now
+        store._spaced_sync()
+        with pytest.raises(StoreError, match="disk is full"):
+            await failing
+        assert await asyncio.wait_for(committed, 5)
+        store._connections["write"] = writer
+    finally:
+        await store.close()
 
 
 async def test_sqlite_a_failed_fsync_stops_the_store_until_a_restart(tmp_path: Path) -> None:
@@ -588,6 +642,8 @@ def test_group_commit_comes_from_the_url(tmp_path: Path) -> None:
         for query in ("", "?group_commit=2ms", "?group_commit=0ms")
     ]
     assert [s.group_commit for s in spaced if isinstance(s, SQLiteStore)] == [0.0005, 0.002, 0]
+    with pytest.raises(ConfigError, match="store: group_commit must be at most 10ms"):
+        store_from_url(f"sqlite:///{tmp_path}/a.db?group_commit=20ms")
     with pytest.raises(ConfigError, match="store: group_commit must be a duration"):
         store_from_url(f"sqlite:///{tmp_path}/a.db?group_commit=soon")
 

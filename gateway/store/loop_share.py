@@ -1,6 +1,6 @@
-"""How busy the event loop's thread is, measured from two clocks the caller reads: the
-loop's and the thread's CPU time. Pure arithmetic, no clock of its own, so a test feeds it
-numbers.
+"""How much of its time the event loop's thread spends on the CPU, measured from two clocks
+the caller reads: the loop's and the thread's CPU time. Pure arithmetic, no clock of its
+own, so a test feeds it numbers.
 
 The SQLite store spaces its fsyncs only while the loop is busy: then an fsync less frees
 CPU the queue is waiting for; at low load it would only add the wait."""
