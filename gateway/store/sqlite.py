@@ -41,7 +41,9 @@ store on the file, in this process or another, gets a StoreError naming the file
 is bounded in bytes, final bodies included (``limits.cache_bytes``); the least recently used
 records leave first, and a miss reads the file on the loop (a primary-key read, no thread).
 Lists and counts (the console, the sweeper, gauges) read committed rows on a reader thread;
-the WAL is checkpointed there too, never on the loop.
+the WAL is checkpointed there too. Once the WAL holds more than WAL_LIMIT, the writer copies
+the few turns that checkpoint did not reach between two turns, on the loop, so that the WAL
+starts over (``_catch_up``): under steady load it otherwise grows without bound.
 """
 
 from __future__ import annotations
@@ -227,6 +229,8 @@ class SQLiteStore(Store):
         self._turn: _Turn | None = None  # the transaction open in this turn of the loop
         self._commits = 0
         self._checkpoint: asyncio.Future[None] | None = None  # running on the reader thread
+        self._restart_due = False  # the WAL is past WAL_LIMIT: the writer catches up
+        self._page_size = 0
         self._cache = Cache(cache_bytes)
         self._lock: int | None = None  # the descriptor holding FILE.lock
         self._closed = False
@@ -432,6 +436,8 @@ class SQLiteStore(Store):
         elif self._lazy is None:  # pending answers only: the next fsync, LAZY_SYNC at most
             self._lazy = asyncio.get_running_loop().call_later(LAZY_SYNC, self._lazy_sync)
         self._commits += 1
+        if self._restart_due:
+            self._catch_up(conn)
         if self._commits % CHECKPOINT_EVERY == 0 and self._checkpoint is None:
             self._checkpoint = asyncio.ensure_future(self._checkpoint_wal())
 
@@ -556,14 +562,34 @@ class SQLiteStore(Store):
         self._unsynced = []
 
     async def _checkpoint_wal(self) -> None:
-        """Copy the WAL into the file on the reader thread (PASSIVE: writers never wait)."""
+        """Copy the WAL into the file on the reader thread (PASSIVE: writers never wait);
+        past WAL_LIMIT of frames the writer then catches up between two turns."""
         try:
             sql = "PRAGMA wal_checkpoint(PASSIVE)"
-            await self._read("checkpoint", lambda c: c.execute(sql).fetchall())
+            rows = await self._read("checkpoint", lambda c: c.execute(sql).fetchall())
+            self._restart_due = _frames(rows) * self._frame_bytes() > WAL_LIMIT
         except StoreError:
             pass  # tried again after the next CHECKPOINT_EVERY commits
         finally:
             self._checkpoint = None
+
+    def _catch_up(self, conn: sqlite3.Connection) -> None:
+        """Checkpoint on the writer, between two turns: the frames committed since the
+        reader's checkpoint (a few turns'), so the next turn's transaction starts on a WAL
+        copied whole and its first write starts the WAL over (truncated to WAL_LIMIT).
+        Without it a loop that commits every turn always has frames the reader's checkpoint
+        has not reached, and the WAL grows without bound (400 MB in a minute of make
+        bench). Once a reader's checkpoint at most: a read in the way waits for the next."""
+        self._restart_due = False
+        with contextlib.suppress(sqlite3.Error):  # busy: the next reader's checkpoint
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def _frame_bytes(self) -> int:
+        """Bytes a WAL frame takes: a page and its 24-byte header."""
+        if not self._page_size:
+            row = self._connections["write"].execute("PRAGMA page_size").fetchone()
+            self._page_size = int(row[0]) if row else 4096
+        return self._page_size + 24
 
     # -- operations ---------------------------------------------------------------------
     async def create(
@@ -964,6 +990,12 @@ def _cas(
             return None
         _index(conn, record)
     return written
+
+
+def _frames(rows: list[Any]) -> int:
+    """The WAL's frames, from what ``PRAGMA wal_checkpoint`` answers: (busy, log,
+    checkpointed); -1 for log when the file is not in WAL mode."""
+    return max(int(rows[0][1]), 0) if rows and len(rows[0]) == 3 else 0
 
 
 @contextlib.contextmanager

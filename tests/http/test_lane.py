@@ -313,6 +313,14 @@ async def test_expect_continue_is_answered_before_the_body(
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n" and final.startswith(b"HTTP/1.1 200")
 
 
+async def page_shows(app: web.Application, line: str | None, seconds: float = 1.0) -> None:
+    """Wait up to ``seconds`` until the app's page holds ``line`` (any line, for None)."""
+    for _ in range(int(seconds / 0.01)):
+        if (line in app[PAGE]) if line is not None else app[PAGE]:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def test_a_client_that_goes_away_cancels_its_handler(
     servers: tuple[int, int, web.Application],
 ) -> None:
@@ -320,15 +328,9 @@ async def test_a_client_that_goes_away_cancels_its_handler(
     lane_port, _, app = servers
     _, writer = await asyncio.open_connection("127.0.0.1", lane_port)
     writer.write(GET % b"held")
-    for _ in range(100):
-        if app[PAGE]:
-            break
-        await asyncio.sleep(0.01)
+    await page_shows(app, None)
     writer.close()
-    for _ in range(100):
-        if "held cancelled" in app[PAGE]:
-            break
-        await asyncio.sleep(0.01)
+    await page_shows(app, "held cancelled")
     assert app[PAGE] == ["held started", "held cancelled"]
 
 
@@ -341,17 +343,11 @@ async def test_a_gone_clients_handler_is_cancelled_only_after_its_poll(
     lane_port, _, app = servers
     _, writer = await asyncio.open_connection("127.0.0.1", lane_port)
     writer.write(GET % b"uncancelled")
-    for _ in range(100):
-        if app[PAGE]:
-            break
-        await asyncio.sleep(0.01)
+    await page_shows(app, None)
     writer.close()
     await asyncio.sleep(0.1)
     assert app[PAGE] == ["poll started"]  # the client is gone; the poll goes on
-    for _ in range(100):
-        if "cancelled after the poll" in app[PAGE]:
-            break
-        await asyncio.sleep(0.01)
+    await page_shows(app, "cancelled after the poll")
     assert app[PAGE] == ["poll started", "poll done", "cancelled after the poll"]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import gateway.store.sqlite as sqlite_module
 from gateway.app import create_app
 from gateway.core import decide
 from gateway.core.models import FinalResponse, OperationRecord, Outcome
@@ -695,3 +696,38 @@ async def test_a_shared_stores_clock_offset_comes_from_its_quickest_reading() ->
     offset, trip = await measure_offset(read)
     assert trip < 0.05  # the quick one
     assert offset == pytest.approx(5.0, abs=0.03)
+
+
+async def test_sqlite_wal_starts_over_under_steady_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes in every turn of the loop, as a loaded gateway makes them, with the reader's
+    checkpoints running meanwhile: the WAL still starts over once it holds more than
+    WAL_LIMIT (the writer copies what the checkpoint did not reach between two turns), so
+    the file stays within a few times the limit; without that it grew on and on."""
+    limit = 128 << 10
+    monkeypatch.setattr(sqlite_module, "WAL_LIMIT", limit)
+    monkeypatch.setattr(sqlite_module, "CHECKPOINT_EVERY", 8)
+    path = tmp_path / "steady.db"
+    store = SQLiteStore(str(path), synchronous="normal")
+    await store.open()
+    wal = Path(f"{path}-wal")
+    largest = 0
+    try:
+        records = [await store.create(op(i)) for i in range(10)]
+
+        async def writer(record: OperationRecord) -> None:
+            for _ in range(400):
+                assert await store.save(record)
+                record = record.evolve(version=record.version + 1)
+
+        tasks = [asyncio.ensure_future(writer(r)) for r in records]
+        while not all(t.done() for t in tasks):
+            largest = max(largest, wal.stat().st_size)
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+    finally:
+        await store.close()
+    written = 10 * 400 * 4096  # a page a write at least
+    assert written > 20 * limit
+    assert largest < 6 * limit, (largest, written)
