@@ -8,8 +8,9 @@ idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): wit
 (gateway/store/wal_sync.py: no thread of this process, so no wait for the interpreter lock)
 and answers a durable write only after an fsync that began after its commit, so the loop
 never waits for the disk and one fsync serves every turn committed while the one before ran
-(group commit, as PostgreSQL does; the loop waits for the disk only when SQLite rewrites the
-WAL header after a checkpoint). While the loop's thread is busy (gateway/store/loop_share.py),
+(group commit, as PostgreSQL does; the loop waits for the disk only when the WAL starts
+over, about once per WAL_LIMIT written: the writer's checkpoint of its last few turns and
+SQLite's rewrite of the WAL header). While the loop's thread is busy (gateway/store/loop_share.py),
 the next fsync starts no sooner than ``?group_commit=`` (GROUP_COMMIT) after the last one
 ended, so each fsync serves more writes: an fsync costs the machine far more CPU than a
 write (docs/benchmarks.md); at low load they start at once. A turn of pending answers alone
@@ -83,6 +84,7 @@ PURGE_CHUNK = 64  # records a turn of the loop deletes
 LAZY_SYNC = 0.01  # seconds a committed pending answer waits at most for an fsync
 GROUP_COMMIT = 0.0005  # seconds from one fsync's end to the next one's start, at least (busy)
 MAX_GROUP_COMMIT = LAZY_SYNC  # the most ``?group_commit=`` may say
+CATCH_UP = 8 << 20  # bytes of WAL the writer's checkpoint may copy at most (on the loop)
 LAST_TURNS = 16_384  # operations remembered with the turn that last wrote them
 WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint resets it
 
@@ -230,7 +232,7 @@ class SQLiteStore(Store):
         self._commits = 0
         self._checkpoint: asyncio.Future[None] | None = None  # running on the reader thread
         self._restart_due = False  # the WAL is past WAL_LIMIT: the writer catches up
-        self._page_size = 0
+        self._frame_bytes = 4096 + 24  # a WAL frame: a page and its header (read at open)
         self._cache = Cache(cache_bytes)
         self._lock: int | None = None  # the descriptor holding FILE.lock
         self._closed = False
@@ -309,6 +311,8 @@ class SQLiteStore(Store):
             if role == "write":  # the layout is the writer's (``open`` writes first)
                 conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on the reader
                 conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")  # a burst's WAL shrinks
+                page = conn.execute("PRAGMA page_size").fetchone()
+                self._frame_bytes = (int(page[0]) if page else 4096) + 24  # page and header
                 try:
                     migrated = _migrate(conn)
                 except BaseException:
@@ -562,34 +566,59 @@ class SQLiteStore(Store):
         self._unsynced = []
 
     async def _checkpoint_wal(self) -> None:
-        """Copy the WAL into the file on the reader thread (PASSIVE: writers never wait);
-        past WAL_LIMIT of frames the writer then catches up between two turns."""
+        """Copy the WAL into the file on the reader thread (PASSIVE: writers never wait).
+        Past WAL_LIMIT of frames with little left to copy, the file is fsynced there too
+        and the writer catches up between two turns (``_catch_up``). An I/O error stops the
+        store as a failed fsync does: the pages copied may never reach the disk, and the
+        WAL that still holds them would be written over."""
         try:
-            sql = "PRAGMA wal_checkpoint(PASSIVE)"
-            rows = await self._read("checkpoint", lambda c: c.execute(sql).fetchall())
-            self._restart_due = _frames(rows) * self._frame_bytes() > WAL_LIMIT
-        except StoreError:
-            pass  # tried again after the next CHECKPOINT_EVERY commits
+            rows = await self._read("checkpoint", self._checkpoint_here)
+        except StoreError as exc:
+            if _io_error(exc.__cause__):
+                self._break(f"sqlite checkpoint: {self._path}: {exc.__cause__}", [])
+            # else tried again after the next CHECKPOINT_EVERY commits
+        else:
+            self._restart_due = rows is not None
         finally:
             self._checkpoint = None
 
+    def _checkpoint_here(self, conn: sqlite3.Connection) -> tuple[int, int] | None:
+        """On the reader thread: the checkpoint; when the WAL is past WAL_LIMIT and at most
+        CATCH_UP of it is left to copy, the file fsynced (so the writer's checkpoint
+        fsyncs only its own pages) and (log, checkpointed) frames; else None."""
+        row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if row is None or len(row) != 3:
+            return None
+        log, copied = int(row[1]), int(row[2])
+        if log * self._frame_bytes < WAL_LIMIT or (log - copied) * self._frame_bytes > CATCH_UP:
+            return None
+        descriptor = os.open(self._path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)  # OSError: a StoreError from _read, an I/O error
+        except OSError as exc:
+            raise sqlite3.OperationalError(f"fsync: {exc}") from exc
+        finally:
+            os.close(descriptor)
+        return log, copied
+
     def _catch_up(self, conn: sqlite3.Connection) -> None:
         """Checkpoint on the writer, between two turns: the frames committed since the
-        reader's checkpoint (a few turns'), so the next turn's transaction starts on a WAL
-        copied whole and its first write starts the WAL over (truncated to WAL_LIMIT).
-        Without it a loop that commits every turn always has frames the reader's checkpoint
-        has not reached, and the WAL grows without bound (400 MB in a minute of make
-        bench). Once a reader's checkpoint at most: a read in the way waits for the next."""
+        reader's checkpoint (a few turns'; the file's older pages were fsynced there), so
+        the next turn's transaction starts on a WAL copied whole and its first write
+        starts the WAL over (truncated to WAL_LIMIT). Without it a loop that commits every
+        turn always has frames the reader's checkpoint has not reached, and the WAL grows
+        without bound (392 MB in a minute of make bench). Once a reader's checkpoint at
+        most: a read in the way (busy) waits for the next one."""
         self._restart_due = False
-        with contextlib.suppress(sqlite3.Error):  # busy: the next reader's checkpoint
+        try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-
-    def _frame_bytes(self) -> int:
-        """Bytes a WAL frame takes: a page and its 24-byte header."""
-        if not self._page_size:
-            row = self._connections["write"].execute("PRAGMA page_size").fetchone()
-            self._page_size = int(row[0]) if row else 4096
-        return self._page_size + 24
+        except sqlite3.Error as exc:
+            if _io_error(exc):
+                self._break(f"sqlite checkpoint: {self._path}: {exc}", [])
+            else:
+                log.warning(
+                    "sqlite: %s: the WAL checkpoint failed (%s); tried again", self._path, exc
+                )
 
     # -- operations ---------------------------------------------------------------------
     async def create(
@@ -992,10 +1021,12 @@ def _cas(
     return written
 
 
-def _frames(rows: list[Any]) -> int:
-    """The WAL's frames, from what ``PRAGMA wal_checkpoint`` answers: (busy, log,
-    checkpointed); -1 for log when the file is not in WAL mode."""
-    return max(int(rows[0][1]), 0) if rows and len(rows[0]) == 3 else 0
+def _io_error(exc: BaseException | None) -> bool:
+    """An I/O error of SQLite's (a failed write or fsync), or of our own fsync."""
+    code = getattr(exc, "sqlite_errorcode", None)  # absent on one raised by hand
+    if isinstance(exc, sqlite3.Error) and isinstance(code, int):
+        return code & 0xFF == sqlite3.SQLITE_IOERR
+    return isinstance(exc, sqlite3.OperationalError) and isinstance(exc.__cause__, OSError)
 
 
 @contextlib.contextmanager
