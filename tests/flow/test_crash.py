@@ -33,11 +33,12 @@ def provider_process() -> Iterator[str]:
     process.wait(5)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
 def durable_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The durable stores: a SQLite file, a PostgreSQL schema."""
-    if request.param == "postgres":
-        return str(request.getfixturevalue("postgres_url"))
+    """The stores that outlive the gateway's process: a SQLite file, a PostgreSQL schema,
+    keys under a prefix of their own on a Redis."""
+    if request.param != "sqlite":
+        return str(request.getfixturevalue(f"{request.param}_url"))
     return f"sqlite:///{tmp_path}/gateway.db"
 
 

@@ -1,4 +1,4 @@
-"""A real gateway process on SQLite (and on PostgreSQL) killed at the worst moments, and
+"""A real gateway process on SQLite (and on PostgreSQL and Redis) killed at the worst moments, and
 stopped with SIGTERM while calls are in flight. After every restart no counter went
 backwards, every provider call is counted, and the audit chain verifies (at worst with a
 torn final line)."""
@@ -35,17 +35,19 @@ AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
 
 class Gateway:
-    """One `statusgate serve` process on a SQLite file (or a PostgreSQL schema), restartable."""
+    """One `statusgate serve` process on a SQLite file (or a PostgreSQL schema, or Redis
+    keys under a prefix), restartable."""
 
-    def __init__(self, folder: Path, upstream: str, postgres: str | None = None) -> None:
+    def __init__(self, folder: Path, upstream: str, store: str | None = None) -> None:
         self.port = free_port()
         self.db = folder / "gateway.db"
-        self.postgres = postgres
+        self.postgres = store if store is not None and store.startswith("postgres") else None
+        self.redis = store if store is not None and store.startswith("redis") else None
         self.audit = folder / "audit.jsonl"
         self.config = write_config(
             folder,
             upstream,
-            store=postgres or f"sqlite:///{self.db}",
+            store=store or f"sqlite:///{self.db}",
             config_changes={
                 "listen": {"port": self.port},
                 "audit": {"path": "audit.jsonl"},
@@ -74,6 +76,8 @@ class Gateway:
     def record(self, job: str) -> OperationRecord:
         import json
 
+        if self.redis is not None:
+            return self._redis_record(job)
         if self.postgres is not None:
             with self._postgres() as conn:
                 row = conn.execute(
@@ -85,6 +89,27 @@ class Gateway:
                 "SELECT data FROM operations WHERE provider_job_id = ?", (job,)
             ).fetchone()
         return OperationRecord.from_dict(json.loads(row[0]))
+
+    def _redis_record(self, job: str) -> OperationRecord:
+        """Read as the store keeps it (gateway/store/redis_layout.py), one Redis."""
+        import json
+
+        import redis
+
+        from gateway.store.redis_layout import Keys
+
+        assert self.redis is not None
+        base, prefix = self.redis.split("?prefix=", 1)
+        keys = Keys(prefix, cluster=False, shards=1)
+        client = redis.Redis.from_url(base)
+        try:
+            operation_id = client.get(keys.job("team-a", "demo-jobs", job))
+            assert operation_id is not None, job
+            data = client.hget(keys.op(operation_id.decode()), "d")
+        finally:
+            client.close()
+        assert data is not None, operation_id
+        return OperationRecord.from_dict(json.loads(data))
 
     @property
     def _table(self) -> str:
@@ -120,22 +145,42 @@ class Gateway:
         return (lambda: blocker.execute("BEGIN EXCLUSIVE")), unlock_sqlite
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def setup(
+async def started(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[Gateway, DemoProvider]]:
-    """The gateway on each durable store: a SQLite file, a PostgreSQL schema."""
-    postgres = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    """The gateway on the store ``request.param`` names, and the demo provider it calls."""
+    store = None
+    if request.param != "sqlite":
+        store = request.getfixturevalue(f"{request.param}_url")
     demo = DemoProvider(api_key=PROVIDER_KEY)
     server = TestServer(demo.app(), host="127.0.0.1")
     await server.start_server()
-    gateway = Gateway(tmp_path, str(server.make_url("")).rstrip("/"), postgres)
+    gateway = Gateway(tmp_path, str(server.make_url("")).rstrip("/"), store)
     await gateway.start()
     yield gateway, demo
     if gateway.process is not None and gateway.process.poll() is None:
         gateway.process.kill()
         await gateway.wait()
     await server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def setup(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Gateway, DemoProvider]]:
+    """The gateway on the stores whose writes a test can hold up from outside (a SQLite
+    file, a PostgreSQL schema)."""
+    async for pair in started(request, tmp_path):
+        yield pair
+
+
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
+async def any_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Gateway, DemoProvider]]:
+    """The gateway on every store that outlives its process: SQLite, PostgreSQL, Redis."""
+    async for pair in started(request, tmp_path):
+        yield pair
 
 
 async def submit(http: aiohttp.ClientSession, gateway: Gateway, script: list[Any], key: str) -> str:
@@ -178,8 +223,12 @@ async def until(condition: Any) -> None:
     raise AssertionError("condition never held")
 
 
-async def test_sigkill_right_after_the_reservation(setup: tuple[Gateway, DemoProvider]) -> None:
-    gateway, demo = setup
+async def test_sigkill_right_after_the_reservation(
+    any_store: tuple[Gateway, DemoProvider],
+) -> None:
+    """Killed while the provider answers the reserved call: the budget counts that call,
+    the restarted gateway audits it as interrupted and polls again when due."""
+    gateway, demo = any_store
     async with aiohttp.ClientSession() as http:
         script = [{"state": "running", "delay": 1.5}, {"state": "running"}]
         job = await submit(http, gateway, script, "a")
