@@ -46,25 +46,25 @@ async def answer(request: web.Request) -> web.StreamResponse:
             request.app[PAGE].append("poll started")
             await asyncio.sleep(0.3)
             request.app[PAGE].append("poll done")
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            request.app[PAGE].append("cancelled after the poll")
-            raise
-        return web.Response(text="never")
+        return await until_cancelled(request, "cancelled after the poll")
     if tail == "held":
         request.app[PAGE].append("held started")
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            request.app[PAGE].append("held cancelled")
-            raise
-        return web.Response(text="never")
+        return await until_cancelled(request, "held cancelled")
     headers = {"Retry-After": "3600", "Statusgate-Operation": "op_1"}
     body = b'{"type":"/problems/too-early","status":429}'
     return web.Response(
         status=429, body=body, headers=headers, content_type="application/problem+json"
     )
+
+
+async def until_cancelled(request: web.Request, line: str) -> web.Response:
+    """Wait (30 s) until cancelled, then put ``line`` on the page."""
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        request.app[PAGE].append(line)
+        raise
+    return web.Response(text="never")
 
 
 async def middleware(request: web.Request, handler: lane.Handler) -> web.StreamResponse:
