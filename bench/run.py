@@ -96,9 +96,11 @@ PIDS: dict[int, int] = {}  # port -> pid of the process spawned on it
 CPU_US: dict[str, float] = {}  # target -> its own CPU microseconds per forwarded poll
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process so far, or of one of its threads (the main
+    thread's id is the process's: its event loop) (Linux /proc)."""
+    where = f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat"
+    fields = Path(where).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -886,8 +888,13 @@ def _gateway_fixed(
                 if baseline is not None:
                     runs.insert(round_ % 2, (targets.B0, baseline[0], baseline[1], direct))
                 for target, url, where, headers in runs:
+                    pid = PIDS[port] if target == name else None
+                    loop_before, started = cpu_seconds(pid, pid) if pid else 0.0, time.time()
                     measured = fixed_rate(url, where, headers, rate, seconds)
                     LATENCY_ROUNDS.setdefault(target, []).append(measured)
+                    if pid:  # how busy the gateway's event loop was at that rate
+                        busy = (cpu_seconds(pid, pid) - loop_before) / (time.time() - started)
+                        LOOP_SHARES.setdefault(target, []).append(busy)
             for target in (name, targets.B0) if baseline is not None else (name,):
                 results[target] = _median_round(LATENCY_ROUNDS[target])
             if name in SEARCHED:
@@ -899,6 +906,7 @@ def _gateway_fixed(
 
 
 LATENCY_ROUNDS: dict[str, list[Result]] = {}  # target -> its fixed-rate latency, per round
+LOOP_SHARES: dict[str, list[float]] = {}  # store -> its event loop's CPU share, per round
 LATENCY_ROUNDS_FULL = 5  # rounds of the fixed-rate latency without --quick
 SETTLE = 0.5  # seconds between a round's capacity run and its fixed-rate runs
 
@@ -1070,9 +1078,17 @@ def _print_fixed(fixed: dict[str, Result]) -> None:
                     f"{result.p99:>8.2f}"
                 )
     if LATENCY_ROUNDS:
-        print("Rounds (each at 60% of the capacity measured just before it): rate p50 / p99 ms")
+        print(
+            "Rounds (each at 60% of the capacity measured just before it): rate p50 / p99 ms"
+            " (the gateway's event loop on the CPU that share of the round)"
+        )
         for target, measured in LATENCY_ROUNDS.items():
-            shown = ", ".join(f"{m.rps:.0f}/s {m.p50:.1f} / {m.p99:.1f}" for m in measured)
+            shares = LOOP_SHARES.get(target, [])
+            shown = ", ".join(
+                f"{m.rps:.0f}/s {m.p50:.1f} / {m.p99:.1f}"
+                + (f" ({shares[i]:.0%})" if i < len(shares) else "")
+                for i, m in enumerate(measured)
+            )
             print(f"  {target:<24} {shown}")
 
 
