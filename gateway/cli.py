@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="a self-contained show with looping agents")
     demo.add_argument("--agents", type=int, default=25, help="agents in the fleet scene")
+    demo.add_argument(
+        "--provider", help="show one shipped policy against the demo provider's double of it"
+    )
+    demo.add_argument(
+        "--policies", default="policies", help="the folder of shipped policies (--provider)"
+    )
     demo.set_defaults(run=_demo)
     return parser
 
@@ -236,6 +242,10 @@ def _demo_provider(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.provider is not None:
+        from gateway.demo.showcase import run as run_one
+
+        return run_one(args.provider, Path(args.policies))
     from gateway.demo.walkthrough import run
 
     return run(max(1, min(args.agents, 500)))
