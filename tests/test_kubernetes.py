@@ -622,13 +622,21 @@ def test_network_policy_lets_agents_prometheus_and_dns_through(monitored: Render
 
 def test_demo_provider_is_a_loopback_sidecar_for_a_first_try(renders: dict[Any, Rendered]) -> None:
     """components/demo-provider adds only a sidecar serving the demo provider on the
-    loopback address and port where the shipped policies point, keyed from the Secret."""
+    loopback address and port where the shipped policies point (as written, or as the
+    mounted config's ``upstreams`` redirects the pack's, which name their providers' real
+    origins), keyed from the Secret."""
     plain, demo = renders["sqlite", ()], renders["sqlite", DEMO]
     assert [o["kind"] for o in plain.objects] == [o["kind"] for o in demo.objects]
     (sidecar,) = [c for c in demo.pod["containers"] if c is not demo.gateway]
     args = sidecar["args"]
     address = f"{args[args.index('--host') + 1]}:{args[args.index('--port') + 1]}"
-    upstreams = {yaml.safe_load(p.read_text())["upstream"] for p in POLICIES.glob("*.yaml")}
+    redirects = demo.mounted_config().get("upstreams", {})
+    upstreams = set()
+    for path in POLICIES.glob("*.yaml"):
+        policy = yaml.safe_load(path.read_text())
+        name = policy["provider"]
+        upstream = redirects.get(name, redirects.get("*", policy["upstream"]))
+        upstreams.add(upstream.replace("{provider}", name).removesuffix(f"/{name}"))
     assert upstreams == {f"http://{address}"}
     assert "ports" not in sidecar  # loopback only: nothing to expose
     ref = env_sources(sidecar)["DEMO_API_KEY"]["valueFrom"]["secretKeyRef"]
@@ -926,6 +934,7 @@ async def test_sigterm_answers_held_calls_within_the_grace_period(
     config["admin_listen"] = {"host": "127.0.0.1", "port": free_port()}
     config["store"] = f"sqlite:///{tmp_path / 'statusgate.db'}"
     config["audit"]["path"] = str(tmp_path / "audit-${POD_NAME}.jsonl")
+    config["upstreams"] = {}  # demo-jobs goes to this test's provider, as its policy says
     config_path.write_text(yaml.safe_dump(config))
     policy = config_path.parent / config["policies_dir"] / "demo-jobs.yaml"
     data = yaml.safe_load(policy.read_text())
