@@ -317,8 +317,10 @@ def test_image_tag_in_the_manifests_is_the_package_version() -> None:
     make = subprocess.run(
         ["make", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert f"-t {image['newName']}:{package_version()} " in make.stdout
-    assert f"--build-arg VERSION={package_version()}" in make.stdout
+    # deploy/image/build.sh IMAGE VERSION tags IMAGE:VERSION and passes VERSION to the build
+    assert f"deploy/image/build.sh {image['newName']} {package_version()}\n" in make.stdout
+    script = (ROOT / "deploy/image/build.sh").read_text()
+    assert 'tag="$image:$version"' in script and '"VERSION=$version"' in script
 
 
 def test_dockerfile_refuses_a_version_other_than_the_package_one() -> None:

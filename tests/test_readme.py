@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.demo.env import demo_env
+
 from conftest import ROOT, free_port
 
 README = ROOT / "README.md"
@@ -158,17 +160,18 @@ def lay_out(folder: Path, gateway_port: int, provider_port: int) -> None:
     assert config["listen"]["port"] == 8080 and config["store"].startswith("sqlite:///../var/")
     config["listen"]["port"] = gateway_port
     config["public_base_url"] = f"http://127.0.0.1:{gateway_port}"
+    # make run's config sends every provider to the demo provider (on 8081)
+    assert config["upstreams"] == {"*": "http://127.0.0.1:8081/{provider}"}
+    config["upstreams"] = {"*": f"http://127.0.0.1:{provider_port}/{{provider}}"}
     (folder / "config" / "gateway.yaml").write_text(yaml.safe_dump(config))
-    (folder / "policies").mkdir()
-    for policy in (ROOT / "policies").glob("*.yaml"):
-        text = policy.read_text()
-        assert "http://127.0.0.1:8081" in text, policy.name
-        moved = text.replace("http://127.0.0.1:8081", f"http://127.0.0.1:{provider_port}")
-        (folder / "policies" / policy.name).write_text(moved)
+    shutil.copytree(ROOT / "policies", folder / "policies")
     shim = folder / ".venv" / "bin" / "statusgate"
     shim.parent.mkdir(parents=True)
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gateway "$@"\n')
     shim.chmod(0o755)
+    python = folder / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
 
 
 def script(commands: list[Command], folder: Path, ports: dict[str, str]) -> str:
@@ -238,7 +241,8 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
         "LANG": "C.UTF-8",
         "PYTHONPATH": str(ROOT),
     }
-    server_env = {**env, "DEMO_API_KEY": DEMO_KEY}
+    # as make run: every credential the shipped policies read set to the demo key
+    server_env = {**env, **demo_env(ROOT / "policies", DEMO_KEY), "DEMO_API_KEY": DEMO_KEY}
     processes = [
         start(folder, ["demo-provider", "--port", str(provider_port)], provider_port, server_env)
     ]
