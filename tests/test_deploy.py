@@ -1,6 +1,7 @@
-"""The shipped operations files (SPEC 13): alert rules, the Grafana dashboard, the image's
-lock file, .dockerignore and health check, and a real Prometheus evaluating the rules while it
-scrapes a real `statusgate serve` process. Everything listens on loopback only."""
+"""The shipped operations files (SPEC 13; docs/runbooks.md): alert rules, the Grafana
+dashboard, the image's lock file, .dockerignore and health check, and a real Prometheus
+evaluating the rules while it scrapes a real `statusgate serve` process. Everything listens on
+loopback only."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, ROOT, free_port, wait_until_up, write_config
+from conftest import (
+    AGENT_TOKEN,
+    PROVIDER_ENV,
+    ROOT,
+    free_port,
+    wait_until_up,
+    write_config,
+)
 
 DEPLOY = ROOT / "deploy"
 ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
@@ -36,7 +44,7 @@ DASHBOARD = DEPLOY / "grafana" / "statusgate.json"
 HEALTHCHECK = DEPLOY / "docker" / "healthcheck.py"
 LOCK = ROOT / "requirements.lock"
 
-# SPEC 9 and 13: the names the gateway exports.
+# The names the gateway exports (docs/reference.md, Metrics).
 HISTOGRAMS = {
     "statusgate_upstream_request_duration_seconds",
     "statusgate_request_duration_seconds",
@@ -55,6 +63,7 @@ SAMPLES = {
     "statusgate_build_info",
     "statusgate_webhook_deliveries_total",
     "statusgate_config_reloads_total",
+    "statusgate_overloaded_requests_total",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
     "process_virtual_memory_bytes",
@@ -169,6 +178,7 @@ def test_spec_alerts_are_shipped() -> None:
         ("StatusgateProviderFailing", "warning"),
         ("StatusgateWebhookFailing", "warning"),
         ("StatusgateConfigReloadFailed", "warning"),
+        ("StatusgateOverloaded", "warning"),
     ]:
         assert needed in shipped
 
@@ -366,7 +376,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """`statusgate serve` on SQLite in front of the demo provider, both real processes, after
     one submit and one status call so provider series have samples."""
     folder = tmp_path_factory.mktemp("deploy-gateway")
-    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, **PROVIDER_ENV}
     provider_port, port = free_port(), free_port()
     started: list[subprocess.Popen[bytes]] = []
     logs = (folder / "stderr.log").open("wb")
@@ -547,7 +557,7 @@ def test_gateway_exports_every_metric_the_operations_files_use(gateway: Gateway)
 
 
 def run_healthcheck(config: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STATUSGATE_CONFIG": str(config), "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, "STATUSGATE_CONFIG": str(config), **PROVIDER_ENV}
     command = [sys.executable, str(HEALTHCHECK)]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=20)
 

@@ -13,7 +13,7 @@ import yaml
 from gateway.cli import main
 from gateway.errors import ConfigError
 
-from conftest import ROOT, merge, write_config
+from conftest import PROVIDER_ENV, ROOT, merge, write_config
 
 
 def run_check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -24,7 +24,8 @@ def run_check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, st
 
 @pytest.fixture(autouse=True)
 def demo_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEMO_API_KEY", "secret-value-never-printed")
+    for name in PROVIDER_ENV:
+        monkeypatch.setenv(name, "secret-value-never-printed")
 
 
 def test_repository_config_passes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,7 +145,7 @@ def test_check_as_a_real_command_prints_no_traceback(tmp_path: Path) -> None:
         [sys.executable, "-m", "gateway", "check", "--config", str(config)],
         capture_output=True,
         text=True,
-        env={"DEMO_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+        env={**PROVIDER_ENV, "PATH": "/usr/bin:/bin"},
         check=False,
     )
     assert done.returncode == 1
@@ -295,7 +296,8 @@ def test_readme_check_commands_work_in_a_second_shell(tmp_path: Path) -> None:
     shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway "$@"\n')
     shim.chmod(0o755)
     commands = [
-        line.replace(".venv/bin/statusgate", str(shim)) + '; echo "exit $?"'
+        line.replace(".venv/bin/statusgate", str(shim))
+        + ("" if 'echo "exit $?"' in line else '; echo "exit $?"')
         for line in found.group(1)
         .replace("policy.schema.json", str(tmp_path / "s.json"))
         .splitlines()
@@ -316,5 +318,6 @@ def test_readme_check_commands_work_in_a_second_shell(tmp_path: Path) -> None:
         'escalate unknown_state: state "paused" is not in the policy\'s state table'
     )
     assert out[verdict + 1] == "exit 3"
-    assert [line for line in out if line.startswith("exit")] == ["exit 0", "exit 3", "exit 0"]
+    exits = [line for line in out if line.startswith("exit")]
+    assert exits == ["exit 0", "exit 0", "exit 3", "exit 0"], done.stdout + done.stderr
     assert json.loads((tmp_path / "s.json").read_text())["title"].startswith("Statusgate")
