@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 MODULES: tuple[str, ...] = (
     "runway",
     "cohere_embed_jobs",
+    "replicate",
 )
 
 
