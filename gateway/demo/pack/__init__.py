@@ -31,6 +31,7 @@ MODULES: tuple[str, ...] = (
     "runway",
     "cohere_embed_jobs",
     "replicate",
+    "assemblyai",
 )
 
 
