@@ -32,6 +32,7 @@ MODULES: tuple[str, ...] = (
     "cohere_embed_jobs",
     "replicate",
     "assemblyai",
+    "elevenlabs_dubbing",
 )
 
 
