@@ -19,6 +19,8 @@ and the status filter ``dubbing`` / ``dubbed`` / ``failed``), not from our polic
 
 from __future__ import annotations
 
+import contextlib
+import json
 import secrets
 import string
 from collections.abc import Iterable
@@ -103,8 +105,13 @@ def routes(jobs: Jobs) -> Iterable[web.AbstractRouteDef]:
         body = {"dubbing_id": job.id, "expected_duration_sec": EXPECTED_SECONDS}
         return web.json_response(body)
 
+    answered: dict[str, str] = {}  # the status each project last reported
+
     async def get(request: web.Request) -> web.StreamResponse:
         answer = await jobs.status(request)
+        if isinstance(answer, web.Response) and isinstance(answer.body, bytes):
+            with contextlib.suppress(ValueError, AttributeError, KeyError):
+                answered[request.match_info["job_id"]] = json.loads(answer.body)["status"]
         if answer.status == 401:
             return _detail(401, "invalid_api_key", "Invalid API key")
         if answer.status == 404:
@@ -117,9 +124,7 @@ def routes(jobs: Jobs) -> Iterable[web.AbstractRouteDef]:
             return _detail(job.status, "not_found", "Dubbing project not found")
         if request.match_info["language_code"] != job.request.get("target_lang"):
             return _detail(404, "language_not_found", "Not dubbed into this language")
-        last = len(job.script) - 1
-        dubbed = job.polls > 0 and job.index == last and job.script[last].get("state") == "dubbed"
-        if not dubbed:
+        if answered.get(job.id) != "dubbed":
             return _detail(425, "dubbing_not_finished", "The dubbing is not finished yet")
         return web.Response(body=AUDIO, content_type="audio/mpeg")
 
