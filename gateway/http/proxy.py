@@ -134,6 +134,10 @@ async def status(call: Call) -> web.StreamResponse:
         record = await find_job(runtime, call.account.id, policy, call.job_id)
     if record is None:
         return unknown_operation()
+    if record.provider_job_id != call.job_id:  # named by its alias: poll it by its own id
+        call = dataclasses.replace(
+            call, match=dataclasses.replace(call.match, job_id=record.provider_job_id)
+        )
     wait = prefer_wait(call.request.headers.getall("Prefer", []), bare=policy.polling.max_hold)
     if wait:  # RFC 7240: wait=0 asks for no wait at all
         return await _hold(call, record, min(wait, policy.polling.max_hold))
