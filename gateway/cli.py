@@ -77,6 +77,20 @@ def _parser() -> argparse.ArgumentParser:
     story.add_argument("operation_id")
     story.set_defaults(run=_audit_story)
 
+    _policy_parsers(commands)
+
+    schema = commands.add_parser("schema", help="JSON Schema of the config or policy files")
+    schema.add_argument("kind", choices=("policy", "config"))
+    schema.set_defaults(run=_schema)
+
+    demo = commands.add_parser("demo", help="a self-contained show with looping agents")
+    demo.add_argument("--agents", type=int, default=25, help="agents in the fleet scene")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _policy_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``statusgate policy test`` and ``statusgate policy show``."""
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers(required=True, metavar="ACTION")
     tryout = policy_commands.add_parser(
@@ -100,15 +114,6 @@ def _parser() -> argparse.ArgumentParser:
     shown.add_argument("--config", type=Path, required=True)
     shown.add_argument("provider")
     shown.set_defaults(run=_policy_show)
-
-    schema = commands.add_parser("schema", help="JSON Schema of the config or policy files")
-    schema.add_argument("kind", choices=("policy", "config"))
-    schema.set_defaults(run=_schema)
-
-    demo = commands.add_parser("demo", help="a self-contained show with looping agents")
-    demo.add_argument("--agents", type=int, default=25, help="agents in the fleet scene")
-    demo.set_defaults(run=_demo)
-    return parser
 
 
 def _policy_test(args: argparse.Namespace) -> int:

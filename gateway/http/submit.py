@@ -188,13 +188,7 @@ async def _open(
         now=now,
         u=runtime.rng.random(),
     )
-    rewriter = runtime.rewriter(policy)
-    kept = tuple(rewriter.response_headers(response.headers.items(), policy))
-    status = policy.routes.status
-    has_location = any(name.lower() == "location" for name, _ in kept)
-    if status.job_id is None and not has_location:  # a status URL exists to point at
-        base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
-        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
+    kept = _answer_headers(call, response, job_id)
     stored = StoredResponse(
         response.status, kept, rewrite_body(call, response.body, response.content_type)
     )
@@ -248,6 +242,22 @@ async def held_submit(
         answer = _stored_answer(stored, decision.record, now, policy)
     answer.headers["Preference-Applied"] = f"wait={format_wait(limit)}"
     return answer
+
+
+def _answer_headers(
+    call: Call, response: UpstreamResponse, job_id: str
+) -> tuple[tuple[str, str], ...]:
+    """The provider's answer headers an agent may see, with a Location of the job's status
+    URL at the gateway when the provider gave none and the status route has one."""
+    runtime, policy = call.runtime, call.policy
+    rewriter = runtime.rewriter(policy)
+    kept = tuple(rewriter.response_headers(response.headers.items(), policy))
+    status = policy.routes.status
+    has_location = any(name.lower() == "location" for name, _ in kept)
+    if status.job_id is None and not has_location:  # a status URL exists to point at
+        base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
+        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
+    return kept
 
 
 def _opened(policy: ProviderPolicy, decision: Decision, status: int, now: float) -> Effects:
