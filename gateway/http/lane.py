@@ -237,6 +237,18 @@ def wants_lane(first: bytes) -> bool | None:
     return target.startswith(b"/p/")
 
 
+def body_framing(fields: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The field framing the body of a request with these header fields, if it has one."""
+    framing = None
+    for name, value in fields:
+        lower = name.lower()
+        if lower == b"transfer-encoding" and b"chunked" in value.lower():
+            return b"Transfer-Encoding: chunked"
+        if lower == b"content-length" and value.strip() not in (b"", b"0"):
+            framing = b"Content-Length: " + value.strip()
+    return framing
+
+
 class Uncancelled:
     """Entered by a handler that polls the provider in its own task (gateway/flow/polls.py):
     until it leaves, its client going away or a stop past its grace does not cancel the
@@ -305,6 +317,8 @@ class Lane(asyncio.Protocol):
         self._relay: RequestHandler | None = None
         self._relay_waiting: list[bytes] = []
         self._chunked = False
+        self._framing: bytes | None = None  # how the body of an upgrade request is framed
+        self._reframing = False  # a parser is told that framing (_reframe)
         self.uncancelled = Uncancelled(self)  # for the handler's poll (LaneRequest.uncancelled)
         self._uncancelled = 0  # the handler is inside that many of them
         self._cancel_due = False  # a cancel of the handler waits for their end
@@ -332,9 +346,7 @@ class Lane(asyncio.Protocol):
             data = first
         self._active = self.loop.time()
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._bad_request("Protocol upgrades are not served on agent paths.", "Upgrade")
+            self._feed(self.parser, data)
         except httptools.HttpParserError as exc:  # a callback's own error is its context
             cause = exc.__context__
             if isinstance(cause, BadHead):
@@ -342,6 +354,38 @@ class Lane(asyncio.Protocol):
             else:
                 detail = "The request is not valid HTTP/1.1."
                 self._bad_request(detail, type(exc).__name__)
+
+    def _feed(self, parser: httptools.HttpRequestParser, data: bytes) -> None:
+        """Parse ``data``. llhttp stops after a request asking for another protocol
+        (``Upgrade: h2c``, a WebSocket handshake, CONNECT): the lane ignores the upgrade, as
+        RFC 9110 7.8 lets a server and aiohttp's server does, answers the request as any
+        other and parses the bytes after it as the next request. httptools skips the body
+        of such a request; a parser of its own reads it (``_reframe``)."""
+        while True:
+            try:
+                parser.feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                data = data[upgrade.args[0] :]
+                if self._framing is not None:
+                    parser = self._reframe(self._framing)
+                if not data:
+                    return
+
+    def _reframe(self, framing: bytes) -> httptools.HttpRequestParser:
+        """A new parser for the rest of the connection, starting inside the body of the
+        upgrade request just read: told how that body is framed by a head of its own,
+        which is no request (``_reframing``)."""
+        self._framing = None
+        parser = self.parser = httptools.HttpRequestParser(self)
+        chunked = self._chunked
+        self._reframing = True
+        try:
+            parser.feed_data(b"PUT / HTTP/1.1\r\n%s\r\n\r\n" % framing)
+        finally:
+            self._reframing = False
+        self._chunked = chunked
+        return parser
 
     def eof_received(self) -> bool | None:
         """The client sent its last byte: it is gone, as aiohttp takes it. The connection
@@ -399,12 +443,16 @@ class Lane(asyncio.Protocol):
         self._fields.append((name, value.rstrip(b" \t")))  # trailing OWS is no part of it
 
     def on_headers_complete(self) -> None:
+        if self._reframing:  # the head framing an upgrade request's body (_reframe)
+            return
         parser = self.parser
         assert parser is not None and self.transport is not None
         target = b"".join(self._url)
         method = parser.get_method().decode("ascii", "replace")
+        if parser.should_upgrade() and method != "CONNECT":
+            self._framing = body_framing(self._fields)
         found = rel_url = None
-        if not self._relaying and target.startswith(b"/p/"):
+        if not self._relaying and target.startswith(b"/p/") and method != "CONNECT":
             raw_path, _, query = target.partition(b"#")[0].partition(b"?")
             rel_url = URL.build(
                 path=raw_path.decode("latin-1"), query_string=query.decode("latin-1"), encoded=True
@@ -451,6 +499,8 @@ class Lane(asyncio.Protocol):
             self._body.feed(body)
 
     def on_message_complete(self) -> None:
+        if self._framing is not None:  # httptools skipped the body of an upgrade request
+            return
         if self._relaying:
             if self._chunked:
                 self._relay_bytes(b"0\r\n\r\n")
