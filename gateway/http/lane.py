@@ -8,8 +8,9 @@ request of ten attributes and a response written as one ``bytes`` costs a few mi
 
 What it owns: framing (keep-alive, pipelining in order with reading paused past QUEUE_HIGH
 waiting requests, ``Expect: 100-continue``, HEAD and bodiless statuses, ``Connection:
-close``), the head as aiohttp reads it (8190 bytes a line or field, 128 fields, ``Host``
-required in HTTP/1.1, no second singleton field such as ``Host`` or ``Content-Type``, no
+close``), the head as aiohttp reads it (8190 bytes of request target, 8190 of a field's
+name and of its value as aiohttp's C parser counts them, 128 fields, ``Host`` required in
+HTTP/1.1, no second singleton field such as ``Host`` or ``Content-Type``, no
 trailing whitespace in a value, no fragment in the path), a body read as it arrives with
 backpressure (an answered request's unread rest dropped for LINGER at most), the
 cancellation of a handler whose client went away (``handler_cancellation``), an idle
@@ -62,8 +63,9 @@ log = logging.getLogger("statusgate")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
-MAX_LINE = 8190  # bytes of a request target or of one header field (aiohttp's limits)
-MAX_FIELDS = 128
+MAX_LINE = 8190  # bytes of a request target (aiohttp's max_line_size)
+MAX_FIELD = 8190  # bytes of a header field's name or value (max_field_size, see on_header)
+MAX_FIELDS = 128  # header fields (max_headers)
 BODY_HIGH = 256 * 1024  # bytes of a body buffered before reading pauses
 KEEPALIVE = 3630.0  # seconds an idle connection is kept (aiohttp's default)
 # The agent's paths, as the aiohttp routes /p/{provider} and /p/{provider}/{tail:.*} take
@@ -438,9 +440,21 @@ class Lane(asyncio.Protocol):
             raise BadHead("The request line or a header field is too long.")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) + len(value) > MAX_LINE or len(self._fields) >= MAX_FIELDS:
+        """A header field, held to aiohttp's limits as its C parser counts them when a
+        name arrives in one read (``cb_on_header_field``, ``cb_on_header_value``): a value
+        of at most MAX_FIELD bytes, trailing whitespace included, and a name too, but the
+        name is counted with the name of the field before it and the first field's value
+        with its name (the parser checks a name before it files the field before);
+        MAX_FIELDS fields."""
+        fields = self._fields
+        if fields:
+            named, valued = len(fields[-1][0]) + len(name), len(value)
+        else:
+            named = len(name)
+            valued = named + len(value)
+        if named > MAX_FIELD or valued > MAX_FIELD or len(fields) >= MAX_FIELDS:
             raise BadHead("The request line or a header field is too long.")
-        self._fields.append((name, value.rstrip(b" \t")))  # trailing OWS is no part of it
+        fields.append((name, value.rstrip(b" \t")))  # trailing OWS is no part of it
 
     def on_headers_complete(self) -> None:
         if self._reframing:  # the head framing an upgrade request's body (_reframe)

@@ -606,18 +606,41 @@ async def _headers(request: web.Request) -> web.Response:
     return web.Response(text=repr(list(request.headers.items())))
 
 
-@pytest.mark.parametrize(
-    "request_bytes",
-    [
-        b"GET /p/demo/x HTTP/1.1\r\nHost: x\r\nX-A: v  \r\n\r\n",
-        b"GET /p/demo/x HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
-    ],
-    ids=["trailing OWS", "duplicate Host"],
-)
+def head(*fields: bytes, target: bytes = b"/p/demo/x") -> bytes:
+    return b"GET %s HTTP/1.1\r\n%s\r\n" % (target, b"".join(f + b"\r\n" for f in fields))
+
+
+FIELD = lane.MAX_FIELD  # aiohttp's max_field_size (8190)
+HEADS = {
+    "trailing OWS": head(b"Host: x", b"X-A: v  "),
+    "duplicate Host": head(b"Host: x", b"Host: y"),
+    # a field's value: up to max_field_size bytes, trailing whitespace counted
+    "value at the limit": head(b"Host: x", b"X-Big: " + b"v" * FIELD),
+    "value past the limit": head(b"Host: x", b"X-Big: " + b"v" * (FIELD + 1)),
+    "long name and value": head(b"Host: x", b"X-" + b"n" * 4000 + b": " + b"v" * 8000),
+    "value with OWS past the limit": head(b"Host: x", b"X-Big: " + b"v" * (FIELD - 3) + b"    "),
+    # the first field: its name and value together (aiohttp's C parser, see lane.on_header)
+    "first field at the limit": head(b"X-Big: " + b"v" * (FIELD - 5), b"Host: x"),
+    "first field past the limit": head(b"X-Big: " + b"v" * (FIELD - 4), b"Host: x"),
+    # a name: with the name of the field before it (aiohttp's C parser again)
+    "name at the limit": head(b"Host: x", b"N" * (FIELD - 4) + b": v"),
+    "name past the limit": head(b"Host: x", b"N" * (FIELD - 3) + b": v"),
+    "first name past the limit": head(b"N" * (FIELD + 1) + b": v", b"Host: x"),
+    # max_headers fields, and max_line_size bytes of request target
+    "128 fields": head(b"Host: x", *(b"X-%d: 1" % i for i in range(127))),
+    "129 fields": head(b"Host: x", *(b"X-%d: 1" % i for i in range(128))),
+    "target at the limit": head(b"Host: x", target=b"/p/demo/" + b"t" * (lane.MAX_LINE - 8)),
+    "target past the limit": head(b"Host: x", target=b"/p/demo/" + b"t" * (lane.MAX_LINE - 7)),
+}
+
+
+@pytest.mark.parametrize("request_bytes", HEADS.values(), ids=HEADS)
 async def test_the_head_is_read_as_aiohttp_reads_it(request_bytes: bytes) -> None:
-    """Trailing whitespace is not part of a field value (RFC 9110 5.5; aiohttp strips it)
-    and a second Host is refused by aiohttp with 400: the lane must agree, or one agent
-    request means two things depending on the connection's history."""
+    """A head is refused (400) on the lane exactly when aiohttp's server refuses it: the
+    limits of a field's name, its value, the number of fields and the request target, at
+    and past each; trailing whitespace is not part of a value (RFC 9110 5.5) and a second
+    Host is refused. Otherwise one agent request means two things depending on the
+    connection's history."""
     ours, theirs = await both(_headers, request_bytes)
     assert ours.split(b" ", 2)[1] == theirs.split(b" ", 2)[1]
     if not ours.startswith(b"HTTP/1.1 400"):  # a 400's body is problem+json on the lane
