@@ -390,13 +390,23 @@ class Lane(asyncio.Protocol):
         return parser
 
     def eof_received(self) -> bool | None:
-        """The client sent its last byte: it is gone, as aiohttp takes it. The connection
-        closes at the end of this turn of the loop, once what is queued to write (answers
-        of this turn included) is written; a handler still running is then cancelled."""
+        """The client sent its last byte (a FIN): it is gone, as aiohttp and nginx take it,
+        since a client that closed and one that only shut its sending side look alike
+        here. No request is read or answered after this. The connection closes at the end
+        of this turn of the loop, once what is queued to write (answers of this turn
+        included) is written, and a handler still running is then cancelled; but a
+        handler polling the provider (``Uncancelled``) is let finish first, and what it
+        answers without waiting further is written before the connection closes: the
+        provider call is made and paid for, and a client that only half-closed
+        (``shutdown(SHUT_WR)``) is still reading."""
         if self._relay is not None:
             self._relay.eof_received()
             return None
-        self.loop.call_soon(self._close)
+        self._stopping = True
+        if self._uncancelled:
+            self._cancel_due = True  # at the poll's end: the answer, or the cancel of a wait
+        else:
+            self.loop.call_soon(self._close)
         return True
 
     def connection_lost(self, exc: BaseException | None) -> None:

@@ -47,6 +47,12 @@ async def answer(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(0.3)
             request.app[PAGE].append("poll done")
         return await until_cancelled(request, "cancelled after the poll")
+    if tail == "polled":  # a forwarded poll: the answer once the provider's has come
+        assert isinstance(request, lane.LaneRequest)
+        with request.uncancelled:
+            request.app[PAGE].append("poll started")
+            await asyncio.sleep(0.2)
+        return web.Response(text="polled")
     if tail == "held":
         request.app[PAGE].append("held started")
         return await until_cancelled(request, "held cancelled")
@@ -721,6 +727,46 @@ async def test_a_client_that_half_closes_after_its_request_gets_its_answer(
         got = await asyncio.wait_for(reader.read(), 5)
         writer.close()
         assert got.startswith(b"HTTP/1.1 429"), got
+
+
+async def half_closed(port: int, request: bytes) -> bytes:
+    """Send ``request`` and at once the client's FIN; everything read until the server
+    closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    writer.write_eof()
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+async def test_a_half_closed_client_gets_the_answer_of_a_poll_under_way(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A status call whose handler is polling the provider when the client's FIN comes:
+    the poll is never cut short, and its answer is written once it ends, then the
+    connection closes (the client may still be reading: ``shutdown(SHUT_WR)``)."""
+    lane_port, _, app = servers
+    got = await half_closed(lane_port, GET % b"polled")
+    assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(b"polled")
+    assert app[PAGE] == ["poll started"]
+
+
+async def test_a_half_closed_clients_waiting_handler_is_cancelled_as_aiohttp_does(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A handler that waits without polling (a held call) when the client's FIN comes is
+    cancelled and the connection closes without an answer, as aiohttp's server takes a FIN
+    (the client is gone), and so are requests pipelined behind a poll under way."""
+    lane_port, plain_port, app = servers
+    for port in (lane_port, plain_port):
+        assert await half_closed(port, GET % b"held") == b""
+        await page_shows(app, "held cancelled")
+        assert app[PAGE] == ["held started", "held cancelled"]
+        app[PAGE].clear()
+    got = split(await half_closed(lane_port, GET % b"polled" + GET % b"held"))
+    assert len(got) == 1 and got[0].endswith(b"polled") and app[PAGE] == ["poll started"]
 
 
 async def test_a_relay_starts_paused_when_the_lanes_last_answer_filled_the_socket(
