@@ -13,8 +13,11 @@ name and of its value as aiohttp's C parser counts them, 128 fields, ``Host`` re
 HTTP/1.1, no second singleton field such as ``Host`` or ``Content-Type``, no
 trailing whitespace in a value, no fragment in the path), a body read as it arrives with
 backpressure (an answered request's unread rest dropped for LINGER at most), the
-cancellation of a handler whose client went away (``handler_cancellation``), an idle
-timeout, and a graceful stop with the aiohttp runner it shares. Headers are written by aiohttp's own
+cancellation of a handler whose client went away (``handler_cancellation``; a FIN taken as
+its going away, see ``Lane.eof_received``), the timeouts of a head and of an idle connection
+(``limits.header_timeout``, ``keepalive_timeout``), the bound on open connections
+(``limits.max_connections``, ``Connections``), and a graceful stop with the aiohttp runner
+it shares. Headers are written by aiohttp's own
 serializer, so an answer here has the bytes aiohttp would send (Date, Server,
 Content-Length, Content-Type, Connection).
 
@@ -27,7 +30,7 @@ bytes keep their order: everything it writes (100 Continue, an answer, a 400) go
 its own queue, flushed before it closes or hands itself to aiohttp.
 
 What it never does: answer anything but an agent call. A connection whose first request is
-not ``/p/...`` is handed to aiohttp whole (``transport.set_protocol``); one that turns to
+not ``/p/...`` is handed to aiohttp whole (its bytes passed through); one that turns to
 another path later is relayed to an aiohttp handler from that request on, in order, so the
 admin API, the console, ``/mcp``, the health checks and the metrics are aiohttp's alone.
 """
@@ -58,6 +61,7 @@ from yarl import URL
 
 from gateway.http.listener import Listener, bind
 from gateway.http.problems import problem
+from gateway.settings.config import Limits
 
 log = logging.getLogger("statusgate")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -67,7 +71,7 @@ MAX_LINE = 8190  # bytes of a request target (aiohttp's max_line_size)
 MAX_FIELD = 8190  # bytes of a header field's name or value (max_field_size, see on_header)
 MAX_FIELDS = 128  # header fields (max_headers)
 BODY_HIGH = 256 * 1024  # bytes of a body buffered before reading pauses
-KEEPALIVE = 3630.0  # seconds an idle connection is kept (aiohttp's default)
+REFUSED_LINGER = 2.0  # seconds a connection refused 503 is read, and dropped, at most
 # The agent's paths, as the aiohttp routes /p/{provider} and /p/{provider}/{tail:.*} take
 # them: a provider name with no slash and no brace, then nothing or a slash and anything.
 AGENT_PATH = re.compile(r"/p/([^{}/]+)(?:/(.*))?", re.S)
@@ -79,6 +83,10 @@ LINGER = 10.0  # seconds the rest of an unread body is read and dropped before c
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 MALFORMED = b"\x00 / HTTP/1.1\r\n\r\n"  # relayed in place of a malformed request: aiohttp 400s it
 INTERNAL = "The gateway failed to handle this request."
+FULL = (
+    "The gateway has as many connections open as it keeps (limits.max_connections) and none "
+    "is idle; nothing was read. Retry after the Retry-After header."
+)
 
 
 class Body:
@@ -291,6 +299,61 @@ class Outbox:
                 log.exception("writing an answer failed")
 
 
+class Connections:
+    """The agent listener's open connections and, of those, the idle ones (no request in
+    hand, no head begun) in the order they became idle: what ``limits.max_connections``
+    bounds, and where room is made past it."""
+
+    __slots__ = ("_open", "idle")
+
+    def __init__(self) -> None:
+        self._open: dict[Lane, None] = {}
+        self.idle: dict[Lane, None] = {}
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def admit(self, lane: Lane, bound: int | None) -> bool:
+        """Count ``lane`` in, closing the connection idle the longest to make room past
+        ``bound``; False when every connection is busy (``lane`` is then not counted)."""
+        if bound is not None and len(self._open) >= bound:
+            victim = next(iter(self.idle), None)
+            if victim is None:
+                return False
+            self.forget(victim)
+            victim.evict()
+        self._open[lane] = None
+        self.idle[lane] = None
+        return True
+
+    def forget(self, lane: Lane) -> None:
+        self._open.pop(lane, None)
+        self.idle.pop(lane, None)
+
+
+class Refused(asyncio.Protocol):
+    """A connection past ``limits.max_connections`` once its 503 is written: the sending
+    side is shut after it (a FIN, not a reset that could destroy the answer unread), what
+    the client still sends is read and dropped, and the connection closes at the client's
+    own FIN or after REFUSED_LINGER."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        transport.set_protocol(self)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(REFUSED_LINGER, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._timer.cancel()
+
+
 class Lane(asyncio.Protocol):
     """One agent connection (see the module docstring)."""
 
@@ -307,8 +370,14 @@ class Lane(asyncio.Protocol):
         self._task_handler = None  # read by aiohttp's web.Server.connection_lost
         self._stopping = False  # the runner stops, or the agent asked to close: no new requests
         self._owed: bytes | None = None  # the 400 of a malformed request, after those before it
-        self._idle: asyncio.TimerHandle | None = None
-        self._active = 0.0  # loop time of the last bytes or answer (the idle timeout's start)
+        # the timeouts (_tick): one timer a connection, never asleep longer than _step
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle_lanes = site.connections.idle  # this lane is in it while idle
+        self._received = 0.0  # loop time of the last bytes read
+        self._free_at = 0.0  # loop time it last had nothing in hand: its start, an answer
+        self._head_at: float | None = None  # loop time the head being read began
+        self._served = False  # a request was answered: keepalive_timeout, not header_timeout
+        self._header_timeout = self._keepalive_timeout = self._step = 0.0
         self._paused: set[str] = set()  # why reading is paused (a full body, queue, relay)
         self._write_paused: asyncio.Future[None] | None = None
         # the request being parsed
@@ -328,13 +397,28 @@ class Lane(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        site = self.site
         self.transport = cast(asyncio.Transport, transport)
+        if not site.admit(self):
+            return  # answered 503 and handed to a Refused protocol
         tcp_nodelay(self.transport, True)
-        self.site.manager.connection_made(cast(RequestHandler, self), self.transport)
-        self._arm_idle()
+        site.manager.connection_made(cast(RequestHandler, self), self.transport)
+        limits = site.limits()
+        self._header_timeout = limits.header_timeout
+        self._keepalive_timeout = limits.keepalive_timeout
+        self._step = min(self._header_timeout, self._keepalive_timeout)
+        self._free_at = now = self.loop.time()
+        self._timer = self.loop.call_at(now + self._step, self._tick)
 
     def data_received(self, data: bytes) -> None:
+        self._received = self.loop.time()
         if self.parser is None:
+            if self._relay is not None:  # handed to aiohttp whole (_hand_over)
+                self._relay.data_received(data)
+                return
+            if self._head_at is None:
+                self._head_at = self._received
+                self._idle_lanes.pop(self, None)
             first = self._first + data
             wanted = wants_lane(first)
             if wanted is None:
@@ -346,7 +430,6 @@ class Lane(asyncio.Protocol):
                 return
             self.parser = httptools.HttpRequestParser(self)
             data = first
-        self._active = self.loop.time()
         try:
             self._feed(self.parser, data)
         except httptools.HttpParserError as exc:  # a callback's own error is its context
@@ -411,8 +494,9 @@ class Lane(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.site.manager.connection_lost(cast(RequestHandler, self), exc)
-        if self._idle is not None:
-            self._idle.cancel()
+        self.site.connections.forget(self)
+        if self._timer is not None:
+            self._timer.cancel()
         if self._body is not None:
             self._body.feed_eof()
         self._cancel()  # the client went away (aiohttp's handler_cancellation)
@@ -440,6 +524,9 @@ class Lane(asyncio.Protocol):
     # -- httptools callbacks ------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._head_at is None:
+            self._head_at = self._received
+            self._idle_lanes.pop(self, None)
         self._url = []
         self._fields = []
         self._chunked = False
@@ -467,6 +554,7 @@ class Lane(asyncio.Protocol):
         fields.append((name, value.rstrip(b" \t")))  # trailing OWS is no part of it
 
     def on_headers_complete(self) -> None:
+        self._head_at = None
         if self._reframing:  # the head framing an upgrade request's body (_reframe)
             return
         parser = self.parser
@@ -557,7 +645,7 @@ class Lane(asyncio.Protocol):
             self._send(self._owed)
             self._close()
         elif self._relay is None:
-            self._arm_idle()
+            self._rest()
 
     async def _answer(self, request: LaneRequest, expects: bool) -> None:
         if self.transport is None:
@@ -675,24 +763,60 @@ class Lane(asyncio.Protocol):
             if not self._paused and self.transport is not None:
                 self.transport.resume_reading()
 
-    def _arm_idle(self) -> None:
-        """The idle timeout from now: one timer a connection, moved only when it fires
-        (a timer a request measured ~2 us)."""
-        self._active = self.loop.time()
-        if self._idle is None:
-            self._idle = self.loop.call_at(self._active + KEEPALIVE, self._idle_close)
+    def _rest(self) -> None:
+        """Every request read is answered: the connection idles (unless the next head has
+        begun) and its timeouts count from now."""
+        self._free_at = self.loop.time()
+        self._served = True
+        if self._head_at is None:
+            self._idle_lanes[self] = None
 
-    def _idle_close(self) -> None:
-        self._idle = None
-        if self.transport is None or self._relay is not None:  # aiohttp times a relay out
+    def _tick(self) -> None:
+        """The connection's timeouts, checked by one timer that never sleeps longer than
+        the shorter of the two: a head not whole ``header_timeout`` after it began (or
+        after the answer before it) is answered 408 and the connection closes; a
+        connection with nothing in hand closes silently ``keepalive_timeout`` after its
+        last answer, or ``header_timeout`` after its start when it never sent a byte. A
+        request in hand is bounded elsewhere (body_timeout, the handlers' own); a relayed
+        connection by aiohttp (its keepalive_timeout). No timer a request: a timer moved
+        at each request measured ~2 us."""
+        self._timer = None
+        if self.transport is None or self._relay is not None:
             return
-        left = self._active + KEEPALIVE - self.loop.time()
-        busy = self._task is not None or self._queue or self._relay is not None
-        if busy or left > 0:
-            self._idle = self.loop.call_later(
-                max(left, 0.0) if not busy else KEEPALIVE, self._idle_close
-            )
-            return
+        now = self.loop.time()
+        if self._task is not None or self._queue or self._stopping:
+            due = now + self._step
+        elif self._head_at is not None:
+            due = max(self._head_at, self._free_at) + self._header_timeout
+            if now >= due:
+                self._head_timeout()
+                return
+        else:
+            limit = self._keepalive_timeout if self._served else self._header_timeout
+            due = self._free_at + limit
+            if now >= due:
+                self._close()
+                return
+        self._timer = self.loop.call_at(min(due, now + self._step), self._tick)
+
+    def _head_timeout(self) -> None:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        where = peer[0] if isinstance(peer, tuple) and peer else "unknown"
+        log.warning(
+            "closed a connection from %s: its request head did not come within"
+            " limits.header_timeout (408)",
+            where,
+        )
+        detail = (
+            f"The request head did not arrive within limits.header_timeout"
+            f" ({self._header_timeout:g}s)."
+        )
+        self._send(closing_answer(problem("request-timeout", detail)))
+        self._close()
+
+    def evict(self) -> None:
+        """Closed to make room for a new connection (``Connections.admit``): idle, it
+        loses nothing."""
         self._close()
 
     # -- graceful stop (called by aiohttp's runner through LaneSite) -----------------------
@@ -716,16 +840,12 @@ class Lane(asyncio.Protocol):
     # -- relaying to aiohttp ----------------------------------------------------------------
 
     def _hand_over(self, first: bytes) -> None:
-        """The connection starts with another path: aiohttp serves it from its first byte."""
-        assert self.transport is not None
-        self.site.manager.connection_lost(cast(RequestHandler, self), None)
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-        handler = self.site.aiohttp_handler()
-        self.transport.set_protocol(handler)
-        handler.connection_made(self.transport)
-        handler.data_received(first)
+        """The connection starts with another path: aiohttp serves it from its first byte,
+        the lane passing its bytes through (so it stays counted in ``Connections``)."""
+        self.site.manager.connection_lost(cast(RequestHandler, self), None)  # aiohttp's is
+        self._relaying = True
+        self._relay_waiting.append(first)
+        self._start_relay()
 
     def _relay_head(self, method: str, target: bytes) -> None:
         """A request for aiohttp, framed again as it came (a chunked body chunked again)."""
@@ -764,6 +884,7 @@ class Lane(asyncio.Protocol):
                 if not paused.done():
                     paused.set_result(None)
 
+        self._idle_lanes.pop(self, None)
         waiting, self._relay_waiting = self._relay_waiting, []
         self.resume("relay")
         self._relay.data_received(b"".join(waiting))
@@ -812,7 +933,11 @@ def serialize(response: web.StreamResponse, request: LaneRequest) -> tuple[bytes
 
 
 def bad_request(detail: str) -> bytes:
-    response = problem("invalid-request", detail)
+    return closing_answer(problem("invalid-request", detail))
+
+
+def closing_answer(response: web.Response) -> bytes:
+    """The bytes of ``response`` as the last answer on a connection (Connection: close)."""
     response.force_close()
     request = cast(LaneRequest, _Head())
     return serialize(response, request)[0]
@@ -833,11 +958,16 @@ class LaneSite(web.BaseSite):
     timeout (``shutdown``)."""
 
     __slots__ = (
+        "_cap",
         "_host",
+        "_limits",
         "_listener",
+        "_on_refused",
         "_port",
+        "_refusing",
         "_reuse_port",
         "app",
+        "connections",
         "handler",
         "manager",
         "middleware",
@@ -854,7 +984,14 @@ class LaneSite(web.BaseSite):
         handler: Handler,
         backlog: int = 128,
         reuse_port: bool | None = None,
+        limits: Callable[[], Limits] = Limits,
+        connection_cap: int | None = None,
+        on_refused: Callable[[], None] = lambda: None,
     ) -> None:
+        """``limits``: the running limits (header and keep-alive timeouts, read as each
+        connection starts; ``max_connections``); ``connection_cap``: connections the
+        process's open-files limit leaves room for, whatever max_connections says;
+        ``on_refused``: told of each connection refused past the bound."""
         super().__init__(runner, backlog=backlog)
         assert runner.server is not None
         self._host, self._port, self._reuse_port = host, port, reuse_port
@@ -864,6 +1001,9 @@ class LaneSite(web.BaseSite):
         self.handler = handler
         self.outbox: Outbox
         self._listener: Listener | None = None
+        self._limits, self._cap, self._on_refused = limits, connection_cap, on_refused
+        self.connections = Connections()
+        self._refusing = False  # a warning was logged for this spell of refusals
 
     @property
     def name(self) -> str:
@@ -876,6 +1016,32 @@ class LaneSite(web.BaseSite):
 
     def aiohttp_handler(self) -> RequestHandler:
         return self.manager()
+
+    def limits(self) -> Limits:
+        return self._limits()
+
+    def admit(self, lane: Lane) -> bool:
+        """Whether ``lane``, a new connection, is served: past ``limits.max_connections``
+        (or the open-files cap) the connection idle the longest is closed to make room;
+        with none idle the new one is answered 503 overloaded and closed (``Refused``)."""
+        bound = self._limits().max_connections
+        if self._cap is not None:
+            bound = self._cap if bound is None else min(bound, self._cap)
+        if self.connections.admit(lane, bound):
+            self._refusing = False
+            return True
+        self._on_refused()
+        if not self._refusing:
+            self._refusing = True
+            log.warning(
+                "%d agent connections are open (limits.max_connections), none idle: new"
+                " connections are answered 503 overloaded",
+                self.connections.open,
+            )
+        assert lane.transport is not None
+        lane.transport.write(closing_answer(problem("overloaded", FULL, retry_after=1.0)))
+        Refused(lane.transport)
+        return False
 
     async def start(self) -> None:
         await super().start()
