@@ -59,13 +59,14 @@ from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from gateway.flow.requests import AgentRequest
 from gateway.http.listener import Listener, bind
 from gateway.http.problems import problem
 from gateway.settings.config import Limits
 
 log = logging.getLogger("statusgate")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+Handler = Callable[[AgentRequest], Awaitable[web.StreamResponse]]
+Middleware = Callable[["LaneRequest", Handler], Awaitable[web.StreamResponse]]
 
 MAX_LINE = 8190  # bytes of a request target (aiohttp's max_line_size)
 MAX_FIELD = 8190  # bytes of a header field's name or value (max_field_size, see on_header)
@@ -652,9 +653,8 @@ class Lane(asyncio.Protocol):
             return
         if expects:
             self._send(CONTINUE)
-        agent = cast(web.Request, request)  # LaneRequest has what the agent handlers read
         try:
-            response: web.StreamResponse = await self.site.middleware(agent, self.site.handler)
+            response: web.StreamResponse = await self.site.middleware(request, self.site.handler)
         except asyncio.CancelledError:
             self._close()  # cancelled from within: no answer, no connection
             raise
