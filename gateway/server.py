@@ -173,7 +173,7 @@ def agent_site(
     reuse_port: bool = False,
     connection_cap: int | None = None,
 ) -> LaneSite:
-    """The agent listener: agents' ``/p/`` calls on the lane (gateway/http/lane.py), every
+    """The agent listener: agents' ``/p/`` calls on the lane (gateway/http/lane/), every
     other path on aiohttp's own server, under one runner; its limits the running set's (a
     reload applies to connections opened after it), a connection refused past
     ``limits.max_connections`` counted as an overloaded request."""

@@ -1,4 +1,4 @@
-"""The agent lane (gateway/http/lane.py) on real sockets: it frames answers byte for byte as
+"""The agent lane (gateway/http/lane/) on real sockets: it frames answers byte for byte as
 aiohttp does, keeps order across keep-alive, pipelining and the hand-over to aiohttp, reads
 bodies with backpressure, refuses malformed heads, and stops gracefully. The rest of the
 suite's agent tests run through it too (conftest.AgentServer)."""
@@ -15,6 +15,8 @@ from aiohttp import web
 
 from gateway.http import lane
 from gateway.http.lane import LaneSite
+from gateway.http.lane.flow import Outbox
+from gateway.http.lane.protocol import Lane
 
 PAGE = web.AppKey("page", list[str])
 GATE = web.AppKey("gate", asyncio.Event)
@@ -625,7 +627,7 @@ HEADS = {
     "value past the limit": head(b"Host: x", b"X-Big: " + b"v" * (FIELD + 1)),
     "long name and value": head(b"Host: x", b"X-" + b"n" * 4000 + b": " + b"v" * 8000),
     "value with OWS past the limit": head(b"Host: x", b"X-Big: " + b"v" * (FIELD - 3) + b"    "),
-    # the first field: its name and value together (aiohttp's C parser, see lane.on_header)
+    # the first field: its name and value together (aiohttp's C parser, see head.field_fits)
     "first field at the limit": head(b"X-Big: " + b"v" * (FIELD - 5), b"Host: x"),
     "first field past the limit": head(b"X-Big: " + b"v" * (FIELD - 4), b"Host: x"),
     # a name: with the name of the field before it (aiohttp's C parser again)
@@ -693,13 +695,13 @@ async def test_answers_are_written_at_the_end_of_the_turn_that_made_them(
     ``Connection: close``) writes it before it closes."""
     lane_port, _, app = servers
     passes: list[int] = []
-    flush = lane.Outbox._flush
+    flush = Outbox._flush
 
-    def counted(outbox: lane.Outbox) -> None:
+    def counted(outbox: Outbox) -> None:
         passes.append(len(outbox._lanes))
         flush(outbox)
 
-    monkeypatch.setattr(lane.Outbox, "_flush", counted)
+    monkeypatch.setattr(Outbox, "_flush", counted)
     gated = [asyncio.ensure_future(exchange(lane_port, GET % b"gated")) for _ in range(8)]
     while app[PAGE].count("gated") < 8:
         await asyncio.sleep(0.01)
@@ -783,22 +785,22 @@ async def test_a_relay_starts_paused_when_the_lanes_last_answer_filled_the_socke
 
     app = web.Application()
     app.router.add_get("/other", large)
-    lanes: list[lane.Lane] = []
-    made = lane.Lane.connection_made
+    lanes: list[Lane] = []
+    made = Lane.connection_made
 
-    def kept(self: lane.Lane, transport: asyncio.BaseTransport) -> None:
+    def kept(self: Lane, transport: asyncio.BaseTransport) -> None:
         lanes.append(self)
         made(self, transport)
 
-    monkeypatch.setattr(lane.Lane, "connection_made", kept)
+    monkeypatch.setattr(Lane, "connection_made", kept)
     async with listening(app, large) as (lane_port, _):
         _, writer = await asyncio.open_connection("127.0.0.1", lane_port)
         writer.write(GET % b"a" + b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
         for _ in range(200):
-            if lanes and lanes[0]._relay is not None:
+            if lanes and lanes[0].relay is not None and lanes[0].relay.handler is not None:
                 break
             await asyncio.sleep(0.01)
-        relay = lanes[0]._relay
+        relay = lanes[0].relay.handler if lanes[0].relay is not None else None
         assert relay is not None and relay._paused  # aiohttp's own pause flag
-        assert lanes[0]._write_paused is None
+        assert lanes[0].flow.write_paused is None
         writer.close()
