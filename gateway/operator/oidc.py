@@ -279,7 +279,7 @@ def _check_claims(claims: dict[str, Any], issuer: str, audience: str, now: float
     try:
         registry.validate(claims)
     except ExpiredTokenError:
-        raise Rejected("the token has expired; sign in again") from None
+        raise Rejected("the token has expired") from None
     except MissingClaimError as exc:
         raise Rejected(f"the token lacks the {exc.claim} claim") from None
     except ClaimError as exc:

@@ -21,11 +21,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from test_console import Console, browser, escalate, expect  # noqa: F401
+from test_console import REFRESH, Console, browser, escalate, expect  # noqa: F401
 from test_sso import CLIENT_ID, Provider, provider, sso  # noqa: F401
 
 from conftest import Harness
 
+pytestmark = pytest.mark.filterwarnings("ignore:get_jwt_config")  # Authlib's, not ours
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = re.compile(r"^https?://127\.0\.0\.1[:/]")
 
@@ -131,9 +132,16 @@ async def test_a_viewer_sees_the_escalation_but_no_decision_buttons(
     await expect(ui.page.locator("#op-reason")).to_have_text("deadline_exceeded")
     note = ui.page.locator("#op-role-note")
     await expect(note).to_contain_text("deciding it needs a decider or an admin")
-    await expect(note).to_contain_text("Extend, Cancel at provider, Abandon")
+    await expect(note).to_contain_text("A decider could now: Extend, Cancel at provider, Abandon.")
     for name in ("Extend", "Cancel at provider", "Abandon", "Resume", "Confirm"):
         await expect(ui.button(name)).to_have_count(0)
+    sso.clock.advance(3600 + 61)  # the ID token expires: the next queue refresh says so
+    await expect(ui.page.get_by_role("alert")).to_contain_text(
+        "Your single sign-on has ended (Single sign-on token refused: the token has expired)",
+        timeout=REFRESH + 5_000,
+    )
+    await expect(ui.button("Sign in with SSO")).to_be_visible()
+    assert await ui.page.evaluate("sessionStorage.length") == 0
     assert console_errors(ui) == []
 
 
@@ -154,8 +162,11 @@ async def test_a_state_that_is_not_this_tabs_is_refused(
     os.environ.get("STATUSGATE_SCREENSHOTS") != "1",
     reason="writes docs/console-sso-*.png only with STATUSGATE_SCREENSHOTS=1",
 )
-async def test_sso_screenshots(sso: Harness, provider: Provider, open_console: Any) -> None:
-    """The sign-in panel with its SSO button, and a viewer's operation page, for docs/."""
+async def test_sso_screenshots(
+    sso: Harness, provider: Provider, open_console: Any, tmp_path: Path
+) -> None:
+    """The sign-in panel with its SSO button, and a viewer's operation page, for docs/ (the
+    narrow sign-in to a temporary folder, for review)."""
     operation = await escalate(sso, "k1")
     ui = await open_console(width=1280, height=720)
     await expect(ui.button("Sign in with SSO")).to_be_visible()
@@ -167,4 +178,5 @@ async def test_sso_screenshots(sso: Harness, provider: Provider, open_console: A
     narrow = await open_console(width=390, height=844)
     await narrow.page.goto(f"{narrow.base}/console#/operation/{operation}")
     await expect(narrow.button("Sign in with SSO")).to_be_visible()
-    await narrow.page.screenshot(path=str(ROOT / "docs/console-sso-sign-in-narrow.png"))
+    await narrow.page.screenshot(path=str(tmp_path / "sso-sign-in-narrow.png"))
+    print(f"review screenshots in {tmp_path}")

@@ -13,6 +13,7 @@ import base64
 import json
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +26,14 @@ from joserfc.jwk import RSAKey
 
 from gateway.operator import oidc
 
-from conftest import OPERATOR_TOKEN, PROVIDER_ENV, FakeClock, Harness
+from conftest import OPERATOR_TOKEN, PROVIDER_ENV, FakeClock, Harness, free_port
+
+# The provider is built on Authlib, whose own deprecation notices are not ours to act on.
+pytestmark = pytest.mark.filterwarnings("ignore:get_jwt_config")
+with warnings.catch_warnings():
+    pytest.importorskip("authlib.deprecate")  # it sets "always" for its notices when imported
+    warnings.filterwarnings("ignore", "authlib.jose module is deprecated")
+    mock = pytest.importorskip("oidc_provider_mock", reason="the dev extra is missing")
 
 CLIENT_ID = "statusgate-console"
 CLIENT_SECRET = "console-secret-7c1e"
@@ -37,10 +45,10 @@ class Provider:
     """oidc-provider-mock served by werkzeug on 127.0.0.1, counting requests by path."""
 
     def __init__(self, users: dict[str, dict[str, Any]]) -> None:
-        from oidc_provider_mock import User, app
         from werkzeug.serving import make_server
 
-        flask_app = app(user_claims=[User(sub=sub, claims=c) for sub, c in users.items()])
+        users_of = [mock.User(sub=sub, claims=claims) for sub, claims in users.items()]
+        flask_app = mock.app(user_claims=users_of)
         self.requests: Counter[str] = Counter()
         inner = flask_app.wsgi_app
 
@@ -62,30 +70,40 @@ class Provider:
         self.thread.join(5)
         self.server.server_close()
 
-    async def id_token(
-        self, sub: str, *, client_id: str = CLIENT_ID, host: str | None = None
-    ) -> str:
-        """Sign ``sub`` in through the provider's own pages, as a browser would, and redeem
-        the code: its ID token (``host`` names the issuer the provider writes in ``iss``)."""
+    async def code(self, sub: str, *, client_id: str = CLIENT_ID, nonce: str = "n") -> str:
+        """Sign ``sub`` in through the provider's own authorization page, as a browser
+        would: the code it sends back to the redirect URI."""
         query = {
             "response_type": "code",
             "client_id": client_id,
             "redirect_uri": REDIRECT,
             "scope": "openid profile email",
             "state": "s",
-            "nonce": "n",
+            "nonce": nonce,
         }
         authorize = f"{self.url}/oauth2/authorize?{urlencode(query)}"
-        async with aiohttp.ClientSession() as http:
-            async with http.post(authorize, data={"sub": sub}, allow_redirects=False) as back:
-                assert back.status == 302, await back.text()
-                code = parse_qs(urlsplit(back.headers["Location"]).query)["code"][0]
-            form = {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT}
-            form |= {"client_id": client_id, "client_secret": "any"}
-            headers = {"Host": host} if host else {}
-            async with http.post(f"{self.url}/oauth2/token", data=form, headers=headers) as got:
-                assert got.status == 200, await got.text()
-                return str((await got.json())["id_token"])
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(authorize, data={"sub": sub}, allow_redirects=False) as back,
+        ):
+            assert back.status == 302, await back.text()
+            return parse_qs(urlsplit(back.headers["Location"]).query)["code"][0]
+
+    async def id_token(
+        self, sub: str, *, client_id: str = CLIENT_ID, host: str | None = None
+    ) -> str:
+        """``sub``'s ID token, redeemed as a client would (``host`` names the issuer the
+        provider writes in ``iss``)."""
+        code = await self.code(sub, client_id=client_id)
+        form = {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT}
+        form |= {"client_id": client_id, "client_secret": "any"}
+        headers = {"Host": host} if host else {}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{self.url}/oauth2/token", data=form, headers=headers) as got,
+        ):
+            assert got.status == 200, await got.text()
+            return str((await got.json())["id_token"])
 
 
 USERS = {
@@ -255,8 +273,12 @@ def claims_of(token: str) -> dict[str, Any]:
 
 def forged(provider: Provider, kid: str | None, **claims: Any) -> str:
     """A token with every claim right, signed by a key of the test's own."""
+    return forged_for(provider.url, kid, **claims)
+
+
+def forged_for(issuer: str, kid: str | None, **claims: Any) -> str:
     now = int(time.time())
-    body = {"iss": provider.url, "aud": CLIENT_ID, "sub": "mallory", "iat": now, "exp": now + 600}
+    body = {"iss": issuer, "aud": CLIENT_ID, "sub": "mallory", "iat": now, "exp": now + 600}
     body |= {"groups": [ADMINS], **claims}
     key = RSAKey.generate_key(2048)
     header = {"alg": "RS256", **({"kid": kid} if kid else {})}
@@ -289,3 +311,76 @@ async def test_a_token_signed_by_another_key_is_401_and_the_jwks_refetch_is_boun
         await sso.client.get("/admin/me", headers=bearer(forged(provider, real_kid)))
     )
     assert "signature" in detail
+
+
+# -- the console's code exchange ------------------------------------------------------------
+
+VERIFIER = "v" * 43
+
+
+async def test_the_console_exchange_redeems_a_code_once_for_this_sign_in(
+    sso: Harness, provider: Provider
+) -> None:
+    """POST /console/oidc/token redeems a code for its ID token (never cached, never
+    carrying the client secret) and who it names; a nonce of another sign-in, a code
+    already used, a verifier or redirect URI out of shape are refused, saying why."""
+    config = await (await sso.client.get("/console/oidc/config")).json()
+    assert config["enabled"] is True and config["client_id"] == CLIENT_ID
+    assert config["authorization_endpoint"] == f"{provider.url}/oauth2/authorize"
+    asked = {"code_verifier": VERIFIER, "redirect_uri": REDIRECT, "nonce": "n"}
+    other = await sso.client.post(
+        "/console/oidc/token", json={**asked, "code": await provider.code("dana"), "nonce": "x"}
+    )
+    assert "nonce differs" in await refused(other)
+    code = await provider.code("dana")
+    got = await sso.client.post("/console/oidc/token", json={**asked, "code": code})
+    assert got.status == 200, await got.text()
+    assert got.headers["Cache-Control"] == "no-store"
+    text = await got.text()
+    assert CLIENT_SECRET not in text
+    body = json.loads(text)
+    assert body["operator"] == {
+        "id": "dana",
+        "role": "decider",
+        "may": {"read": True, "decide": True, "reload": False, "keys": False},
+    }
+    assert CLIENT_ID in claims_of(body["token"])["aud"]
+    again = await sso.client.post("/console/oidc/token", json={**asked, "code": code})
+    assert "refused the code (HTTP 400, invalid_grant)" in await refused(again)
+    for bad, why in (
+        ({"code_verifier": "short"}, "43 to 128"),
+        ({"redirect_uri": "https://evil.example/steal"}, "ending in /console"),
+        ({"nonce": 7}, "nonce must be"),
+    ):
+        answer = await sso.client.post("/console/oidc/token", json={**asked, "code": "c", **bad})
+        assert answer.status == 400
+        assert why in (await answer.json())["detail"]
+
+
+async def test_without_oidc_there_is_no_sign_in_at_an_issuer(harness: Harness) -> None:
+    """With no oidc section the console is told single sign-on is off, the exchange is a
+    404, and a JWT-shaped bearer is just an unknown token."""
+    config = await (await harness.client.get("/console/oidc/config")).json()
+    assert config == {"enabled": False}
+    exchange = await harness.client.post("/console/oidc/token", json={"code": "c"})
+    assert exchange.status == 404
+    detail = await refused(await harness.client.get("/admin/me", headers=bearer("a.b.c")))
+    assert "operator token" in detail
+
+
+async def test_an_unreachable_issuer_fails_closed_and_static_tokens_still_work(
+    make_harness: Any, clock: FakeClock
+) -> None:
+    """The gateway starts while the issuer is down; JWTs are refused 401 saying it could
+    not be reached, the console is told so, and static operator tokens work meanwhile."""
+    clock.now = time.time()
+    harness: Harness = await make_harness(
+        config_changes=oidc_config(f"http://127.0.0.1:{free_port()}")
+    )
+    token = forged_for(f"http://127.0.0.1:{free_port()}", None)
+    detail = await refused(await harness.client.get("/admin/me", headers=bearer(token)))
+    assert "could not be reached" in detail
+    config = await (await harness.client.get("/console/oidc/config")).json()
+    assert config["enabled"] is True and "unavailable" in config["error"]
+    static = await harness.client.get("/admin/me", headers=bearer(OPERATOR_TOKEN))
+    assert static.status == 200

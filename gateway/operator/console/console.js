@@ -94,7 +94,8 @@
   // leaves the operator signed in: they may still read).
   function refusal(error) {
     if (error.status === 401 && me && me.via === "oidc") {
-      return "Your single sign-on has ended: " + error.message + " Sign in again.";
+      return "Your single sign-on has ended (" + error.message.replace(/\.$/, "") + "). " +
+        "Sign in with SSO again.";
     }
     if (error.status === 401) {
       return "Sign-in refused: this is not an operator token of this gateway. " +
@@ -503,7 +504,7 @@
       // The API refuses a viewer's decision (403 forbidden-role); the page offers none.
       setText("op-role-note", "You are signed in as " + (me ? me.id : "?") + " with the role " +
         (me ? me.role : "?") + ": you can read this escalation, but deciding it needs a " +
-        "decider or an admin. Possible now: " + offered.map(actionLabel).join(", ") + ".");
+        "decider or an admin. A decider could now: " + offered.map(actionLabel).join(", ") + ".");
       $("op-bounds").hidden = true;
       return;
     }
