@@ -130,7 +130,7 @@ class Issuer:
             raise Rejected("the token's signature does not verify") from None
         except (JoseError, ValueError):
             raise Rejected("the token is not a signed JWT") from None
-        _check_claims(claims, found.issuer, self.settings.client_id, now)
+        check_claims(claims, found.issuer, self.settings.client_id, now)
         return claims
 
     async def _keys(self, found: Discovery, kid: str | None, now: float) -> KeySet:
@@ -268,7 +268,7 @@ def _header(token: str) -> tuple[str | None, str | None]:
     return (kid if isinstance(kid, str) else None), (alg if isinstance(alg, str) else None)
 
 
-def _check_claims(claims: dict[str, Any], issuer: str, audience: str, now: float) -> None:
+def check_claims(claims: dict[str, Any], issuer: str, audience: str, now: float) -> None:
     registry = jwt.JWTClaimsRegistry(
         now=int(now),
         leeway=LEEWAY,

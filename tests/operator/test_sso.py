@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import aiohttp
 import pytest
 from joserfc import jwt
-from joserfc.jwk import RSAKey
+from joserfc.jwk import OctKey, RSAKey
 
 from gateway.operator import oidc
 
@@ -384,3 +384,38 @@ async def test_an_unreachable_issuer_fails_closed_and_static_tokens_still_work(
     assert config["enabled"] is True and "unavailable" in config["error"]
     static = await harness.client.get("/admin/me", headers=bearer(OPERATOR_TOKEN))
     assert static.status == 200
+
+
+def test_claims_are_checked_with_a_small_leeway_on_the_gateways_clock() -> None:
+    """exp, nbf and iat are judged by the clock the gateway is given, with LEEWAY seconds
+    either way; a token without exp, or for another audience in a list, is refused."""
+    now = 1_800_000_000.0
+    good = {"iss": "https://idp.test", "aud": ["a", CLIENT_ID], "sub": "s", "exp": now + 10}
+    oidc.check_claims(good, "https://idp.test", CLIENT_ID, now)
+    oidc.check_claims({**good, "exp": now - oidc.LEEWAY + 1}, "https://idp.test", CLIENT_ID, now)
+    oidc.check_claims({**good, "nbf": now + oidc.LEEWAY}, "https://idp.test", CLIENT_ID, now)
+    refusals = {
+        "has expired": {**good, "exp": now - oidc.LEEWAY},
+        "not valid yet": {**good, "nbf": now + oidc.LEEWAY + 1},
+        "issued in the future": {**good, "iat": now + oidc.LEEWAY + 1},
+        "lacks the exp claim": {k: v for k, v in good.items() if k != "exp"},
+        "another audience": {**good, "aud": ["a", "b"]},
+        "another issuer": {**good, "iss": "https://idp.test/"},
+    }
+    for why, claims in refusals.items():
+        with pytest.raises(oidc.Rejected, match=why):
+            oidc.check_claims(claims, "https://idp.test", CLIENT_ID, now)
+
+
+async def test_symmetric_and_unsigned_tokens_are_refused(sso: Harness, provider: Provider) -> None:
+    """A token "signed" with HS256 (with the issuer's public key as the secret, say) or
+    with alg none is refused 401 before any key is tried."""
+    now = int(time.time())
+    claims = {"iss": provider.url, "aud": CLIENT_ID, "sub": "m", "exp": now + 600}
+    hs256 = jwt.encode({"alg": "HS256"}, claims, OctKey.import_key("k" * 32))
+    detail = await refused(await sso.client.get("/admin/me", headers=bearer(hs256)))
+    assert "algorithm 'HS256' is not accepted" in detail
+    head = base64.urlsafe_b64encode(b'{"alg":"none"}').decode().rstrip("=")
+    body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    detail = await refused(await sso.client.get("/admin/me", headers=bearer(f"{head}.{body}.")))
+    assert "algorithm 'none' is not accepted" in detail
