@@ -29,6 +29,16 @@ PROBLEMS: Mapping[str, ProblemType] = {
     "forbidden": ProblemType(
         403, "Forbidden", "The token is valid but may not use this provider or this API."
     ),
+    "forbidden-role": ProblemType(
+        403,
+        "Forbidden for this role",
+        "The operator is known, but their role may not do this. Roles: viewer (reads "
+        "operations, escalations and stories), decider (also decides escalations: extend, "
+        "cancel, abandon, resume), admin (also reloads the config and manages keys). The "
+        "members required_role and role name the role needed and the caller's. An "
+        "operator's role is operators[].role in the gateway config, or, for single sign-on, "
+        "what the identity provider's roles claim maps to through oidc.roles.",
+    ),
     "unknown-provider": ProblemType(
         404, "Unknown provider", "No policy is loaded for the provider named in the path."
     ),

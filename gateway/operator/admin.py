@@ -1,5 +1,5 @@
 """The operator API under ``/admin`` (SPEC section 6): list, show, extend, cancel, abandon,
-resume. Operator tokens only; an agent token is ``forbidden``.
+resume. Operator tokens or the OIDC issuer's JWTs only; an agent token is ``forbidden``.
 
 - ``GET /admin/operations?outcome=&provider=&account=&limit=&cursor=``: newest first,
   ``{"operations": [...], "next_cursor": "..." | null}``. The cursor is opaque (the last
@@ -11,6 +11,10 @@ resume. Operator tokens only; an agent token is ``forbidden``.
 - ``GET /admin/operations/{id}``: the record, the escalation, the message, the audit story,
   and ``extension_left`` (what ``escalation.max_extension`` still allows, or null).
 - ``POST /admin/operations/{id}/{extend|cancel|abandon|resume}``, ``POST /admin/reload``.
+- ``GET /admin/me``: who the token names, their role and what it may do.
+
+Reading needs the viewer role, a decision the decider role, a reload the admin role
+(access.require; ``403 forbidden-role`` below it).
 
 Each action is a pure function of actions.py applied to the freshest record inside one
 compare-and-set, and audited with the operator's id before the answer goes back.
@@ -38,19 +42,19 @@ from gateway.core.models import (
     ProviderAnswer,
     poll_lease,
 )
+from gateway.core.roles import NEEDS, capabilities
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.story import story
 from gateway.flow import polls, reloading
 from gateway.flow.leases import new_token
 from gateway.flow.polls import lease_ttl
-from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
-from gateway.http import auth
+from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http.bodies import read_limited
 from gateway.http.problems import problem
 from gateway.observe.audit import records
+from gateway.operator import access
 from gateway.provider.headers import to_provider
 from gateway.provider.send import send_upstream
-from gateway.settings.config import Operator
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.units import format_duration, parse_duration, rfc3339
 
@@ -59,6 +63,7 @@ MAX_LIST = 500
 
 
 def routes(app: web.Application) -> None:
+    app.router.add_get("/admin/me", me)
     app.router.add_get("/admin/operations", list_operations)
     app.router.add_get("/admin/escalations", list_escalations)
     app.router.add_get("/admin/operations/{operation_id}", show_operation)
@@ -66,16 +71,20 @@ def routes(app: web.Application) -> None:
     app.router.add_post("/admin/reload", reload_config)
 
 
-def _operator(request: web.Request) -> Operator | web.Response:
-    runtime = request.app[RUNTIME]
-    request[ROUTE] = "admin"
-    header = request.headers.get("Authorization")
-    operator = auth.operator(runtime.settings, header)
-    if operator is not None:
-        return operator
-    if auth.agent(runtime.settings, request.headers) is not None:
-        return problem("forbidden", "Agent tokens cannot use the operator API.")
-    return problem("unauthenticated", "Send 'Authorization: Bearer <operator token>'.")
+async def me(request: web.Request) -> web.StreamResponse:
+    """Who the token names and what their role may do (the console shows it)."""
+    found = await access.caller(request)
+    if isinstance(found, web.Response):
+        return found
+    expires = rfc3339(found.expires_at) if found.expires_at is not None else None
+    body = {
+        "id": found.id,
+        "role": found.role,
+        "via": found.via,
+        "may": capabilities(found.role),
+        "expires_at": expires,
+    }
+    return web.json_response(body)
 
 
 def view(record: OperationRecord) -> dict[str, Any]:
@@ -102,7 +111,7 @@ def view(record: OperationRecord) -> dict[str, Any]:
 
 
 async def list_operations(request: web.Request) -> web.StreamResponse:
-    operator = _operator(request)
+    operator = await access.require(request, NEEDS["read"])
     if isinstance(operator, web.Response):
         return operator
     query = request.query
@@ -140,7 +149,7 @@ def _limit(text: str | None, default: int = 100) -> int:
 
 async def list_escalations(request: web.Request) -> web.StreamResponse:
     """The queue: escalated operations, oldest escalation first (the console's front page)."""
-    operator = _operator(request)
+    operator = await access.require(request, NEEDS["read"])
     if isinstance(operator, web.Response):
         return operator
     try:
@@ -179,7 +188,7 @@ def _queued(runtime: Runtime, record: OperationRecord, now: float) -> dict[str, 
 
 
 async def show_operation(request: web.Request) -> web.StreamResponse:
-    operator = _operator(request)
+    operator = await access.require(request, NEEDS["read"])
     if isinstance(operator, web.Response):
         return operator
     runtime = request.app[RUNTIME]
@@ -220,7 +229,7 @@ def _extension_left(policy: ProviderPolicy | None, record: OperationRecord) -> A
 
 async def reload_config(request: web.Request) -> web.StreamResponse:
     """Re-read the config and every policy; 422 config-rejected with the check messages."""
-    operator = _operator(request)
+    operator = await access.require(request, NEEDS["reload"])
     if isinstance(operator, web.Response):
         return operator
     runtime = request.app[RUNTIME]
@@ -242,7 +251,7 @@ async def _record(runtime: Runtime, operation_id: str) -> OperationRecord | web.
 
 
 async def act(request: web.Request) -> web.StreamResponse:
-    operator = _operator(request)
+    operator = await access.require(request, NEEDS["decide"])
     if isinstance(operator, web.Response):
         return operator
     action = request.match_info["action"]

@@ -29,10 +29,13 @@ from gateway.core.models import (
     Reason,
 )
 from gateway.core.problems import PROBLEMS
+from gateway.core.roles import NEEDS
+from gateway.settings.config import ROLES
 
 ACTIONS = ["extend", "cancel", "abandon", "resume"]
 PERMITTED_ACTIONS = ["extend", "cancel_at_provider", "resume", "abandon"]
 INSTANT = {"type": "string", "format": "date-time"}
+ROLE = {"enum": list(ROLES)}
 JSON_TYPES: dict[type, dict[str, Any]] = {
     str: {"type": "string"},
     bytes: {"type": "string"},  # bodies, shown as text
@@ -98,6 +101,8 @@ def problem_schema() -> dict[str, Any]:
             "permitted_actions": {"type": "array", "items": {"type": "string"}},
             "message": {"type": "string"},
             "problems": {"type": "array", "items": {"type": "string"}},
+            "required_role": {**ROLE, "description": "forbidden-role: the role needed."},
+            "role": {**ROLE, "description": "forbidden-role: the caller's role."},
             "error": {
                 "type": "object",
                 "description": "The envelope OpenAI-compatible SDKs print (SPEC 20).",
@@ -187,6 +192,16 @@ def answer_schemas() -> dict[str, Any]:
             {"result": {"const": "ok"}, "policies": STRINGS, "actor": STRING},
             ["result", "policies", "actor"],
         ),
+        "Caller": _obj(
+            {
+                "id": {**STRING, "description": "The name audit lines give the caller."},
+                "role": ROLE,
+                "via": {"enum": ["token", "oidc"]},
+                "may": _obj({name: {"type": "boolean"} for name in NEEDS}, list(NEEDS)),
+                "expires_at": {**nullable(INSTANT), "description": "A JWT's exp; else null."},
+            },
+            ["id", "role", "via", "may", "expires_at"],
+        ),
         "EscalationQueue": _obj(
             {"escalations": {"type": "array", "items": queued()}, "total": COUNT, "now": INSTANT},
             ["escalations", "total"],
@@ -269,7 +284,10 @@ def responses() -> dict[str, Any]:
         "Unauthenticated": _problem_response(
             "unauthenticated: no token, or one the gateway does not know.", "WWW-Authenticate"
         ),
-        "Forbidden": _problem_response("forbidden: an agent token on the operator API."),
+        "Forbidden": _problem_response(
+            "forbidden: an agent token on the operator API; forbidden-role: the operator's "
+            "role is below the one this needs (members required_role and role)."
+        ),
         "NotFound": _problem_response("unknown-operation, or route-not-allowed."),
         "Conflict": _problem_response("action-not-permitted: refused by the escalation's rules."),
         "ConfigRejected": _problem_response("config-rejected: nothing changed; see problems."),
@@ -309,8 +327,17 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
     }
 
 
-def _operator(summary: str, answers: dict[str, Any], *params: dict[str, Any]) -> dict[str, Any]:
-    operation = {"tags": ["operator"], "summary": summary, "security": OPERATOR}
+def _operator(
+    summary: str, need: str, answers: dict[str, Any], *params: dict[str, Any]
+) -> dict[str, Any]:
+    role = NEEDS[need]
+    operation = {
+        "tags": ["operator"],
+        "summary": summary,
+        "description": f"Needs the role {role} or above (else 403 forbidden-role).",
+        "x-required-role": role,
+        "security": OPERATOR,
+    }
     return {**operation, "parameters": list(params), "responses": answers}
 
 
@@ -320,6 +347,7 @@ OPERATION_ID = {"name": "operation_id", "in": "path", "required": True, "schema"
 
 def operator_paths() -> dict[str, Any]:
     return {
+        "/admin/me": {"get": _me()},
         "/admin/operations": {"get": _list()},
         "/admin/escalations": {"get": _escalations()},
         "/admin/operations/{operation_id}": {"get": _show()},
@@ -328,10 +356,16 @@ def operator_paths() -> dict[str, Any]:
     }
 
 
+def _me() -> dict[str, Any]:
+    found = _json(ref("Caller"), "The caller, their role and what it may do.")
+    return _operator("Who the token names and what their role may do", "read", _answers(found))
+
+
 def _list() -> dict[str, Any]:
     page = _json(ref("OperationList"), "A page of operations.")
     return _operator(
         "List operations, newest first, a page at a time",
+        "read",
         _answers(page, ("400", "Invalid")),
         _query("outcome", ref("Outcome"), "Only operations with this outcome."),
         _query("provider", STRING, "Only this provider's."),
@@ -345,6 +379,7 @@ def _escalations() -> dict[str, Any]:
     queue = _json(ref("EscalationQueue"), "Escalated operations waiting on a person.")
     return _operator(
         "The escalation queue, oldest first",
+        "read",
         _answers(queue, ("400", "Invalid")),
         _query("limit", LIMIT, "At most this many."),
     )
@@ -354,6 +389,7 @@ def _show() -> dict[str, Any]:
     shown = _json(ref("OperationDetail"), "The operation.")
     return _operator(
         "One operation: record, escalation, message and audit story",
+        "read",
         _answers(shown, ("404", "NotFound")),
         OPERATION_ID,
     )
@@ -367,6 +403,7 @@ def _act() -> dict[str, Any]:
     return {
         **_operator(
             "Decide an escalation: extend, cancel at the provider, abandon, resume",
+            "decide",
             _answers(done, *errors),
             OPERATION_ID,
             action,
@@ -379,6 +416,7 @@ def _reload() -> dict[str, Any]:
     done = _json(ref("ReloadResult"), "The new set is in force.")
     return _operator(
         "Re-read the config and every policy (as SIGHUP does)",
+        "reload",
         _answers(done, ("422", "ConfigRejected")),
     )
 
@@ -516,7 +554,8 @@ def document() -> dict[str, Any]:
                 "operatorBearer": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "Operator token.",
+                    "description": "An operator's static token, or a JWT of the issuer "
+                    "configured under oidc (aud: its client_id).",
                 },
                 "agentBearer": {"type": "http", "scheme": "bearer", "description": "Agent token."},
                 "agentToken": {"type": "apiKey", "in": "header", "name": "Statusgate-Token"},

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import pydantic
 from pydantic import BeforeValidator, Field, WithJsonSchema
@@ -94,11 +95,18 @@ class Account(Strict):
         return "*" in self.providers or provider in self.providers
 
 
+Role = Literal["viewer", "decider", "admin"]
+ROLES: tuple[Role, ...] = ("viewer", "decider", "admin")  # each may do all the earlier may
+
+
 class Operator(Strict):
     id: str
     """The operator's name in audit lines."""
     token_sha256: TokenHashes
     """sha256 hex digests of the operator's tokens."""
+    role: Role = "admin"
+    """viewer (reads operations, escalations, stories), decider (also decides escalations:
+    extend, cancel, abandon, resume) or admin (also reload and keys)."""
 
 
 class Limits(Strict):
@@ -158,6 +166,50 @@ class LoggingSettings(Strict):
     """The least severe level logged."""
 
 
+class OidcRoles(Strict):
+    decider: list[str] = []
+    """Values of the roles claim that make a signed-in person a decider."""
+    admin: list[str] = []
+    """Values of the roles claim that make a signed-in person an admin (over decider)."""
+
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+class OidcSettings(Strict):
+    issuer: str
+    """The OpenID Connect issuer URL, exactly as its tokens' iss claim writes it; its
+    <issuer>/.well-known/openid-configuration is read at start. https (http only on
+    loopback, for trials)."""
+    client_id: str
+    """The console's client id at the issuer; tokens must name it in their aud claim."""
+    client_secret: pydantic.SecretStr | None = None
+    """The client secret, for a confidential client (write it as ${ENV} or ${file:...})."""
+    roles_claim: str = "roles"
+    """The claim holding a person's roles or groups (a list or a string); a dotted path
+    such as realm_access.roles reaches into an object."""
+    roles: OidcRoles = OidcRoles()
+    """Which claim values make a decider or an admin; anyone else signed in is a viewer."""
+    scope: str = "openid profile email"
+    """The scopes the console asks for when it signs in."""
+
+    @pydantic.field_validator("issuer")
+    @classmethod
+    def _issuer(cls, value: str) -> str:
+        http_url(value)
+        parts = urlsplit(value)
+        if parts.scheme != "https" and parts.hostname not in LOOPBACK_HOSTS:
+            raise ValueError("must be an https:// URL (http:// only on a loopback host)")
+        return value
+
+    @pydantic.field_validator("client_id")
+    @classmethod
+    def _client_id(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
 class GatewayFile(Strict):
     listen: Listen = Listen()
     """Where agents connect (/p/..., /mcp)."""
@@ -181,6 +233,9 @@ class GatewayFile(Strict):
     """Sizes and timeouts."""
     escalation: EscalationSettings = EscalationSettings()
     """Webhooks for escalations and decisions."""
+    oidc: OidcSettings | None = None
+    """Single sign-on for operators (OpenID Connect): the console signs in at the issuer,
+    and the operator API takes the issuer's JWTs beside the operators' static tokens."""
     upstreams: dict[str, str] = {}
     """Send providers' calls elsewhere than their policies' upstream: by provider name, or
     "*" for every provider not named; "{provider}" in a URL stands for the provider's name.

@@ -161,6 +161,7 @@ def _operations(base: str) -> None:
 
 
 OPERATOR_OPERATIONS = [
+    ("GET", "/admin/me"),
     ("GET", "/admin/operations"),
     ("GET", "/admin/escalations"),
     ("GET", "/admin/operations/{operation_id}"),

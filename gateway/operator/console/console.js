@@ -1,10 +1,14 @@
 // Statusgate operator console: a small client of the operator API under /admin.
 // The token lives in sessionStorage and goes out only as "Authorization: Bearer" on fetch
 // calls to this gateway (no cookies). Everything shown is set as text, never as HTML.
+// With single sign-on (oidc in the gateway config) the token is the issuer's ID token, got
+// by the authorization-code flow with PKCE: this page makes the verifier, the state and the
+// nonce, the issuer sends the code back to /console, and the gateway redeems it.
 "use strict";
 
 (function () {
   const TOKEN_KEY = "statusgate.operatorToken";
+  const SSO_KEY = "statusgate.signIn"; // one sign-in at the issuer in flight: state, verifier
   const REFRESH_MS = 3000;
   const ACTIONS = {
     extend: {
@@ -39,6 +43,8 @@
 
   const $ = (id) => document.getElementById(id);
   let token = null;
+  let me = null; // GET /admin/me: id, role, via, may
+  let sso = null; // GET /console/oidc/config
   let timer = null;
   let refreshing = false;
   let queueIds = "";
@@ -49,9 +55,10 @@
   const pages = { key: "", cursors: [null], index: 0 };
 
   class ApiError extends Error {
-    constructor(status, detail) {
+    constructor(status, detail, type) {
       super(detail);
       this.status = status;
+      this.type = type || "";
     }
   }
 
@@ -77,17 +84,24 @@
     }
     if (!response.ok) {
       const detail = data && typeof data.detail === "string" ? data.detail : response.statusText;
-      throw new ApiError(response.status, detail || "HTTP " + response.status);
+      const type = data && typeof data.type === "string" ? data.type : "";
+      throw new ApiError(response.status, detail || "HTTP " + response.status, type);
     }
     return data;
   }
 
+  // A refusal that ends the session; null for any other error (a forbidden-role refusal
+  // leaves the operator signed in: they may still read).
   function refusal(error) {
+    if (error.status === 401 && me && me.via === "oidc") {
+      return "Your single sign-on has ended (" + error.message.replace(/\.$/, "") + "). " +
+        "Sign in with SSO again.";
+    }
     if (error.status === 401) {
       return "Sign-in refused: this is not an operator token of this gateway. " +
         "Check the token and try again.";
     }
-    if (error.status === 403) {
+    if (error.status === 403 && error.type !== "/problems/forbidden-role") {
       return "Sign-in refused: this is an agent token. Agent tokens cannot use the " +
         "operator console; sign in with an operator token.";
     }
@@ -149,7 +163,9 @@
   // -- signing in and out ----------------------------------------------------------------
   function showSignedOut(message) {
     token = null;
+    me = null;
     sessionStorage.removeItem(TOKEN_KEY);
+    setText("who", "");
     if (timer !== null) clearInterval(timer);
     timer = null;
     queueIds = "";
@@ -167,12 +183,16 @@
     $("token").focus();
   }
 
-  async function signIn(candidate) {
+  async function signIn(candidate, viaSso) {
     token = candidate;
     $("sign-in-button").disabled = true;
     try {
+      me = await api("/admin/me");
       const queue = await api("/admin/escalations?limit=200");
       sessionStorage.setItem(TOKEN_KEY, candidate);
+      setText("who", me.id + " (" + me.role + ")");
+      $("who").title = "Signed in " + (me.via === "oidc" ? "with single sign-on" : "with a token") +
+        " as " + me.id + ", role " + me.role;
       $("token").value = "";
       $("sign-in").hidden = true;
       $("nav").hidden = false;
@@ -181,7 +201,8 @@
       timer = setInterval(refreshQueue, REFRESH_MS);
       await route(true);
     } catch (error) {
-      showSignedOut(refusal(error) || "Sign-in failed: " + error.message);
+      const why = viaSso ? "Single sign-on failed: " + error.message : refusal(error);
+      showSignedOut(why || "Sign-in failed: " + error.message);
     } finally {
       $("sign-in-button").disabled = false;
     }
@@ -461,6 +482,7 @@
     $("op-escalation").hidden = !waiting;
     $("op-no-decision").hidden = Boolean(waiting);
     if (!waiting) {
+      $("op-role-note").hidden = true;
       setText("op-no-decision", "No decision is waiting: the operation is " + record.outcome + ".");
       return;
     }
@@ -476,6 +498,16 @@
     $("op-bounds").hidden = !left;
     // Only what can succeed now: the gateway leaves out a resume nothing has changed for.
     const offered = escalation.permitted_actions;
+    const mayDecide = Boolean(me && me.may && me.may.decide);
+    $("op-role-note").hidden = mayDecide;
+    if (!mayDecide) {
+      // The API refuses a viewer's decision (403 forbidden-role); the page offers none.
+      setText("op-role-note", "You are signed in as " + (me ? me.id : "?") + " with the role " +
+        (me ? me.role : "?") + ": you can read this escalation, but deciding it needs a " +
+        "decider or an admin. A decider could now: " + offered.map(actionLabel).join(", ") + ".");
+      $("op-bounds").hidden = true;
+      return;
+    }
     if (!offered.length) setText("op-bounds", "No action can succeed now.");
     $("op-bounds").hidden = !left && offered.length > 0;
     for (const action of offered) {
@@ -488,6 +520,10 @@
       button.addEventListener("click", () => openAction(action, button));
       buttons.append(button);
     }
+  }
+
+  function actionLabel(action) {
+    return ACTIONS[action] ? ACTIONS[action].label : action;
   }
 
   function openAction(action, button) {
@@ -587,6 +623,113 @@
     }
   }
 
+  // -- single sign-on (authorization code with PKCE) -----------------------------------------
+  function randomText(bytes) {
+    const buffer = new Uint8Array(bytes);
+    crypto.getRandomValues(buffer);
+    return base64url(buffer);
+  }
+
+  function base64url(bytes) {
+    let text = "";
+    for (const byte of new Uint8Array(bytes)) text += String.fromCharCode(byte);
+    return btoa(text).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
+
+  async function loadSso() {
+    try {
+      const response = await fetch("/console/oidc/config", { credentials: "omit", cache: "no-store" });
+      sso = response.ok ? await response.json() : null;
+    } catch (error) {
+      sso = null;
+    }
+    const on = Boolean(sso && sso.enabled);
+    $("sso-button").hidden = !on;
+    $("sso-hint").hidden = !on;
+  }
+
+  async function startSso() {
+    if (!sso || !sso.enabled) return;
+    if (sso.error) {
+      notice(sso.error);
+      await loadSso(); // it may answer now
+      return;
+    }
+    if (!window.crypto || !crypto.subtle) {
+      notice("Single sign-on needs this console served over HTTPS (or on localhost): the browser " +
+        "offers no Web Crypto to make the PKCE challenge here.");
+      return;
+    }
+    const attempt = {
+      state: randomText(16),
+      verifier: randomText(32),
+      nonce: randomText(16),
+      redirect: location.origin + "/console",
+      hash: location.hash.startsWith("#/") ? location.hash : "",
+    };
+    const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(attempt.verifier));
+    const url = new URL(sso.authorization_endpoint);
+    const query = {
+      response_type: "code",
+      client_id: sso.client_id,
+      redirect_uri: attempt.redirect,
+      scope: sso.scope,
+      state: attempt.state,
+      nonce: attempt.nonce,
+      code_challenge: base64url(digest),
+      code_challenge_method: "S256",
+    };
+    for (const [name, value] of Object.entries(query)) url.searchParams.set(name, value);
+    sessionStorage.setItem(SSO_KEY, JSON.stringify(attempt));
+    location.assign(url.toString());
+  }
+
+  // Back from the issuer with ?code=&state= (or ?error=): redeem the code once, at once.
+  async function finishSso(params) {
+    let attempt = null;
+    try {
+      attempt = JSON.parse(sessionStorage.getItem(SSO_KEY) || "null");
+    } catch (error) {
+      attempt = null;
+    }
+    sessionStorage.removeItem(SSO_KEY);
+    history.replaceState(null, "", "/console" + ((attempt && attempt.hash) || ""));
+    if (params.get("error")) {
+      const why = params.get("error_description") || params.get("error");
+      showSignedOut("Single sign-on was not completed: " + why + ".");
+      return;
+    }
+    if (!attempt || attempt.state !== params.get("state")) {
+      showSignedOut("Single sign-on failed: the answer does not belong to a sign-in started " +
+        "in this tab. Try again.");
+      return;
+    }
+    $("sign-in").hidden = true;
+    notice("Signing in…");
+    let data = null;
+    try {
+      const response = await fetch("/console/oidc/token", {
+        method: "POST",
+        credentials: "omit",
+        cache: "no-store",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify({
+          code: params.get("code"),
+          code_verifier: attempt.verifier,
+          redirect_uri: attempt.redirect,
+          nonce: attempt.nonce,
+        }),
+      });
+      data = await response.json();
+      if (!response.ok) throw new ApiError(response.status, data.detail || "HTTP " + response.status);
+    } catch (error) {
+      showSignedOut(error instanceof ApiError ? error.message
+        : "Single sign-on failed: the gateway did not answer.");
+      return;
+    }
+    await signIn(data.token, true);
+  }
+
   // -- routing -------------------------------------------------------------------------------
   async function route(focusHeading) {
     if (token === null) return;
@@ -616,7 +759,7 @@
   }
 
   // -- wiring ------------------------------------------------------------------------------
-  function start() {
+  async function start() {
     $("sign-in-form").addEventListener("submit", (event) => {
       event.preventDefault();
       const candidate = $("token").value.trim();
@@ -628,6 +771,7 @@
       signIn(candidate);
     });
     $("sign-out").addEventListener("click", () => showSignedOut("Signed out."));
+    $("sso-button").addEventListener("click", startSso);
     $("filters").addEventListener("submit", (event) => {
       event.preventDefault();
       const target = filtersHash({
@@ -653,8 +797,12 @@
     window.addEventListener("hashchange", () => {
       if (location.hash.startsWith("#/")) route(true);
     });
+    const params = new URLSearchParams(location.search);
+    const back = params.has("code") || params.has("error");
     const saved = sessionStorage.getItem(TOKEN_KEY);
-    if (saved) signIn(saved);
+    await loadSso();
+    if (back) await finishSso(params);
+    else if (saved) await signIn(saved);
     else showSignedOut("");
   }
 
