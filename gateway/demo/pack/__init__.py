@@ -27,7 +27,10 @@ if TYPE_CHECKING:
     from gateway.demo.jobs import Family, Jobs
 
 # The modules of this package that define a DOUBLE, one per shipped policy of the pack.
-MODULES: tuple[str, ...] = ()
+MODULES: tuple[str, ...] = (
+    "aws_transcribe",
+    "celery_flower",
+)
 
 
 @dataclass(frozen=True)
