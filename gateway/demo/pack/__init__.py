@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 # The modules of this package that define a DOUBLE, one per shipped policy of the pack.
 MODULES: tuple[str, ...] = (
     "aws_transcribe",
+    "bedrock_async_invoke",
+    "bedrock_batch",
     "celery_flower",
 )
 
