@@ -32,6 +32,7 @@ MODULES: tuple[str, ...] = (
     "bedrock_async_invoke",
     "bedrock_batch",
     "celery_flower",
+    "gemini_batch",
 )
 
 
