@@ -42,8 +42,12 @@ from gateway.demo.pack import Double, Example
 from gateway.demo.pack.google import api_key, error, key_rejected, not_found
 
 TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main."
-ENDED = ("BATCH_STATE_SUCCEEDED", "BATCH_STATE_FAILED", "BATCH_STATE_CANCELLED")
-ENDED += ("BATCH_STATE_EXPIRED",)
+ENDED = (
+    "BATCH_STATE_SUCCEEDED",
+    "BATCH_STATE_FAILED",
+    "BATCH_STATE_CANCELLED",
+    "BATCH_STATE_EXPIRED",
+)
 ENDING_ERRORS = {
     "BATCH_STATE_FAILED": (13, "The batch failed (scripted failure)."),
     "BATCH_STATE_CANCELLED": (1, "The batch was cancelled."),
