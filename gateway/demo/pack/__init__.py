@@ -33,6 +33,7 @@ MODULES: tuple[str, ...] = (
     "bedrock_batch",
     "celery_flower",
     "gemini_batch",
+    "vertex_batch_prediction",
 )
 
 
