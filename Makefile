@@ -76,7 +76,8 @@ lock: $(STAMP)
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	$(VENV)/bin/pip freeze --exclude-editable > "$$tmp/constraints.txt"; \
-	"$$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -c "$$tmp/constraints.txt" ".[postgres]"; \
+	"$$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -c "$$tmp/constraints.txt" ".[postgres]" \
+	  "async-timeout>=4.0.3"; \
 	{ echo "# Runtime dependencies of the Statusgate image, pinned. Regenerate with: make lock"; \
 	  "$$tmp/venv/bin/pip" freeze --exclude statusgate; } > requirements.lock; \
 	echo "requirements.lock: $$(grep -c '==' requirements.lock) pinned packages"
@@ -86,12 +87,14 @@ lint-docker: $(STAMP)
 	$(VENV)/bin/hadolint Dockerfile
 
 # The image the Kubernetes manifests name: the tag is pyproject.toml's version (the manifests'
-# tag is checked against it by tests/test_kubernetes.py). Needs a Docker engine, which the
-# development and CI machines do not run; push it where IMAGE says (docs/kubernetes.md).
+# tag is checked against it by tests/test_kubernetes.py). With a Docker engine, docker build;
+# without one, buildah (apt-get install buildah debootstrap), on a base made from Debian's
+# packages when python:3.11-slim cannot be pulled (deploy/image/build.sh). Push it where
+# IMAGE says (docs/kubernetes.md).
 IMAGE ?= registry.example.com/statusgate
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-image:
-	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+image: $(STAMP)
+	PYTHON=$(PY) deploy/image/build.sh $(IMAGE) $(VERSION)
 
 # Render every overlay (kubectl with kustomize v5); tests/test_kubernetes.py validates them.
 kubernetes:

@@ -2,7 +2,8 @@
 ``${NAME}``, set to the demo provider's key, so ``make run`` and ``statusgate demo`` serve
 every shipped policy against the demo provider and no real key is ever sent to it.
 
-``python -m gateway.demo.env POLICIES_DIR`` prints them as ``NAME=value`` lines for ``env``.
+``python -m gateway.demo.env [--export] [POLICIES_DIR]`` prints them as ``NAME=value`` lines
+for ``env``, or as ``export NAME=value`` lines for a shell's ``eval``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ def demo_env(folder: Path, key: str) -> dict[str, str]:
 
 
 def main() -> None:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "policies")
+    args = sys.argv[1:]
+    export = "--export" in args
+    folders = [arg for arg in args if arg != "--export"]
+    folder = Path(folders[0] if folders else "policies")
     key = os.environ.get("DEMO_API_KEY", DEFAULT_KEY)
     for name, value in demo_env(folder, key).items():
-        print(f"{name}={value}")
+        print(f"{'export ' if export else ''}{name}={value}")
 
 
 if __name__ == "__main__":

@@ -112,12 +112,16 @@ class Jobs:
     default_scripts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def record(self, request: web.Request, job_id: str | None, kind: str) -> None:
-        """Log a call (``GET /_demo/log`` shows it; tests count provider calls with it)."""
+        """Log a call (``GET /_demo/log`` shows it; tests count provider calls with it): its
+        path as the provider's API has it (without the ``/<provider>`` of a mounted API,
+        named in ``api``)."""
+        prefix = request.app.get(PREFIX, "")
         self.log.append(
             {
                 "at": self.clock(),
+                "api": prefix.removeprefix("/") or None,
                 "method": request.method,
-                "path": request.path_qs,
+                "path": request.path_qs.removeprefix(prefix),
                 "job_id": job_id,
                 "kind": kind,
                 "headers": dict(request.headers),

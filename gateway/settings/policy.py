@@ -664,9 +664,13 @@ def read_policies(
     policies: dict[str, ProviderPolicy] = {}
     claimed: set[str] = set()
     problems: list[str] = []
-    if not folder.is_dir():
+    try:  # a listing that fails says so: glob would hide an unreadable folder as an empty one
+        paths = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    except (FileNotFoundError, NotADirectoryError):
         return {}, set(), [f"{shown_folder}: policies_dir: is not a folder"]
-    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+    except OSError as exc:
+        return {}, set(), [f"{shown_folder}: policies_dir: cannot be read ({exc.strerror})"]
+    for path in paths:
         shown = f"{shown_folder}/{path.name}"
         try:
             policy = load_policy(path, shown, env)
