@@ -130,6 +130,6 @@ async def test_an_operator_stop_is_sent_by_arn_and_ends_stopped(tmp_path: Path) 
         record = await setup.record(PROVIDER, arn)
     stops = [e for e in setup.demo.log if e["kind"] == "cancel"]
     assert [e["path"] for e in stops] == [
-        f"/{PROVIDER}/model-invocation-job/{arn.replace(':', '%3A').replace('/', '%2F')}/stop"
+        f"/model-invocation-job/{arn.replace(':', '%3A').replace('/', '%2F')}/stop"
     ]
     assert job["status"] == "Stopped" and record.outcome.value == "cancelled"
