@@ -49,7 +49,9 @@ async def test_transcribe_double_checks_the_sigv4_signature(
     right = signed(url, body, KEY, "transcribe", **target)
     answer = await double.post("/aws-transcribe/", data=json.dumps(body), headers=right)
     assert answer.status == 200
-    assert (await answer.json(content_type=None))["TranscriptionJob"]["TranscriptionJobName"] == "call-1"
+    assert (await answer.json(content_type=None))["TranscriptionJob"][
+        "TranscriptionJobName"
+    ] == "call-1"
 
 
 async def test_bedrock_double_refuses_a_signature_for_another_service(
