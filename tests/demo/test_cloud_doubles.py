@@ -94,3 +94,30 @@ async def test_flower_double_answers_pending_for_a_task_it_never_saw(
     assert answer.status == 404
     answer = await double.get("/celery-flower/api/task/result/no-such-task")
     assert answer.status == 401
+
+
+async def test_veo_paths_answer_an_operation_then_its_video(
+    double: TestClient[object, object],
+) -> None:
+    """Under /google-operations, predictLongRunning answers an Operation named
+    models/{model}/operations/{id}; operations.get answers it running (done absent), then
+    done with a Files API URI, whose download is the video; a wrong key is refused."""
+    base = "/google-operations/v1beta"
+    key = {"x-goog-api-key": KEY}
+    body = {"instances": [{"prompt": "a lighthouse"}], "demo_script": [{"state": "running"}]}
+    body["demo_script"].append({"state": "done"})
+    answer = await double.post(f"{base}/models/veo-3.0-generate-001:predictLongRunning", json=body)
+    assert answer.status == 400  # no key
+    answer = await double.post(
+        f"{base}/models/veo-3.0-generate-001:predictLongRunning", json=body, headers=key
+    )
+    name = (await answer.json())["name"]
+    assert name.startswith("models/veo-3.0-generate-001/operations/")
+    running = await (await double.get(f"{base}/{name}", headers=key)).json()
+    assert "done" not in running
+    done = await (await double.get(f"{base}/{name}", headers=key)).json()
+    uri = done["response"]["generateVideoResponse"]["generatedSamples"][0]["video"]["uri"]
+    assert done["done"] is True and uri.startswith("https://generativelanguage.googleapis.com/")
+    path = uri.removeprefix("https://generativelanguage.googleapis.com")
+    video = await double.get("/google-operations" + path, headers=key)
+    assert video.status == 200 and video.content_type == "video/mp4"

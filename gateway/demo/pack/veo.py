@@ -17,6 +17,9 @@ and from how google-genai reads the answers (``google/genai/_operations_converte
 - ``GET /v1beta/files/{id}:download?alt=media`` answers the video (``video/mp4``).
 
 The key is read from ``x-goog-api-key`` or ``?key=``; a wrong one is 400 API_KEY_INVALID.
+The shipped google-operations policy does not route these paths (its one submit route is
+another's; docs/providers.md says why): they are here for the demo provider to speak Veo
+as the reference has it.
 Step states: ``running`` (``done`` absent), ``done``, ``failed``, ``filtered`` (done, every
 video filtered out: a response with no samples).
 """
