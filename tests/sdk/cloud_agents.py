@@ -1,5 +1,5 @@
 """The harness of the cloud providers' SDK tests (tests/sdk/test_pack_gemini_batch.py,
-test_pack_vertex_batch_prediction.py, test_pack_bedrock_*.py, test_pack_google_operations.py):
+test_pack_vertex_batch_prediction.py, test_pack_bedrock_*.py):
 a real gateway with the shipped policy as it is but for the upstream, in front of the demo
 provider's double of that API, both on one FakeClock, and an agent whose SDK runs at its
 default settings in a thread of its own.
