@@ -77,19 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     story.add_argument("operation_id")
     story.set_defaults(run=_audit_story)
 
-    policy = commands.add_parser("policy", help="policy tools")
-    policy_commands = policy.add_subparsers(required=True, metavar="ACTION")
-    tryout = policy_commands.add_parser(
-        "test",
-        help="classify a sample status answer",
-        description="Classify a sample status answer as a fresh operation's first poll would "
-        "be. Exit status: 0 pending or an outcome, 3 an escalation, 1 an error.",
-    )
-    tryout.add_argument("--config", type=Path, required=True)
-    tryout.add_argument("--status", type=int, default=200, help="HTTP status (default 200)")
-    tryout.add_argument("provider")
-    tryout.add_argument("file", help="a JSON file with the status answer's body, or -")
-    tryout.set_defaults(run=_policy_test)
+    _policy_parsers(commands)
 
     schema = commands.add_parser("schema", help="JSON Schema of the config or policy files")
     schema.add_argument("kind", choices=("policy", "config"))
@@ -105,6 +93,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=_demo)
     return parser
+
+
+def _policy_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``statusgate policy test`` and ``statusgate policy show``."""
+    policy = commands.add_parser("policy", help="policy tools")
+    policy_commands = policy.add_subparsers(required=True, metavar="ACTION")
+    tryout = policy_commands.add_parser(
+        "test",
+        help="classify a sample status answer",
+        description="Classify a sample status answer as a fresh operation's first poll would "
+        "be. Exit status: 0 pending or an outcome, 3 an escalation, 1 an error.",
+    )
+    tryout.add_argument("--config", type=Path, required=True)
+    tryout.add_argument("--status", type=int, default=200, help="HTTP status (default 200)")
+    tryout.add_argument("provider")
+    tryout.add_argument("file", help="a JSON file with the status answer's body, or -")
+    tryout.set_defaults(run=_policy_test)
+    shown = policy_commands.add_parser(
+        "show",
+        help="print a policy as it takes effect",
+        description="Print the effective policy: its shape's defaults merged under the file, "
+        "validated, every default written out. Secrets appear as their ${...} source, or "
+        "<redacted>.",
+    )
+    shown.add_argument("--config", type=Path, required=True)
+    shown.add_argument("provider")
+    shown.set_defaults(run=_policy_show)
 
 
 def _policy_test(args: argparse.Namespace) -> int:
@@ -127,13 +142,37 @@ def _policy_test(args: argparse.Namespace) -> int:
     return exit_status(line)
 
 
+def _policy_show(args: argparse.Namespace) -> int:
+    from gateway.operator.policyshow import show
+    from gateway.settings.config import load_settings
+    from gateway.settings.loading import read_yaml
+    from gateway.settings.shapes import with_shape
+
+    settings = load_settings(args.config)
+    policy = settings.policies.get(args.provider)
+    if policy is None:
+        known = ", ".join(sorted(settings.policies)) or "none"
+        print(f"statusgate policy show: no policy for {args.provider!r} ({known})", file=sys.stderr)
+        return 1
+    folder = (settings.base_dir / settings.file.policies_dir).resolve()
+    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+        raw = read_yaml(path, str(path))
+        if raw.get("provider") == args.provider:
+            print(f"# {path.name}, as it takes effect\n" + show(policy, with_shape(raw)), end="")
+            return 0
+    print(f"statusgate policy show: no file in {folder} names {args.provider!r}", file=sys.stderr)
+    return 1
+
+
 def _schema(args: argparse.Namespace) -> int:
+    from gateway.operator.policyshow import relaxed
     from gateway.operator.policytool import dumps, schema
     from gateway.settings.config import GatewayFile
     from gateway.settings.policy import ProviderPolicy
 
     if args.kind == "policy":
-        print(dumps(schema(ProviderPolicy, "Statusgate provider policy (policies/NAME.yaml)")))
+        title = "Statusgate provider policy (policies/NAME.yaml)"
+        print(dumps(relaxed(schema(ProviderPolicy, title))))
     else:
         print(dumps(schema(GatewayFile, "Statusgate gateway config (config/gateway.yaml)")))
     return 0
@@ -141,7 +180,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from gateway.settings.config import load_settings, written_store_url
-    from gateway.settings.policy import warnings
+    from gateway.settings.lints import check_warnings
     from gateway.store import store_from_url
 
     problems: list[str] = []
@@ -159,7 +198,7 @@ def _check(args: argparse.Namespace) -> int:
     if problems or settings is None or store is None:
         raise ConfigError(problems)
     for name, policy in sorted(settings.policies.items()):  # valid, but unsafe: stderr
-        for where, message in warnings(policy):
+        for where, message in check_warnings(policy):
             print(f"{args.config}: policy {name}: {where}: warning: {message}", file=sys.stderr)
     try:
         found = asyncio.run(store.inspect())
