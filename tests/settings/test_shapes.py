@@ -20,9 +20,13 @@ from gateway.settings.config import load_settings
 from gateway.settings.policy import ProviderPolicy, load_policy
 from gateway.settings.shapes import SHAPES, merge_under, with_shape
 
-from conftest import ROOT
+from conftest import PROVIDER_ENV, ROOT
 
-ENV = {"DEMO_API_KEY": "k-secret-never-shown", "AWS_ACCESS_KEY_ID": "AKIA-never-shown-1"}
+ENV = {
+    **PROVIDER_ENV,
+    "DEMO_API_KEY": "k-secret-never-shown",
+    "AWS_ACCESS_KEY_ID": "AKIA-never-shown-1",
+}
 ENV["AWS_SECRET_ACCESS_KEY"] = "aws-secret-never-shown"
 UNSHAPED = Path(__file__).parent / "data" / "unshaped"
 
