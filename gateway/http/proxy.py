@@ -19,6 +19,7 @@ from gateway.core.decide import Decision, Reply, job_aliases
 from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
 from gateway.flow.polls import Asker, StaleCopy, gone, held, shared_poll
+from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from gateway.http import auth
 from gateway.http.answers import (
@@ -39,7 +40,7 @@ from gateway.provider.send import send_upstream
 from gateway.settings.policy import ProviderPolicy
 
 
-async def handle(request: web.Request) -> web.StreamResponse:
+async def handle(request: AgentRequest) -> web.StreamResponse:
     """Entry for every ``/p/{provider}/...`` request."""
     runtime = request.app[RUNTIME]
     name = request.match_info["provider"]

@@ -17,7 +17,15 @@ from gateway.core.models import Outcome
 from gateway.demo.provider import BATCH_OUTPUT, output_file
 from gateway.settings.policy import ProviderPolicy, load_policy, warnings
 
-from conftest import AGENT_TOKEN, OTHER_TOKEN, PROVIDER_ENV, ROOT, Harness, real_time_harness, sha
+from conftest import (
+    AGENT_TOKEN,
+    OTHER_TOKEN,
+    PROVIDER_ENV,
+    ROOT,
+    Harness,
+    real_time_harness,
+    sha,
+)
 
 REPLAY = {"demo-jobs": {"polling": {"early_calls": "replay"}}}
 BOTH_EVERYWHERE = {
@@ -233,7 +241,7 @@ async def test_a_value_no_operation_of_the_account_has_is_404_and_never_forwarde
 
 
 def shipped() -> list[ProviderPolicy]:
-    env = PROVIDER_ENV
+    env = {**PROVIDER_ENV, "DEMO_API_KEY": "k"}
     return [
         load_policy(path, path.name, env) for path in sorted((ROOT / "policies").glob("*.yaml"))
     ]
@@ -256,7 +264,7 @@ def test_check_warns_about_passthrough_reads_by_id_and_listings(tmp_path: Path) 
     ]
     path = tmp_path / "openai-batch.yaml"
     path.write_text(yaml.safe_dump(source))
-    found = warnings(load_policy(path, path.name, PROVIDER_ENV))
+    found = warnings(load_policy(path, path.name, {"DEMO_API_KEY": "k"}))
     assert [where for where, _ in found] == ["routes.passthrough[1]", "routes.passthrough[2]"]
     assert "any account can read any other account's" in found[0][1]
     assert "lists the jobs of every account" in found[1][1]

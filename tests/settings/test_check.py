@@ -24,7 +24,7 @@ def run_check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, st
 
 @pytest.fixture(autouse=True)
 def demo_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in PROVIDER_ENV:  # every credential a shipped policy reads
+    for name in PROVIDER_ENV:
         monkeypatch.setenv(name, "secret-value-never-printed")
 
 
@@ -145,7 +145,7 @@ def test_check_as_a_real_command_prints_no_traceback(tmp_path: Path) -> None:
         [sys.executable, "-m", "gateway", "check", "--config", str(config)],
         capture_output=True,
         text=True,
-        env={"DEMO_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+        env={**PROVIDER_ENV, "PATH": "/usr/bin:/bin"},
         check=False,
     )
     assert done.returncode == 1

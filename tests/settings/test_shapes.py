@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.demo.env import demo_env
 from gateway.errors import ConfigError
 from gateway.settings.config import load_settings
 from gateway.settings.policy import ProviderPolicy, load_policy
 from gateway.settings.shapes import SHAPES, merge_under, with_shape
 
-from conftest import PROVIDER_ENV, ROOT
+from conftest import ROOT
 
 ENV = {
-    **PROVIDER_ENV,
-    "DEMO_API_KEY": "k-secret-never-shown",
+    **demo_env(ROOT / "policies", "k-secret-never-shown"),  # every key the policies read
     "AWS_ACCESS_KEY_ID": "AKIA-never-shown-1",
 }
 ENV["AWS_SECRET_ACCESS_KEY"] = "aws-secret-never-shown"

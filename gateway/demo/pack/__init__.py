@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 # The modules of this package that define a DOUBLE, one per shipped policy of the pack.
 MODULES: tuple[str, ...] = (
+    "runway",
+    "cohere_embed_jobs",
+    "replicate",
+    "assemblyai",
+    "elevenlabs_dubbing",
     "aws_transcribe",
     "bedrock_async_invoke",
     "bedrock_batch",
