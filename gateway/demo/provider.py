@@ -29,7 +29,9 @@ point at them; Celery Flower and AWS Transcribe are driven against the real thin
   operations/{op}``; ``POST .../operations/{op}:cancel``. Step states: ``running`` (``done``
   absent), ``pending`` (``done: false``), ``done`` (``done: true`` with ``response``),
   ``failed`` (``done: true`` with ``error``), ``cancelled`` (``done: true``, error code 1).
-  Credential: the API key in the query, ``?key=<key>``.
+  Credential: the API key in the query, ``?key=<key>``. Under ``/google-operations`` the
+  family is joined by Veo's long-running operations on the Gemini API
+  (``gateway/demo/pack/veo.py``).
 
 A job's answers are scripted at submit time with a ``demo_script`` list in the JSON body (SDKs
 send it as an extra body field); each status call consumes one step and the last step
@@ -68,7 +70,7 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from gateway.demo.jobs import DEFAULT_KEY, DEFAULT_SCRIPT, PREFIX, Body, Family, Job, Jobs
-from gateway.demo.pack import doubles
+from gateway.demo.pack import doubles, veo
 
 AZURE_PREFIX = "/documentintelligence/documentModels/prebuilt-read"
 ANTHROPIC_PREFIX = "/v1/messages/batches"
@@ -144,7 +146,10 @@ class DemoProvider(Jobs):
         app.add_routes(self._family_routes())
         app.router.add_get("/_demo/log", self.show_log)
         for provider in LEGACY:
-            app.add_subapp(f"/{provider}", self._mounted(provider, self._family_routes()))
+            served = self._family_routes()
+            if provider == "google-operations":  # Google's LROs include Veo's (pack/veo.py)
+                served += veo.routes(self)
+            app.add_subapp(f"/{provider}", self._mounted(provider, served))
         for double in doubles().values():
             routes = double.routes(self)
             app.add_subapp(f"/{double.provider}", self._mounted(double.provider, routes))

@@ -21,7 +21,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -173,8 +172,8 @@ def _status_call(policy: ProviderPolicy, job_id: str) -> tuple[str, str, dict[st
     route = policy.routes.status
     if route.job_id is not None:  # the job id goes in the request body (JSON-RPC style)
         return route.method, route.path, {route.job_id.path or "id": job_id}
-    shown = job_id if policy.multi_segment else quote(job_id, safe="")
-    return route.method, fill(route.path, {"job_id": shown}), None
+    # fill encodes a {job_id} into its one segment (an ARN as boto3 sends it)
+    return route.method, fill(route.path, {"job_id": job_id}), None
 
 
 async def _agents(

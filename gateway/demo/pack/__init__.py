@@ -33,6 +33,12 @@ MODULES: tuple[str, ...] = (
     "replicate",
     "assemblyai",
     "elevenlabs_dubbing",
+    "aws_transcribe",
+    "bedrock_async_invoke",
+    "bedrock_batch",
+    "celery_flower",
+    "gemini_batch",
+    "vertex_batch_prediction",
 )
 
 
