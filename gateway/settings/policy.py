@@ -9,17 +9,18 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
+from pydantic import AfterValidator, Field
 
 from gateway.errors import ConfigError
 from gateway.settings.loading import (
-    DURATION_PATTERN,
     Duration,
+    OptionalDuration,
+    Rate,
     Strict,
     field_of,
     http_url,
@@ -28,7 +29,6 @@ from gateway.settings.loading import (
     related,
     validate_all,
 )
-from gateway.settings.units import parse_duration
 
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -305,34 +305,6 @@ class Jitter(Strict):
     """The largest fraction of the raw delay used (0-1)."""
 
 
-def _rate(value: object) -> float | None:
-    if value is None:
-        return None
-    match = RATE.fullmatch(value.strip()) if isinstance(value, str) else None
-    if match is None:
-        raise ValueError('must be a rate like "20/s" or "600/m"')
-    per = {"s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
-    rate = float(match.group(1)) / per
-    if rate <= 0:
-        raise ValueError("must be more than 0")
-    return rate
-
-
-RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m|h)")
-Rate = Annotated[
-    float | None,
-    BeforeValidator(_rate),
-    WithJsonSchema({"type": ["string", "null"], "pattern": r"^\d+(\.\d+)?/(s|m|h)$"}),
-]
-
-
-OptionalDuration = Annotated[
-    float | None,
-    BeforeValidator(lambda value: None if value is None else parse_duration(value)),
-    WithJsonSchema({"type": ["string", "null"], "pattern": DURATION_PATTERN}),
-]
-
-
 class Polling(Strict):
     base_delay: Duration = 5.0
     """The first delay of the backoff, a duration ("5s")."""
@@ -425,23 +397,13 @@ class ProviderPolicy(Strict):
         kept = _TABLES.get(id(self.states))
         if kept is None or kept[0] is not self.states:
             table: dict[tuple[str, Any], str] = {}
-            for name, states in self._classes():
+            for name, states in _state_classes(self.states):
                 for known in states:
                     table.setdefault(json_key(known), name)  # the first class listing it
             if len(_TABLES) >= MAX_TABLES:
                 _TABLES.clear()
             kept = _TABLES[id(self.states)] = (self.states, table)
         return kept[1].get(json_key(state))
-
-    def _classes(self) -> list[tuple[str, list[StateValue]]]:
-        s = self.states
-        return [
-            ("pending", s.pending),
-            ("success", s.success),
-            ("failure", s.failure),
-            ("cancelled", s.cancelled),
-            ("expired", s.expired),
-        ]
 
     @property
     def fingerprint(self) -> str:
@@ -482,16 +444,30 @@ def json_key(value: Any) -> tuple[str, Any]:
     return ("other", json.dumps(value, sort_keys=True))
 
 
+def _state_classes(s: States) -> list[tuple[str, list[StateValue]]]:
+    return [
+        ("pending", s.pending),
+        ("success", s.success),
+        ("failure", s.failure),
+        ("cancelled", s.cancelled),
+        ("expired", s.expired),
+    ]
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     """Rules that span fields, as (field path, message) pairs."""
+    return [found for name, _, rule in SECTION_RULES for found in rule(getattr(policy, name))]
+
+
+def _state_problems(states: States) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     seen: dict[tuple[str, Any], str] = {}
-    for name, states in policy._classes():
-        for i, state in enumerate(states):
+    for name, values in _state_classes(states):
+        for i, state in enumerate(values):
             key = json_key(state)
             if key in seen:
                 shown = json.dumps(state)
@@ -499,8 +475,11 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
                     (f"states.{name}[{i}]", f"{shown} is also listed in states.{seen[key]}")
                 )
             seen.setdefault(key, name)
-    problems += policy.credential.problems()
-    p = policy.polling
+    return problems
+
+
+def _polling_problems(p: Polling) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
     if p.base_delay > p.max_delay:
         problems.append(("polling.base_delay", "must not be greater than polling.max_delay"))
     if p.jitter.min > p.jitter.max:
@@ -511,8 +490,21 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
         problems.append(("polling.max_provider_pause", "must be greater than 0"))
     if not math.isfinite(p.rate_limited_multiplier):
         problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
-    problems.extend(_route_problems(policy.routes))
     return problems
+
+
+def _sections_alone(data: Mapping[str, Any], shown: str) -> list[tuple[str, str]]:
+    """The cross-field rules of each section validated on its own, for a file whose policy
+    cannot be made as a whole (an invalid upstream or provider, a missing section), so one
+    run reports every problem (SPEC 20a)."""
+    found: list[tuple[str, str]] = []
+    for name, model, rule in SECTION_RULES:
+        raw = data.get(name)
+        if isinstance(raw, dict):
+            section, _ = validate_all(model, raw, shown)  # its field errors are reported already
+            if section is not None:
+                found += rule(section)
+    return found
 
 
 def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
@@ -629,19 +621,29 @@ def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
     return problems
 
 
+# The sections the cross-field rules look at, each on its own: (key, model, rules).
+SECTION_RULES: tuple[tuple[str, type[Strict], Callable[[Any], list[tuple[str, str]]]], ...] = (
+    ("states", States, _state_problems),
+    ("credential", Credential, Credential.problems),
+    ("polling", Polling, _polling_problems),
+    ("routes", Routes, _route_problems),
+)
+
+
 def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolicy:
     """Read, interpolate and validate one policy file."""
     raw = read_yaml(path, shown)
     data, problems = interpolate(raw, shown, env, folder=path.parent)
     policy, invalid = validate_all(ProviderPolicy, data, shown)
     problems += invalid
-    if policy is not None:  # the cross-field rules too, except about fields already reported
-        reported = [field_of(line, shown) for line in invalid]
-        problems += [
-            f"{shown}: {where}: {message}"
-            for where, message in cross_check(policy)
-            if not any(related(where, field) for field in reported)
-        ]
+    # the cross-field rules too, except about fields already reported
+    found = cross_check(policy) if policy is not None else _sections_alone(data, shown)
+    reported = [field_of(line, shown) for line in invalid]
+    problems += [
+        f"{shown}: {where}: {message}"
+        for where, message in found
+        if not any(related(where, field) for field in reported)
+    ]
     if problems or policy is None:
         raise ConfigError(problems)
     return policy
