@@ -151,6 +151,23 @@ def early(policy: ProviderPolicy, record: OperationRecord, wait: float) -> Decis
     )
 
 
+def holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
+    """A too-early call that waits for the next permitted poll, and gets that poll's answer,
+    instead of 429 when the poll is within ``max_hold``: under ``early_calls: hold`` (SPEC
+    12), and under ``replay`` while there is nothing to replay because nothing was polled
+    yet (SPEC 20a: the submit answered 202 without a status object), so a replaying loop
+    never sees a 429. A replay policy's record after a failed poll keeps its too-early."""
+    record, polling = decision.record, policy.polling
+    if decision.problem != "too-early" or decision.retry_after is None:
+        return False
+    if decision.retry_after > polling.max_hold:
+        return False
+    if polling.early_calls == "hold":
+        return True
+    fresh = record.last_answer is None and record.status_requests_used == 0
+    return polling.early_calls == "replay" and fresh
+
+
 def overdue(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decision | None:
     """SPEC 16: a pending operation past its deadline is escalated even when nobody asks.
 

@@ -235,6 +235,12 @@ def of_call(
     return (Line(fields),)
 
 
+def of_hold_declined(provider: str, bound: str) -> Effects:
+    """A call that asked to be held, answered at once instead: ``bound`` (``account`` or
+    ``total``) of ``limits.max_held_per_account`` / ``max_held`` was reached."""
+    return (Count("holds_declined", (provider, bound)),)
+
+
 def of_delivery(notice: Mapping[str, Any], outcome: str, now: float) -> Effects:
     """A webhook delivery's outcome: counted, and a line of its own."""
     result = next((word for word in ("delivered", "dropped") if outcome.startswith(word)), "failed")

@@ -18,7 +18,7 @@ from gateway.core import decide, effects, results
 from gateway.core.decide import Decision, Reply
 from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
-from gateway.flow.polls import Asker, StaleCopy, gone, held, shared_poll
+from gateway.flow.polls import Asker, StaleCopy, gone, held, may_hold, shared_poll
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
 from gateway.http import auth
 from gateway.http.answers import (
@@ -135,34 +135,26 @@ async def status(call: Call) -> web.StreamResponse:
     if record is None:
         return unknown_operation()
     wait = prefer_wait(call.request.headers.getall("Prefer", []))
-    if wait:  # RFC 7240: wait=0 asks for no wait at all
+    # RFC 7240: wait=0 asks for no wait at all; past limits.max_held, as without Prefer
+    if wait and await may_hold(runtime, call.account.id, policy):
         return await _hold(call, record, min(wait, policy.polling.max_hold))
     now = runtime.clock()
     decision = decide.admit(policy, record, now)
     if not decision.forward and not decision.changed:  # answered without any write
-        if _holds_early(policy, decision):
+        if decide.holds_early(policy, decision) and await may_hold(
+            runtime, call.account.id, policy
+        ):
             return await _hold(call, record, 0.0, early=True)
-        return _refusal(call, decision, now)
+        return _refusal(call, decision, runtime.clock())
     decision, response = await shared_poll(_asker(call), record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
-
-
-def _holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
-    """``polling.early_calls: hold`` (SPEC 12): a too-early call whose next permitted poll
-    is within ``max_hold`` waits for it instead of getting 429."""
-    return (
-        policy.polling.early_calls == "hold"
-        and decision.problem == "too-early"
-        and decision.retry_after is not None
-        and decision.retry_after <= policy.polling.max_hold
-    )
 
 
 async def _hold(
     call: Call, record: OperationRecord, wait: float, *, early: bool = False
 ) -> web.StreamResponse:
     """``Prefer: wait=N`` on a status call, or (``early``) an early call held for the next
-    permitted poll (``early_calls: hold``): the hold below, answered as a status call."""
+    permitted poll (``decide.holds_early``): the hold below, answered as a status call."""
     decision, response = await held(_asker(call), record, wait, early=early)
     answer = render(call, decision, response, call.runtime.clock())
     if not early:
