@@ -9,6 +9,9 @@ RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed-dev
 CONFIG ?= config/gateway.yaml
 export DEMO_API_KEY ?= demo-provider-key
+# make run's gateway and check: every credential the shipped policies read set to the demo
+# provider's key (config/gateway.yaml sends every provider's calls to the demo provider)
+DEMO_ENV = env $$($(PY) -m gateway.demo.env policies)
 
 .PHONY: install run test lint rules lock lint-docker image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
 
@@ -27,11 +30,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 check: $(RUN_STAMP)
-	$(PY) -m gateway check --config $(CONFIG)
+	$(DEMO_ENV) $(PY) -m gateway check --config $(CONFIG)
 
 run: $(RUN_STAMP)
 	@mkdir -p var
-	@$(PY) -m gateway check --config $(CONFIG)
+	@$(DEMO_ENV) $(PY) -m gateway check --config $(CONFIG)
 	@$(PY) -c "import socket, sys; busy = [p for p in (8080, 8081) if socket.socket().connect_ex(('127.0.0.1', p)) == 0]; busy and sys.exit(f'make run: 127.0.0.1:{busy[0]} is already in use (another make run?); nothing was started')"
 	@$(PY) -m gateway demo-provider --port 8081 & echo $$! > var/demo-provider.pid; \
 	trap 'kill $$(cat var/demo-provider.pid) 2>/dev/null; rm -f var/demo-provider.pid' EXIT INT TERM; \
@@ -46,7 +49,7 @@ run: $(RUN_STAMP)
 	echo "    -H 'Authorization: Bearer demo-agent-token'"; \
 	echo "(README.md has the whole walk-through.)"; \
 	echo ""; \
-	$(PY) -m gateway serve --config $(CONFIG)
+	$(DEMO_ENV) $(PY) -m gateway serve --config $(CONFIG)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gateway tests $(wildcard bench) deploy
@@ -73,7 +76,8 @@ lock: $(STAMP)
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	$(VENV)/bin/pip freeze --exclude-editable > "$$tmp/constraints.txt"; \
-	"$$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -c "$$tmp/constraints.txt" ".[postgres]"; \
+	"$$tmp/venv/bin/pip" install --quiet --disable-pip-version-check -c "$$tmp/constraints.txt" ".[postgres]" \
+	  "async-timeout>=4.0.3"; \
 	{ echo "# Runtime dependencies of the Statusgate image, pinned. Regenerate with: make lock"; \
 	  "$$tmp/venv/bin/pip" freeze --exclude statusgate; } > requirements.lock; \
 	echo "requirements.lock: $$(grep -c '==' requirements.lock) pinned packages"
@@ -83,12 +87,14 @@ lint-docker: $(STAMP)
 	$(VENV)/bin/hadolint Dockerfile
 
 # The image the Kubernetes manifests name: the tag is pyproject.toml's version (the manifests'
-# tag is checked against it by tests/test_kubernetes.py). Needs a Docker engine, which the
-# development and CI machines do not run; push it where IMAGE says (docs/kubernetes.md).
+# tag is checked against it by tests/test_kubernetes.py). With a Docker engine, docker build;
+# without one, buildah (apt-get install buildah debootstrap), on a base made from Debian's
+# packages when python:3.11-slim cannot be pulled (deploy/image/build.sh). Push it where
+# IMAGE says (docs/kubernetes.md).
 IMAGE ?= registry.example.com/statusgate
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-image:
-	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+image: $(STAMP)
+	PYTHON=$(PY) deploy/image/build.sh $(IMAGE) $(VERSION)
 
 # Render every overlay (kubectl with kustomize v5); tests/test_kubernetes.py validates them.
 kubernetes:

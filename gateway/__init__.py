@@ -1,3 +1,3 @@
 """Statusgate: a policy gateway between AI agents and asynchronous provider jobs."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

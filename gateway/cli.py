@@ -77,6 +77,26 @@ def _parser() -> argparse.ArgumentParser:
     story.add_argument("operation_id")
     story.set_defaults(run=_audit_story)
 
+    _policy_parsers(commands)
+
+    schema = commands.add_parser("schema", help="JSON Schema of the config or policy files")
+    schema.add_argument("kind", choices=("policy", "config"))
+    schema.set_defaults(run=_schema)
+
+    demo = commands.add_parser("demo", help="a self-contained show with looping agents")
+    demo.add_argument("--agents", type=int, default=25, help="agents in the fleet scene")
+    demo.add_argument(
+        "--provider", help="show one shipped policy against the demo provider's double of it"
+    )
+    demo.add_argument(
+        "--policies", default="policies", help="the folder of shipped policies (--provider)"
+    )
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _policy_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``statusgate policy test`` and ``statusgate policy show``."""
     policy = commands.add_parser("policy", help="policy tools")
     policy_commands = policy.add_subparsers(required=True, metavar="ACTION")
     tryout = policy_commands.add_parser(
@@ -90,15 +110,16 @@ def _parser() -> argparse.ArgumentParser:
     tryout.add_argument("provider")
     tryout.add_argument("file", help="a JSON file with the status answer's body, or -")
     tryout.set_defaults(run=_policy_test)
-
-    schema = commands.add_parser("schema", help="JSON Schema of the config or policy files")
-    schema.add_argument("kind", choices=("policy", "config"))
-    schema.set_defaults(run=_schema)
-
-    demo = commands.add_parser("demo", help="a self-contained show with looping agents")
-    demo.add_argument("--agents", type=int, default=25, help="agents in the fleet scene")
-    demo.set_defaults(run=_demo)
-    return parser
+    shown = policy_commands.add_parser(
+        "show",
+        help="print a policy as it takes effect",
+        description="Print the effective policy: its shape's defaults merged under the file, "
+        "validated, every default written out. Secrets appear as their ${...} source, or "
+        "<redacted>.",
+    )
+    shown.add_argument("--config", type=Path, required=True)
+    shown.add_argument("provider")
+    shown.set_defaults(run=_policy_show)
 
 
 def _policy_test(args: argparse.Namespace) -> int:
@@ -121,13 +142,37 @@ def _policy_test(args: argparse.Namespace) -> int:
     return exit_status(line)
 
 
+def _policy_show(args: argparse.Namespace) -> int:
+    from gateway.operator.policyshow import show
+    from gateway.settings.config import load_settings
+    from gateway.settings.loading import read_yaml
+    from gateway.settings.shapes import with_shape
+
+    settings = load_settings(args.config)
+    policy = settings.policies.get(args.provider)
+    if policy is None:
+        known = ", ".join(sorted(settings.policies)) or "none"
+        print(f"statusgate policy show: no policy for {args.provider!r} ({known})", file=sys.stderr)
+        return 1
+    folder = (settings.base_dir / settings.file.policies_dir).resolve()
+    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+        raw = read_yaml(path, str(path))
+        if raw.get("provider") == args.provider:
+            print(f"# {path.name}, as it takes effect\n" + show(policy, with_shape(raw)), end="")
+            return 0
+    print(f"statusgate policy show: no file in {folder} names {args.provider!r}", file=sys.stderr)
+    return 1
+
+
 def _schema(args: argparse.Namespace) -> int:
+    from gateway.operator.policyshow import relaxed
     from gateway.operator.policytool import dumps, schema
     from gateway.settings.config import GatewayFile
     from gateway.settings.policy import ProviderPolicy
 
     if args.kind == "policy":
-        print(dumps(schema(ProviderPolicy, "Statusgate provider policy (policies/NAME.yaml)")))
+        title = "Statusgate provider policy (policies/NAME.yaml)"
+        print(dumps(relaxed(schema(ProviderPolicy, title))))
     else:
         print(dumps(schema(GatewayFile, "Statusgate gateway config (config/gateway.yaml)")))
     return 0
@@ -135,7 +180,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from gateway.settings.config import load_settings, written_store_url
-    from gateway.settings.policy import warnings
+    from gateway.settings.lints import check_warnings
     from gateway.store import store_from_url
 
     problems: list[str] = []
@@ -153,7 +198,7 @@ def _check(args: argparse.Namespace) -> int:
     if problems or settings is None or store is None:
         raise ConfigError(problems)
     for name, policy in sorted(settings.policies.items()):  # valid, but unsafe: stderr
-        for where, message in warnings(policy):
+        for where, message in check_warnings(policy):
             print(f"{args.config}: policy {name}: {where}: warning: {message}", file=sys.stderr)
     try:
         found = asyncio.run(store.inspect())
@@ -236,6 +281,10 @@ def _demo_provider(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.provider is not None:
+        from gateway.demo.showcase import run as run_one
+
+        return run_one(args.provider, Path(args.policies))
     from gateway.demo.walkthrough import run
 
     return run(max(1, min(args.agents, 500)))

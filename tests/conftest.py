@@ -33,6 +33,8 @@ from yarl import URL
 
 from gateway.app import create_app
 from gateway.core.models import DelaySource, OperationRecord
+from gateway.demo.env import demo_env
+from gateway.demo.pack import doubles
 from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
 from gateway.server import agent_site
@@ -50,6 +52,8 @@ OTHER_TOKEN = "agent-token-team-b"
 OPERATOR_TOKEN = "operator-token-alice"
 PROVIDER_KEY = "sk-provider-secret-4f9a"
 START = 1_800_000_000.0
+# every credential the shipped policies read, set to the demo provider's key
+PROVIDER_ENV = {**demo_env(ROOT / "policies", PROVIDER_KEY), "DEMO_API_KEY": PROVIDER_KEY}
 
 
 class FakeClock:
@@ -92,12 +96,14 @@ def write_config(
     policy_changes: dict[str, dict[str, Any]] | None = None,
     config_changes: dict[str, Any] | None = None,
 ) -> Path:
-    """A config folder using the repository's policies, pointed at ``upstream``."""
+    """A config folder using the repository's policies, pointed at ``upstream`` (the demo
+    provider): the pack's policies at their doubles, mounted under ``/<provider>``."""
     policies = folder / "policies"
     policies.mkdir(parents=True, exist_ok=True)
     for source in (ROOT / "policies").glob("*.yaml"):
         data = yaml.safe_load(source.read_text())
-        data["upstream"] = upstream
+        pack = data["provider"] in doubles()
+        data["upstream"] = f"{upstream}/{data['provider']}" if pack else upstream
         data = merge(data, (policy_changes or {}).get(data["provider"], {}))
         (policies / source.name).write_text(yaml.safe_dump(data))
     config = {
@@ -224,7 +230,7 @@ async def start_harness(
         policy_changes=policy_changes,
         config_changes=config_changes,
     )
-    settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY})
+    settings = load_settings(path, env={**os.environ, **PROVIDER_ENV})
     the_store = store if store is not None else store_from_url(settings.store_url)
     app: web.Application = create_app(
         settings,
@@ -710,7 +716,7 @@ class Served:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY, **self.env}
+        env = {**os.environ, **PROVIDER_ENV, **self.env}
         command = ["serve", "--config", str(self.config), *self.args]
         self.process = start_statusgate(command, env)
         return self.process
@@ -780,7 +786,7 @@ async def live_gateway(
     port = free_port()
     changes = merge({"public_base_url": f"http://127.0.0.1:{port}"}, config_changes or {})
     path = write_config(folder, upstream, policy_changes=policy_changes, config_changes=changes)
-    settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY})
+    settings = load_settings(path, env={**os.environ, **PROVIDER_ENV})
     app = create_app(settings, store=store_from_url(settings.store_url), rng=random.Random(7))
     client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1", port=port))
     await client.start_server()

@@ -1,6 +1,7 @@
-"""The shipped operations files (SPEC 13): alert rules, the Grafana dashboard, the image's
-lock file, .dockerignore and health check, and a real Prometheus evaluating the rules while it
-scrapes a real `statusgate serve` process. Everything listens on loopback only."""
+"""The shipped operations files (SPEC 13; docs/runbooks.md): alert rules, the Grafana
+dashboard, the image's lock file, .dockerignore and health check, and a real Prometheus
+evaluating the rules while it scrapes a real `statusgate serve` process. Everything listens on
+loopback only."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ DASHBOARD = DEPLOY / "grafana" / "statusgate.json"
 HEALTHCHECK = DEPLOY / "docker" / "healthcheck.py"
 LOCK = ROOT / "requirements.lock"
 
-# SPEC 9 and 13: the names the gateway exports.
+# The names the gateway exports (docs/reference.md, Metrics).
 HISTOGRAMS = {
     "statusgate_upstream_request_duration_seconds",
     "statusgate_request_duration_seconds",
@@ -55,6 +56,7 @@ SAMPLES = {
     "statusgate_build_info",
     "statusgate_webhook_deliveries_total",
     "statusgate_config_reloads_total",
+    "statusgate_overloaded_requests_total",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
     "process_virtual_memory_bytes",
@@ -169,6 +171,7 @@ def test_spec_alerts_are_shipped() -> None:
         ("StatusgateProviderFailing", "warning"),
         ("StatusgateWebhookFailing", "warning"),
         ("StatusgateConfigReloadFailed", "warning"),
+        ("StatusgateOverloaded", "warning"),
     ]:
         assert needed in shipped
 

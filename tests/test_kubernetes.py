@@ -1,8 +1,9 @@
-"""The Kubernetes manifests (SPEC 19): every overlay of deploy/kubernetes, alone and with the
-opt-in components, rendered by `kubectl kustomize`, linted by yamllint, validated strictly and
-offline against the Kubernetes 1.32 schemas (the Prometheus Operator's objects against their
-CRD schemas, shipped in tests/data/kubernetes), checked rule by rule, and the configuration
-each overlay mounts passed through `statusgate check` with placeholder secrets.
+"""The Kubernetes manifests (docs/kubernetes.md): every overlay of deploy/kubernetes, alone,
+with the production components and with the demo, rendered by `kubectl kustomize`, linted by
+yamllint, validated strictly and offline against the Kubernetes 1.32 schemas (the Prometheus
+Operator's objects against their CRD schemas, shipped in tests/data/kubernetes), checked rule
+by rule, and the configuration each container mounts loaded by the command it runs with
+placeholder secrets.
 
 Without kubectl the rendering tests skip, naming what to install; `.ci/run` sets
 STATUSGATE_REQUIRE_KUBECTL=1 so that in CI they fail instead.
@@ -47,11 +48,11 @@ CRDS = Path(__file__).parent / "data" / "kubernetes"
 KUBERNETES_VERSION = "1.32"
 OVERLAYS = ("sqlite", "redis", "postgres")
 REPLICATED = ("redis", "postgres")
-COMPONENTS = ("servicemonitor", "networkpolicy")  # production components, tried together
-DEMO = ("demo-provider",)  # a first try only
+COMPONENTS = ("servicemonitor", "networkpolicy", "ingress")  # production, tried together
+DEMO = ("demo",)  # a first try only: demo provider, example policies, demo account
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 CRD_GROUP = "monitoring.coreos.com"
-MIGRATE = "statusgate migrate --config /etc/statusgate/gateway.yaml"
+MIGRATE = "statusgate migrate --config /etc/statusgate-migrate/gateway.yaml"
 
 KUBECTL = shutil.which("kubectl")
 REQUIRED = os.environ.get("STATUSGATE_REQUIRE_KUBECTL") == "1"
@@ -133,7 +134,7 @@ class Rendered:
             if source is None:
                 continue
             assert "items" not in source and "subPath" not in mount, mount["name"]
-            for key, text in self.config_map(source["name"])["data"].items():
+            for key, text in self.config_map(source["name"]).get("data", {}).items():
                 files[f"{mount['mountPath'].rstrip('/')}/{key}"] = text
         return files
 
@@ -141,11 +142,30 @@ class Rendered:
         args = container["args"]
         return str(args[args.index("--config") + 1])
 
-    def mounted_config(self) -> dict[str, Any]:
-        """The gateway.yaml the main container is started with, parsed."""
-        text = self.mounted_files(self.gateway)[self.config_path(self.gateway)]
+    def mounted_config(self, container: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The config a container (the main one unless named) is started with, parsed."""
+        container = self.gateway if container is None else container
+        text = self.mounted_files(container)[self.config_path(container)]
         data: dict[str, Any] = yaml.safe_load(text)
         return data
+
+    @property
+    def demo(self) -> bool:
+        return "demo" in self.components
+
+    def mounted_policies(self) -> dict[str, str]:
+        """The policy files the main container sees in its policies_dir: name -> text."""
+        folder = PurePosixPath(
+            os.path.normpath(
+                PurePosixPath(self.config_path(self.gateway)).parent
+                / self.mounted_config()["policies_dir"]
+            )
+        )
+        return {
+            PurePosixPath(path).name: text
+            for path, text in self.mounted_files(self.gateway).items()
+            if PurePosixPath(path).parent == folder
+        }
 
 
 def render(target: Path) -> str:
@@ -179,6 +199,7 @@ VARIANTS: list[tuple[str, tuple[str, ...]]] = [
     *[(overlay, ()) for overlay in OVERLAYS],
     *[(overlay, COMPONENTS) for overlay in OVERLAYS],
     ("sqlite", DEMO),
+    ("postgres", DEMO),
 ]
 
 
@@ -205,10 +226,13 @@ def rendered(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Re
     return renders[request.param]
 
 
-@pytest.fixture(params=OVERLAYS)
-def overlay(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Rendered:
-    """One overlay alone."""
-    return renders[request.param, ()]
+PRODUCTION = [variant for variant in VARIANTS if variant[1] != DEMO]
+
+
+@pytest.fixture(params=PRODUCTION, ids=[variant_id(v) for v in PRODUCTION])
+def production(request: pytest.FixtureRequest, renders: dict[Any, Rendered]) -> Rendered:
+    """One variant without the demo: what a platform team deploys."""
+    return renders[request.param]
 
 
 @pytest.fixture(params=REPLICATED)
@@ -236,14 +260,15 @@ def config_loaders(rendered: Rendered) -> list[dict[str, Any]]:
     return [c for c in rendered.containers() if "--config" in c.get("args", [])]
 
 
-def interpolated_names(rendered: Rendered) -> set[str]:
-    """Every ${NAME} the mounted config and policies read, and the audit key variable."""
+def interpolated_names(rendered: Rendered, container: dict[str, Any]) -> set[str]:
+    """Every ${NAME} the container's mounted config and policies read, and its audit key
+    variable."""
     names = set()
-    for text in rendered.mounted_files(rendered.gateway).values():
+    for text in rendered.mounted_files(container).values():
         for line in text.splitlines():
             if not line.lstrip().startswith("#"):
                 names.update(INTERPOLATED.findall(line))
-    key_env = rendered.mounted_config().get("audit", {}).get("hmac_key_env")
+    key_env = (rendered.mounted_config(container).get("audit") or {}).get("hmac_key_env")
     return names | ({key_env} if key_env else set())
 
 
@@ -292,8 +317,10 @@ def test_image_tag_in_the_manifests_is_the_package_version() -> None:
     make = subprocess.run(
         ["make", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert f"-t {image['newName']}:{package_version()} " in make.stdout
-    assert f"--build-arg VERSION={package_version()}" in make.stdout
+    # deploy/image/build.sh IMAGE VERSION tags IMAGE:VERSION and passes VERSION to the build
+    assert f"deploy/image/build.sh {image['newName']} {package_version()}\n" in make.stdout
+    script = (ROOT / "deploy/image/build.sh").read_text()
+    assert 'tag="$image:$version"' in script and '"VERSION=$version"' in script
 
 
 def test_dockerfile_refuses_a_version_other_than_the_package_one() -> None:
@@ -409,8 +436,8 @@ def test_validates_against_kubernetes_schemas(rendered: Rendered) -> None:
 
 
 def test_components_add_only_their_objects(renders: dict[Any, Rendered]) -> None:
-    """The components add a ServiceMonitor, a PrometheusRule and a NetworkPolicy, nothing
-    else, and no overlay has them on its own (the ServiceMonitor is opt-in)."""
+    """The components add a ServiceMonitor, a PrometheusRule, a NetworkPolicy and an
+    Ingress, nothing else, and no overlay has them on its own (each is opt-in)."""
     for name in OVERLAYS:
         alone = {(o["kind"], o["metadata"]["name"]) for o in renders[name, ()].objects}
         more = {(o["kind"], o["metadata"]["name"]) for o in renders[name, COMPONENTS].objects}
@@ -418,6 +445,7 @@ def test_components_add_only_their_objects(renders: dict[Any, Rendered]) -> None
             "ServiceMonitor",
             "PrometheusRule",
             "NetworkPolicy",
+            "Ingress",
         }
         assert alone < more
 
@@ -445,39 +473,65 @@ def test_a_service_routes_to_the_gateway(rendered: Rendered) -> None:
 
 
 def test_config_and_policies_come_from_configmaps(rendered: Rendered) -> None:
-    """gateway.yaml and every shipped policy, unchanged, are mounted read-only from
-    ConfigMaps; the config's policies_dir is where the policies are mounted."""
-    files = rendered.mounted_files(rendered.gateway)
-    config_path = rendered.config_path(rendered.gateway)
-    assert config_path in files
-    policies_dir = PurePosixPath(
-        os.path.normpath(
-            PurePosixPath(config_path).parent / rendered.mounted_config()["policies_dir"]
-        )
-    )
-    for source in [*POLICIES.glob("*.yaml"), *POLICIES.glob("*.yml")]:
-        assert files[str(policies_dir / source.name)] == source.read_text(), source.name
-    assert not [
-        path
-        for path in files
-        if PurePosixPath(path).parent == policies_dir
-        and PurePosixPath(path).name not in {p.name for p in POLICIES.glob("*.y*ml")}
-    ]
+    """gateway.yaml and the policies are mounted read-only from ConfigMaps, the policies
+    where the config's policies_dir says: none without the demo, every shipped example
+    policy, unchanged, with it."""
+    assert rendered.config_path(rendered.gateway) in rendered.mounted_files(rendered.gateway)
+    shipped = {p.name: p.read_text() for p in [*POLICIES.glob("*.yaml"), *POLICIES.glob("*.yml")]}
+    assert rendered.mounted_policies() == (shipped if rendered.demo else {})
     volumes = {v["name"]: v for v in rendered.pod["volumes"]}
-    for mount in rendered.gateway["volumeMounts"]:
-        if "configMap" in volumes.get(mount["name"], {}):
-            assert mount.get("readOnly") is True, mount["name"]
+    for container in rendered.containers():
+        for mount in container.get("volumeMounts", []):
+            if "configMap" in volumes.get(mount["name"], {}):
+                assert mount.get("readOnly") is True, mount["name"]
+
+
+def test_base_ships_no_demo(production: Rendered) -> None:
+    """Without components/demo nothing of the demo is deployed: no policy (so no plain-HTTP
+    loopback upstream), no account allowed every provider, no demo provider container and
+    no demo provider key; the one account names its providers, none."""
+    rendered = production
+    assert rendered.mounted_policies() == {}
+    accounts = rendered.mounted_config()["accounts"]
+    assert accounts and all(account["providers"] == [] for account in accounts)
+    assert [c["args"][0] for c in rendered.containers()] == (
+        ["migrate", "serve"] if rendered.overlay == "postgres" else ["serve"]
+    )
+    for container in rendered.containers():
+        assert "DEMO_API_KEY" not in env_sources(container), container["name"]
+    assert "127.0.0.1:8081" not in rendered.text and "demo-api-key" not in rendered.text
+
+
+def test_demo_is_the_base_plus_the_demo(renders: dict[Any, Rendered]) -> None:
+    """components/demo changes the gateway config only in the account (every provider) and
+    public_base_url (the port-forward's address), mounts every shipped example policy and
+    gives the gateway the demo provider key from the Secret, and adds nothing but the
+    sidecar to the objects."""
+    for overlay in ("sqlite", "postgres"):
+        plain, demo = renders[overlay, ()], renders[overlay, DEMO]
+        assert [o["kind"] for o in plain.objects] == [o["kind"] for o in demo.objects]
+        base, changed = plain.mounted_config(), demo.mounted_config()
+        assert [a["providers"] for a in changed["accounts"]] == [["*"]]
+        assert changed["public_base_url"] == "http://127.0.0.1:8080"
+        for key in ("accounts", "public_base_url"):
+            base.pop(key), changed.pop(key)
+        assert base == changed
+        assert [a["id"] for a in plain.mounted_config()["accounts"]] == ["agents"]
+        key = env_sources(demo.gateway)["DEMO_API_KEY"]["valueFrom"]["secretKeyRef"]
+        assert key == {"name": "statusgate-secrets", "key": "demo-api-key"}
+        policies = [yaml.safe_load(text) for text in demo.mounted_policies().values()]
+        assert {"${DEMO_API_KEY}" in json.dumps(p["credential"]) for p in policies} == {True}
 
 
 def test_secrets_are_secret_references_only(rendered: Rendered) -> None:
-    """No Secret is shipped, and every variable the config and policies read that holds a
-    secret comes from a secretKeyRef, in every container that loads the config."""
+    """No Secret is shipped, and every variable a container's mounted config and policies
+    read that holds a secret comes from a secretKeyRef, in every container that loads a
+    config."""
     assert not rendered.of_kind("Secret")
-    names = interpolated_names(rendered)
     plain = {"STATUSGATE_STORE_URL"} if rendered.overlay == "sqlite" else set()
     for container in config_loaders(rendered):
         sources = env_sources(container)
-        for name in names:
+        for name in interpolated_names(rendered, container):
             assert name in sources, f"{container['name']} does not set {name}"
             if name in NOT_SECRET | plain:
                 continue
@@ -513,11 +567,35 @@ def test_probes_are_readyz_and_healthz(rendered: Rendered) -> None:
 
 
 def test_every_container_has_requests_and_limits(rendered: Rendered) -> None:
-    """CPU and memory requests and limits are set on every container, init ones included."""
+    """CPU, memory and ephemeral-storage requests and limits are set on every container,
+    init ones included, each limit at least its request; the ephemeral-storage limits of the
+    pod's containers hold its emptyDir volumes."""
+    sizes = {"cpu": parse_quantity, "memory": parse_quantity, "ephemeral-storage": parse_quantity}
     for container in rendered.containers():
         resources = container["resources"]
-        for bound in ("requests", "limits"):
-            assert {"cpu", "memory"} <= set(resources[bound]), (container["name"], bound)
+        for name, parse in sizes.items():
+            request, limit = resources["requests"][name], resources["limits"][name]
+            assert parse(request) <= parse(limit), (container["name"], name)
+    empty_dirs = sum(
+        parse_quantity(v["emptyDir"]["sizeLimit"])
+        for v in rendered.pod["volumes"]
+        if "emptyDir" in v
+    )
+    limits = sum(
+        parse_quantity(c["resources"]["limits"]["ephemeral-storage"])
+        for c in rendered.pod["containers"]
+    )
+    assert empty_dirs < limits
+
+
+QUANTITY = {"": 1, "m": 0.001, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def parse_quantity(text: str | int) -> float:
+    """A Kubernetes quantity ("250m", "1", "64Mi") as a number."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|k|M|G|)", str(text))
+    assert match, text
+    return float(match.group(1)) * QUANTITY[match.group(2)]
 
 
 def test_every_container_is_hardened(rendered: Rendered) -> None:
@@ -620,9 +698,45 @@ def test_network_policy_lets_agents_prometheus_and_dns_through(monitored: Render
     assert {"port": 53, "protocol": "UDP"} in dns
 
 
+CLUSTER_RANGES = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"}
+
+
+def test_network_policy_sends_https_outside_the_cluster_only(monitored: Rendered) -> None:
+    """The egress rule for providers (443) reaches any address except the private ranges
+    a cluster's pods, Services and nodes live in and the cloud metadata range, for IPv4 and
+    IPv6, and no egress rule reaches everywhere on every port."""
+    egress = monitored.one("NetworkPolicy")["spec"]["egress"]
+    (https,) = [rule for rule in egress if {"port": 443} in rule.get("ports", [])]
+    blocks = {block["ipBlock"]["cidr"]: block["ipBlock"] for block in https["to"]}
+    assert set(blocks) == {"0.0.0.0/0", "::/0"}
+    assert set(blocks["0.0.0.0/0"]["except"]) >= CLUSTER_RANGES
+    assert {"fc00::/7", "fe80::/10"} <= set(blocks["::/0"]["except"])
+    assert all(rule.get("to") and rule.get("ports") for rule in egress)
+
+
+def test_ingress_terminates_tls_for_the_agent_routes_only(monitored: Rendered) -> None:
+    """components/ingress: every host is covered by a TLS entry with a Secret, and every
+    path goes to the Service's agent port (http), never the admin listener's."""
+    spec = monitored.one("Ingress")["spec"]
+    covered = {host for tls in spec["tls"] if tls.get("secretName") for host in tls["hosts"]}
+    service = monitored.one("Service")
+    agent_port = monitored.mounted_config()["listen"]["port"]
+    paths = []
+    for rule in spec["rules"]:
+        assert rule["host"] in covered
+        for path in rule["http"]["paths"]:
+            backend = path["backend"]["service"]
+            assert backend["name"] == service["metadata"]["name"]
+            (port,) = [p for p in service["spec"]["ports"] if p["name"] == backend["port"]["name"]]
+            assert port_number(monitored.gateway, port["targetPort"]) == agent_port
+            paths.append(path["path"])
+    assert "/p/" in paths and "/mcp" in paths
+    assert not [p for p in paths if p in {"/", "/admin", "/console", "/metrics"}]
+
+
 def test_demo_provider_is_a_loopback_sidecar_for_a_first_try(renders: dict[Any, Rendered]) -> None:
-    """components/demo-provider adds only a sidecar serving the demo provider on the
-    loopback address and port where the shipped policies point, keyed from the Secret."""
+    """components/demo adds a sidecar serving the demo provider on the loopback address
+    and port where the shipped policies point, keyed from the Secret."""
     plain, demo = renders["sqlite", ()], renders["sqlite", DEMO]
     assert [o["kind"] for o in plain.objects] == [o["kind"] for o in demo.objects]
     (sidecar,) = [c for c in demo.pod["containers"] if c is not demo.gateway]
@@ -768,17 +882,39 @@ def test_replicated_overlays_spread_across_nodes(replicated: Rendered) -> None:
 
 
 def test_postgres_migrates_before_the_new_version_serves(renders: dict[Any, Rendered]) -> None:
-    """PostgreSQL: an init container runs `statusgate migrate --config
-    /etc/statusgate/gateway.yaml` with the gateway's image, config and secrets, so no pod
-    serves before the layout is upgraded; pods start one at a time."""
+    """PostgreSQL: an init container runs `statusgate migrate` with the gateway's image on
+    a config of its own naming the same store, so no pod serves before the layout is
+    upgraded; pods start one at a time."""
     postgres = renders["postgres", ()]
     (migrate,) = postgres.pod["initContainers"]
     assert " ".join(["statusgate", *migrate["args"]]) == MIGRATE and "command" not in migrate
     assert migrate["image"] == postgres.gateway["image"]
-    assert postgres.mounted_files(migrate) == postgres.mounted_files(postgres.gateway)
+    assert postgres.mounted_config(migrate)["store"] == postgres.mounted_config()["store"]
     assert postgres.workload["spec"]["podManagementPolicy"] == "OrderedReady"
     for other in ("sqlite", "redis"):
         assert not renders[other, ()].pod.get("initContainers")
+
+
+def test_migrate_gets_only_the_store_url(renders: dict[Any, Rendered]) -> None:
+    """The init container's environment is the store URL alone, from the Secret key of the
+    role that owns the schema (migrate-url), while the gateway serves with another key's
+    (url); it mounts its one-key config and nothing else from a ConfigMap or a Secret."""
+    for components in ((), COMPONENTS, DEMO):
+        postgres = renders["postgres", components]
+        (migrate,) = postgres.pod["initContainers"]
+        assert env_sources(migrate) == {
+            "STATUSGATE_STORE_URL": {
+                "name": "STATUSGATE_STORE_URL",
+                "valueFrom": {"secretKeyRef": {"name": "statusgate-store", "key": "migrate-url"}},
+            }
+        }
+        serve = env_sources(postgres.gateway)["STATUSGATE_STORE_URL"]["valueFrom"]
+        assert serve["secretKeyRef"] == {"name": "statusgate-store", "key": "url"}
+        assert list(postgres.mounted_files(migrate)) == [postgres.config_path(migrate)]
+        assert postgres.mounted_config(migrate) == {"store": "${STATUSGATE_STORE_URL}"}
+        volumes = {v["name"]: v for v in postgres.pod["volumes"]}
+        for mount in migrate["volumeMounts"]:
+            assert "secret" not in volumes[mount["name"]], mount["name"]
 
 
 def test_migrate_command_exists_in_the_gateway() -> None:
@@ -812,7 +948,12 @@ def test_audit_log_is_on_each_replicas_own_volume(rendered: Rendered) -> None:
 
 
 def lay_out(rendered: Rendered, container: dict[str, Any], root: Path) -> Path:
-    """The container's ConfigMap files under ``root`` at their mount paths; the config path."""
+    """The container's ConfigMap files under ``root`` at their mount paths (an empty
+    ConfigMap is an empty folder); the config path."""
+    volumes = {volume["name"]: volume for volume in rendered.pod["volumes"]}
+    for mount in container.get("volumeMounts", []):
+        if "configMap" in volumes.get(mount["name"], {}):
+            (root / mount["mountPath"].lstrip("/")).mkdir(parents=True, exist_ok=True)
     for path, text in rendered.mounted_files(container).items():
         target = root / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -833,7 +974,7 @@ def placeholder_env(rendered: Rendered, container: dict[str, Any]) -> dict[str, 
             env[name] = f"{rendered.workload['metadata']['name']}-0"
             continue
         key = (ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
-        if key == ("statusgate-store", "url"):
+        if key in {("statusgate-store", "url"), ("statusgate-store", "migrate-url")}:
             real = (
                 os.environ.get("STATUSGATE_TEST_POSTGRES")
                 if rendered.overlay == "postgres"
@@ -846,38 +987,42 @@ def placeholder_env(rendered: Rendered, container: dict[str, Any]) -> dict[str, 
     return env
 
 
-def test_mounted_configuration_passes_statusgate_check(overlay: Rendered, tmp_path: Path) -> None:
-    """`statusgate check` accepts the gateway.yaml and policies each container mounts, laid
-    out at their mount paths, with placeholder secrets in the container's environment. A
-    check that connects to PostgreSQL cannot reach the placeholder database: then its one
-    complaint must be the store's, once the config and every policy loaded (with
-    STATUSGATE_TEST_POSTGRES set, that real database is used instead)."""
-    for container in config_loaders(overlay):
-        config = lay_out(overlay, container, tmp_path / container["name"])
+def test_each_container_loads_its_mounted_configuration(rendered: Rendered, tmp_path: Path) -> None:
+    """The command each container runs loads what it mounts, laid out at the mount paths,
+    with placeholder secrets in its environment: the gateway's config and policies pass
+    `statusgate check` (no policy without the demo, every shipped one with it), and the
+    init container's `statusgate migrate` loads its config and gets as far as the database.
+    A command that connects to PostgreSQL cannot reach the placeholder database: then its
+    one complaint must be the store's (with STATUSGATE_TEST_POSTGRES set, the gateway's
+    check uses that real database; the real migration is the next test's)."""
+    for container in config_loaders(rendered):
+        config = lay_out(rendered, container, tmp_path / container["name"])
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": str(ROOT),
-            **placeholder_env(overlay, container),
+            **placeholder_env(rendered, container),
         }
+        migrating = container["args"][0] == "migrate"
+        if migrating:
+            env["STATUSGATE_STORE_URL"] = PLACEHOLDER_STORES["postgres"]
+        command = "migrate" if migrating else "check"
         done = subprocess.run(
-            [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+            [sys.executable, "-m", "gateway", command, "--config", str(config)],
             capture_output=True,
             text=True,
             env=env,
             timeout=120,
         )
-        if "scheme 'postgresql' is not supported" in done.stderr:
-            pytest.skip("this gateway has no postgresql:// store yet (SPEC 18)")
         for secret in PLACEHOLDER_SECRETS.values():
             assert secret not in done.stdout + done.stderr
         unreachable = env["STATUSGATE_STORE_URL"] == PLACEHOLDER_STORES.get("postgres")
         if unreachable and done.returncode == 1:
             (line,) = done.stderr.strip().splitlines()
-            assert line.startswith(f"{config}: store: "), line
+            store = "statusgate migrate: postgresql: " if migrating else f"{config}: store: "
+            assert line.startswith(store), line
             continue
         assert done.returncode == 0, f"{container['name']}: {done.stderr}"
-        shipped = len(list(POLICIES.glob("*.yaml")))
-        assert f": ok: {shipped} policies" in done.stdout
+        assert f": ok: {len(rendered.mounted_policies())} policies" in done.stdout
 
 
 def test_init_container_migrates_a_real_database_twice(
@@ -885,40 +1030,42 @@ def test_init_container_migrates_a_real_database_twice(
 ) -> None:
     """The init container's command, on its mounted config and environment, creates the
     layout of an empty PostgreSQL and finds it up to date the next time (every pod start
-    runs it); then `statusgate check` passes on that database."""
+    runs it); then the gateway's own config passes `statusgate check` on that database."""
     url = os.environ.get("STATUSGATE_TEST_POSTGRES")
     if not url:
         pytest.skip("set STATUSGATE_TEST_POSTGRES to a PostgreSQL URL to run the migration")
     postgres = renders["postgres", ()]
     (migrate,) = postgres.pod["initContainers"]
-    config = lay_out(postgres, migrate, tmp_path)
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
-    env |= placeholder_env(postgres, migrate)
-    assert env["STATUSGATE_STORE_URL"] == url
-    outputs = []
-    for args in (migrate["args"], migrate["args"], ["check", "--config", str(config)]):
-        args = [str(config) if arg == postgres.config_path(migrate) else arg for arg in args]
-        done = subprocess.run(
-            [sys.executable, "-m", "gateway", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
+    base = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+    runs = []
+    for container, command in (
+        (migrate, "migrate"),
+        (migrate, "migrate"),
+        (postgres.gateway, "check"),
+    ):
+        config = lay_out(postgres, container, tmp_path / container["name"])
+        env = base | placeholder_env(postgres, container)
+        assert env["STATUSGATE_STORE_URL"] == url
+        runs.append(
+            subprocess.run(
+                [sys.executable, "-m", "gateway", command, "--config", str(config)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+            )
         )
-        if "invalid choice: 'migrate'" in done.stderr:
-            pytest.skip("this gateway has no `statusgate migrate` yet (SPEC 18)")
-        assert done.returncode == 0, done.stderr
-        outputs.append(done.stdout)
-    assert "up to date" in outputs[1] and ": ok: " in outputs[2]
+        assert runs[-1].returncode == 0, runs[-1].stderr
+    assert "up to date" in runs[1].stdout and ": ok: " in runs[2].stdout
 
 
 async def test_sigterm_answers_held_calls_within_the_grace_period(
     renders: dict[Any, Rendered], upstream: tuple[Any, str], tmp_path: Path
 ) -> None:
-    """`statusgate serve` on the SQLite overlay's mounted config (ports, paths and the demo
+    """`statusgate serve` on the SQLite demo's mounted config (ports, paths and the demo
     upstream moved onto this machine) answers a held call at SIGTERM, exits 0 well within
     terminationGracePeriodSeconds, and leaves an audit chain that `audit verify` accepts."""
-    sqlite = renders["sqlite", ()]
+    sqlite = renders["sqlite", DEMO]
     config_path = lay_out(sqlite, sqlite.gateway, tmp_path / "root")
     config = yaml.safe_load(config_path.read_text())
     port = free_port()

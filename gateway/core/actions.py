@@ -28,16 +28,19 @@ def _refuse(event: Event, why: str) -> ActionResult:
     return ActionResult(None, event, refusal=why)
 
 
-def _permits(record: OperationRecord, action: str) -> str | None:
-    """None if ``action`` is permitted now, else why not."""
+def _permits(policy: ProviderPolicy, record: OperationRecord, action: str) -> str | None:
+    """None if ``action`` is permitted now, else why not. The refusal names the actions
+    the escalation answer offers (``offered``), not every one its reason permits: resume
+    before the policy changed is not one of them. ``offered`` asks this function only
+    about permitted actions, which never reach the refusal, so the two do not loop."""
     if record.outcome is Outcome.PENDING and action in ("abandon", "cancel_at_provider"):
         return None
     escalation = record.escalation
     if record.outcome is not Outcome.ESCALATED or escalation is None:
         return f"the operation is {record.outcome.value}, not escalated"
     if action not in escalation.permitted_actions:
-        allowed = ", ".join(escalation.permitted_actions)
-        return f"{action} is not permitted for {escalation.reason.value} (permitted: {allowed})"
+        allowed = ", ".join(offered(policy, record)) or "none"
+        return f"{action} is not permitted for {escalation.reason.value} (permitted now: {allowed})"
     return None
 
 
@@ -51,7 +54,7 @@ def extend(
     reason: str,
 ) -> ActionResult:
     """More time and requests, within max_extension in total; waiting resumes at once."""
-    why = _permits(record, "extend")
+    why = _permits(policy, record, "extend")
     if why is not None:
         return _refuse(Event.EXTENDED, why)
     bound = policy.escalation.max_extension
@@ -97,7 +100,7 @@ def _left(seconds: float) -> str:
 def resume(policy: ProviderPolicy, record: OperationRecord, now: float) -> ActionResult:
     """Waiting resumes only after what caused the escalation changed: the live credential
     or policy is compared with the one in force when the escalation happened (SPEC 12)."""
-    why = _permits(record, "resume")
+    why = _permits(policy, record, "resume")
     if why is not None:
         return _refuse(Event.RESUMED, why)
     unchanged = _unchanged(policy, record)
@@ -154,7 +157,7 @@ def abandon(
     policy: ProviderPolicy, record: OperationRecord, now: float, reason: str
 ) -> ActionResult:
     """Stop waiting for good; status calls answer operation-escalated from now on."""
-    why = _permits(record, "abandon")
+    why = _permits(policy, record, "abandon")
     if why is not None:
         return _refuse(Event.ABANDONED, why)
     abandoned = record.evolve(outcome=Outcome.ABANDONED, ended_at=now)
@@ -167,7 +170,7 @@ def may_cancel(policy: ProviderPolicy, record: OperationRecord) -> str | None:
         return "the policy declares no cancel route for this provider"
     if record.cancel_requested_at is not None:
         return "the provider already accepted a cancel request for this job"
-    return _permits(record, "cancel_at_provider")
+    return _permits(policy, record, "cancel_at_provider")
 
 
 def cancelled(

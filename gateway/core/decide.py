@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core import arns
 from gateway.core.models import (
     DelaySource,
     Escalation,
@@ -297,6 +298,7 @@ def open_operation(
         credential_fingerprint=policy.credential_fingerprint,
         policy_fingerprint=policy.fingerprint,
         last_http_status=answer.status,
+        result_values=job_aliases(policy, job_id),
     )
     body = _json(answer.body)
     hint = _hint(policy, answer, body if isinstance(body, dict) else None, now)
@@ -481,10 +483,12 @@ def _finish(
     values: tuple[str, ...] = (),
     seen: dict[str, Any] | None = None,
 ) -> Decision:
-    """The operation ends with this answer; a success's result values are indexed with it."""
+    """The operation ends with this answer; a success's result values are indexed with it,
+    after the values it was indexed by already (a job id's alias)."""
     final = FinalResponse(answer.status or 200, answer.content_type, answer.body)
+    kept = (*record.result_values, *(v for v in values if v not in record.result_values))
     new = record.evolve(
-        **(seen or {}), outcome=outcome, final_response=final, ended_at=now, result_values=values
+        **(seen or {}), outcome=outcome, final_response=final, ended_at=now, result_values=kept
     )
     return Decision(new, Reply.PROVIDER, changed=True, event=Event.FINISHED)
 
@@ -502,6 +506,15 @@ def addressable(value: Any) -> str | None:
     if SEGMENT.fullmatch(text) is None or ".." in text or text == ".":
         return None
     return text
+
+
+def job_aliases(policy: ProviderPolicy, job_id: str) -> tuple[str, ...]:
+    """Other names of the job an operation is found by (``Records.find_result``): an ARN
+    job id's trailing id, under ``routes.job_ids: aws-arn`` (SPEC 22)."""
+    if policy.routes.job_ids != "aws-arn":
+        return ()
+    tail = arns.alias(job_id)
+    return () if tail is None else (tail,)
 
 
 def result_values(policy: ProviderPolicy, body: Any) -> tuple[str, ...]:

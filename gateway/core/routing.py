@@ -6,6 +6,10 @@ different upstream path through a placeholder segment. Every placeholder matches
 that must look like a job id. A route's fixed query (``?terminate=true``) is not matched; it
 is sent as written. The agent's path of a result route whose provider path takes a field of
 the final answer (``{final.output_file_id}``) carries the job id in that segment.
+
+A route's ``also`` forms (SPEC 22) are matched like its path and fill the provider path the
+same way. Under ``routes.job_ids: aws-arn`` the ``{job_id}`` segment is decoded once
+(gateway/core/arns.py): the match carries the ARN (or plain id) itself, checked as such.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.core import arns
 from gateway.core.decide import lookup
 from gateway.core.values import parse_json
 from gateway.settings.policy import (
@@ -51,15 +56,22 @@ class Match:
     kind: str  # submit, status, result, cancel or passthrough
     job_id: str | None
     params: Mapping[str, str] = field(default_factory=dict)  # every placeholder's segment
+    arn_ids: bool = False  # {job_id} holds a decoded ARN or plain id (aws-arn)
 
     @property
     def valid(self) -> bool:
         """Every segment a placeholder matched looks like a job id (SPEC 11); a
-        ``{job_id*}`` match is checked segment by segment (SPEC 12)."""
-        return all(
-            valid_job_path(value) if name == "job_id*" else valid_job_id(value)
-            for name, value in self.params.items()
-        )
+        ``{job_id*}`` match is checked segment by segment (SPEC 12); an aws-arn
+        ``{job_id}`` is an ARN or a plain id (SPEC 22)."""
+        return all(_valid_param(name, value, self.arn_ids) for name, value in self.params.items())
+
+
+def _valid_param(name: str, value: str, arn_ids: bool) -> bool:
+    if name == "job_id*":
+        return valid_job_path(value)
+    if name == "job_id" and arn_ids:
+        return arns.valid(value)
+    return valid_job_id(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +86,13 @@ class _Route:
 class RouteTable:
     def __init__(self, policy: ProviderPolicy) -> None:
         self._routes: list[_Route] = []
+        self._arn_ids = policy.routes.job_ids == "aws-arn"
         for kind in KINDS:
             route = getattr(policy.routes, kind)
             if route is not None:
-                self._routes.append(_compile(kind, route))
+                self._routes += _compile(kind, route)
         for route in policy.routes.passthrough:
-            self._routes.append(_compile("passthrough", route))
+            self._routes += _compile("passthrough", route)
         # routes with a header match are tried first: they are the more specific ones
         self._routes.sort(key=lambda r: r.match is None)
 
@@ -97,31 +110,40 @@ class RouteTable:
             if found is None:
                 continue
             params = dict(zip(route.names, found.groups(), strict=True))
+            if self._arn_ids and "job_id" in params:
+                params["job_id"] = arns.decoded(params["job_id"])
             job_id = params.get("job_id") or params.get("job_id*")
             if job_id is None and route.kind == "result":
                 job_id = next(iter(params.values()), None)
-            return Match(route.kind, job_id, params)
+            return Match(route.kind, job_id, params, self._arn_ids)
         return None
 
 
-def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> _Route:
-    path = route.path.partition("?")[0]
-    names = tuple(placeholders(path))
-    parts = PLACEHOLDER.split(path)  # literal, name, literal, name, ..., literal
-    regex = "".join(
-        re.escape(part) if i % 2 == 0 else ("([^?#]+)" if part == "job_id*" else "([^/?#]+)")
-        for i, part in enumerate(parts)
-    )
-    return _Route(kind, route.method, re.compile(regex), names, route.match)
+def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> list[_Route]:
+    """The route's path and each of its ``also`` forms, as patterns of one kind."""
+    compiled = []
+    for form in (route.path, *route.also):
+        path = form.partition("?")[0]
+        names = tuple(placeholders(path))
+        parts = PLACEHOLDER.split(path)  # literal, name, literal, name, ..., literal
+        regex = "".join(
+            re.escape(part) if i % 2 == 0 else ("([^?#]+)" if part == "job_id*" else "([^/?#]+)")
+            for i, part in enumerate(parts)
+        )
+        compiled.append(_Route(kind, route.method, re.compile(regex), names, route.match))
+    return compiled
 
 
 def fill(template: str, values: Mapping[str, str], agent_query: str = "") -> str:
     """The provider path (and query) of a route: placeholders filled from ``values``
     (``{job_id*}`` from ``job_id``), the route's fixed query kept, then ``agent_query``
-    (already filtered) appended."""
+    (already filtered) appended. A ``{job_id}`` is percent-encoded as one segment, as
+    boto3 sends an ARN (a SPEC 11 id is left as it is)."""
 
     def value(found: re.Match[str]) -> str:
         name = found.group(1)
+        if name == "job_id":
+            return arns.encoded(values[name])
         return values[name] if name in values else values[name.rstrip("*")]
 
     path = PLACEHOLDER.sub(value, template)
@@ -154,7 +176,10 @@ def job_id_value(value: Any) -> str | None:
 
 
 def valid_job(policy: ProviderPolicy, job_id: str) -> bool:
-    """A job id this policy's routes can carry: one segment, or several for ``{job_id*}``."""
+    """A job id this policy's routes can carry: one segment, several for ``{job_id*}``, or
+    an ARN (``routes.job_ids: aws-arn``)."""
+    if policy.routes.job_ids == "aws-arn":
+        return arns.valid(job_id)
     return valid_job_path(job_id) if policy.multi_segment else valid_job_id(job_id)
 
 

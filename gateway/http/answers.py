@@ -58,6 +58,19 @@ def operation_headers(record: OperationRecord, now: float) -> dict[str, str]:
     return headers
 
 
+def dialect_headers(
+    policy: ProviderPolicy, record: OperationRecord, now: float, retry_after: float | None = None
+) -> dict[str, str]:
+    """A client's own pacing header on a pending answer (SPEC 22): ``answers.
+    poll_after_ms_header`` (openai-poll-after-ms) with the whole milliseconds until the next
+    permitted poll, or until the ``retry_after`` this answer gives when it has one."""
+    name = policy.answers.poll_after_ms_header
+    if name is None or record.outcome is not Outcome.PENDING:
+        return {}
+    wait = record.next_poll_at - now if retry_after is None else retry_after
+    return {name: retry_after_ms(wait)}
+
+
 def _fixed_headers(record: OperationRecord) -> dict[str, str]:
     headers = {
         "Statusgate-Operation": record.operation_id,
@@ -85,6 +98,7 @@ def render(
 ) -> web.StreamResponse:
     record = decision.record
     headers = operation_headers(record, now)
+    headers.update(dialect_headers(call.policy, record, now, decision.retry_after))
     if decision.reply is Reply.FINAL and record.final_response is not None:
         final = record.final_response  # stored as the provider sent it: rewrite it again
         body = rewrite_body(call, final.body, final.content_type)

@@ -1,6 +1,8 @@
-"""Who is calling: the agent account or operator a request's token names (SPEC 4, 6, 12).
+"""Who is calling: the agent account or operator a request's token names (SPEC 4, 6, 12, 22).
 
-Tokens are compared only as sha256 digests; none of them is ever forwarded.
+Tokens are compared only as sha256 digests; none of them is ever forwarded: the agent-only
+headers are never sent on, and a token in the policy credential's own header is replaced by
+the credential as the request goes out (gateway/provider/credentials.py).
 """
 
 from __future__ import annotations
@@ -10,18 +12,63 @@ import re
 from collections.abc import Mapping
 
 from gateway.settings.config import Account, Operator, Settings
+from gateway.settings.policy import ProviderPolicy
 
 
-def agent(settings: Settings, headers: Mapping[str, str]) -> Account | None:
+def agent(
+    settings: Settings, headers: Mapping[str, str], policy: ProviderPolicy | None = None
+) -> Account | None:
     """The account whose agent token the request carries; None if unknown.
 
     ``Statusgate-Token: <token>`` first (for SDKs that own ``Authorization``), then
     ``Authorization: Bearer <token>``, then a SigV4 ``Authorization`` whose access key
-    id is the token (SPEC 12). None of these is ever forwarded."""
+    id is the token (SPEC 12), then (SPEC 22) the token where ``policy``'s SDK puts its
+    key: the credential's header, with the credential's scheme word if it has one
+    (``x-api-key: <token>``, ``Authorization: Key <token>``, a bare ``Authorization:
+    <token>``). None of these is ever forwarded."""
     token = agent_token(headers)
+    if token is None and policy is not None:
+        token = sdk_token(headers, policy)
     if token is None:
         return None
     return settings.account_for(hashlib.sha256(token.encode()).hexdigest())
+
+
+def key_form(policy: ProviderPolicy) -> tuple[str, str] | None:
+    """Where ``policy``'s SDK puts its API key: the credential's header and its scheme word
+    ("" when the value is the bare key); None for credentials that are not one header."""
+    credential = policy.credential
+    if credential.kind != "header" or credential.header is None or credential.value is None:
+        return None
+    scheme, space, rest = credential.value.partition(" ")
+    if space and rest.strip() and scheme.isascii() and scheme.isalpha():
+        return credential.header, scheme
+    return credential.header, ""
+
+
+def sdk_token(headers: Mapping[str, str], policy: ProviderPolicy) -> str | None:
+    """The agent token in the header ``policy``'s credential sets, in the same form."""
+    form = key_form(policy)
+    if form is None:
+        return None
+    name, scheme = form
+    value = headers.get(name, "").strip()
+    if scheme:
+        written, _, value = value.partition(" ")
+        if written.lower() != scheme.lower():
+            return None
+        value = value.strip()
+    return value if _printable(value) else None
+
+
+def hint(policy: ProviderPolicy | None) -> str:
+    """How an agent may present its token, for the 401 answer's detail."""
+    form = key_form(policy) if policy is not None else None
+    usual = "Send 'Authorization: Bearer <agent token>'"
+    if form is None or (form[0].lower() == "authorization" and form[1].lower() == "bearer"):
+        return usual + "."
+    name, scheme = form
+    return f"{usual}, or '{name}: {scheme + ' ' if scheme else ''}<agent token>'."
 
 
 def operator(settings: Settings, authorization: str | None) -> Operator | None:

@@ -14,12 +14,12 @@ import dataclasses
 
 from aiohttp import web
 
-from gateway.core import decide, effects, results
-from gateway.core.decide import Decision, Reply
+from gateway.core import arns, decide, effects, results
+from gateway.core.decide import Decision, Reply, job_aliases
 from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
 from gateway.flow.polls import Asker, StaleCopy, gone, held, may_hold, shared_poll
-from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
+from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from gateway.http import auth
 from gateway.http.answers import (
     Call,
@@ -42,12 +42,12 @@ from gateway.settings.policy import ProviderPolicy
 async def handle(request: web.Request) -> web.StreamResponse:
     """Entry for every ``/p/{provider}/...`` request."""
     runtime = request.app[RUNTIME]
-    account = auth.agent(runtime.settings, request.headers)
-    if account is None:
-        return problem("unauthenticated", "Send 'Authorization: Bearer <agent token>'.")
-    note_account(account.id)
     name = request.match_info["provider"]
     policy = runtime.settings.policies.get(name)
+    account = auth.agent(runtime.settings, request.headers, policy)
+    if account is None:
+        return problem("unauthenticated", auth.hint(policy))
+    note_account(account.id)
     if policy is None:
         return problem("unknown-provider", f"No provider named {name!r} is configured.")
     if not account.allows(name):
@@ -131,10 +131,14 @@ async def status(call: Call) -> web.StreamResponse:
         except StaleCopy as stale:
             record = stale.record
     if record is None:
-        record = await runtime.records.find(call.account.id, policy.provider, call.job_id)
+        record = await find_job(runtime, call.account.id, policy, call.job_id)
     if record is None:
         return unknown_operation()
-    wait = prefer_wait(call.request.headers.getall("Prefer", []))
+    if record.provider_job_id != call.job_id:  # named by its alias: poll it by its own id
+        call = dataclasses.replace(
+            call, match=dataclasses.replace(call.match, job_id=record.provider_job_id)
+        )
+    wait = prefer_wait(call.request.headers.getall("Prefer", []), bare=policy.polling.max_hold)
     # RFC 7240: wait=0 asks for no wait at all; past limits.max_held, as without Prefer
     if wait and await may_hold(runtime, call.account.id, policy):
         return await _hold(call, record, min(wait, policy.polling.max_hold))
@@ -148,6 +152,19 @@ async def status(call: Call) -> web.StreamResponse:
         return _refusal(call, decision, runtime.clock())
     decision, response = await shared_poll(_asker(call), record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
+
+
+async def find_job(
+    runtime: Runtime, account: str, policy: ProviderPolicy, job_id: str
+) -> OperationRecord | None:
+    """The account's operation of this provider job; under ``routes.job_ids: aws-arn`` also
+    the one whose ARN job id ends in ``job_id`` (its alias, SPEC 22)."""
+    record = await runtime.records.find(account, policy.provider, job_id)
+    if record is None and policy.routes.job_ids == "aws-arn" and arns.plain(job_id):
+        found = await runtime.records.find_result(account, policy.provider, job_id)
+        if found is not None and job_id in job_aliases(policy, found.provider_job_id):
+            record = found
+    return record
 
 
 async def _hold(
@@ -184,7 +201,7 @@ async def result(call: Call) -> web.StreamResponse:
     route = policy.routes.result
     assert route is not None
     account = call.account.id
-    record = await runtime.records.find(account, policy.provider, call.job_id)
+    record = await find_job(runtime, account, policy, call.job_id)
     if record is None and "{final." in route.path:
         record = await runtime.records.find_result(account, policy.provider, call.job_id)
     if record is None:

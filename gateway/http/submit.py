@@ -30,8 +30,17 @@ from gateway.core.models import (
 )
 from gateway.core.routing import fill, job_id_from_body, valid_job
 from gateway.errors import StoreError
-from gateway.http.answers import Call, operation_headers, rewrite_body, upstream_problem
+from gateway.flow.polls import gone, held, record_asker
+from gateway.http.answers import (
+    Call,
+    dialect_headers,
+    operation_headers,
+    render,
+    rewrite_body,
+    upstream_problem,
+)
 from gateway.http.bodies import read_limited
+from gateway.http.prefer import format_wait, prefer_wait
 from gateway.http.problems import problem
 from gateway.provider.client import UpstreamResponse
 from gateway.provider.headers import to_provider
@@ -124,7 +133,10 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
         for name, value in rewriter.response_headers(response.headers.items(), policy):
             passed.headers.add(name, value)
         return passed
-    return await _open(call, entry, fingerprint, key, answer, response, body)
+    wait = prefer_wait(
+        (v for k, v in sent.headers if k.lower() == "prefer"), bare=policy.polling.max_hold
+    )
+    return await _open(call, entry, fingerprint, key, answer, response, body, wait)
 
 
 async def _credential_rejected(call: Call, status: int) -> web.Response:
@@ -154,6 +166,7 @@ async def _open(
     answer: ProviderAnswer,
     response: UpstreamResponse,
     sent: bytes,
+    wait: float | None = None,
 ) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
     job_id = _job_id(call, response, sent)
@@ -175,13 +188,7 @@ async def _open(
         now=now,
         u=runtime.rng.random(),
     )
-    rewriter = runtime.rewriter(policy)
-    kept = tuple(rewriter.response_headers(response.headers.items(), policy))
-    status = policy.routes.status
-    has_location = any(name.lower() == "location" for name, _ in kept)
-    if status.job_id is None and not has_location:  # a status URL exists to point at
-        base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
-        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
+    kept = _answer_headers(call, response, job_id)
     stored = StoredResponse(
         response.status, kept, rewrite_body(call, response.body, response.content_type)
     )
@@ -208,7 +215,49 @@ async def _open(
         return problem("submission-outcome-unknown", detail)
     if record.operation_id == decision.record.operation_id:  # new, not a known job
         await runtime.effects.carry_out(_opened(policy, decision, response.status, now))
-    return _stored_answer(stored, record, runtime.clock())
+    if wait:
+        return await held_submit(call, record, stored, wait)
+    return _stored_answer(stored, record, runtime.clock(), policy)
+
+
+async def held_submit(
+    call: Call, record: OperationRecord, stored: StoredResponse, wait: float
+) -> web.StreamResponse:
+    """A submit that asked ``Prefer: wait=N`` (Replicate's SDK does, on create): the
+    submission was forwarded without it (the provider never holds the gateway's
+    connection), and the agent is now held as a status call would be (SPEC 4), up to N
+    capped at ``max_hold``, polling only as the schedule permits. A job that ends in that
+    time is answered with its final answer; otherwise the submit's own answer, with the
+    operation's current headers (an answer from a later poll would tell Replicate's SDK
+    the job is done: it takes any state but ``starting`` as the end of a wait)."""
+    runtime, policy = call.runtime, call.policy
+    limit = min(wait, policy.polling.max_hold)
+    request = call.request
+    asker = record_asker(runtime, policy, record, gone=lambda: gone(request))
+    decision, response = await held(asker, record, limit, early=False)
+    now = runtime.clock()
+    if decision.record.outcome.terminal:
+        answer = render(call, decision, response, now)
+    else:
+        answer = _stored_answer(stored, decision.record, now, policy)
+    answer.headers["Preference-Applied"] = f"wait={format_wait(limit)}"
+    return answer
+
+
+def _answer_headers(
+    call: Call, response: UpstreamResponse, job_id: str
+) -> tuple[tuple[str, str], ...]:
+    """The provider's answer headers an agent may see, with a Location of the job's status
+    URL at the gateway when the provider gave none and the status route has one."""
+    runtime, policy = call.runtime, call.policy
+    rewriter = runtime.rewriter(policy)
+    kept = tuple(rewriter.response_headers(response.headers.items(), policy))
+    status = policy.routes.status
+    has_location = any(name.lower() == "location" for name, _ in kept)
+    if status.job_id is None and not has_location:  # a status URL exists to point at
+        base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
+        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
+    return kept
 
 
 def _opened(policy: ProviderPolicy, decision: Decision, status: int, now: float) -> Effects:
@@ -255,11 +304,14 @@ def _job_id_from_location(call: Call, response: UpstreamResponse) -> str | None:
     return None
 
 
-def _stored_answer(stored: StoredResponse, record: OperationRecord, now: float) -> web.Response:
+def _stored_answer(
+    stored: StoredResponse, record: OperationRecord, now: float, policy: ProviderPolicy
+) -> web.Response:
     response = web.Response(status=stored.status, body=stored.body)
     for name, value in stored.headers:
         response.headers.add(name, value)
     response.headers.update(operation_headers(record, now))
+    response.headers.update(dialect_headers(policy, record, now))
     return response
 
 
@@ -279,7 +331,7 @@ async def _replay(
         assert seen.response is not None and seen.operation_id is not None
         record = await runtime.records.get(seen.operation_id)
         if record is not None:
-            return _stored_answer(seen.response, record, now)
+            return _stored_answer(seen.response, record, now, call.policy)
     detail = (
         "The original submission may have reached the provider, but its answer was lost. "
         "The gateway does not resubmit; check at the provider whether the job exists."

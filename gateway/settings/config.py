@@ -176,6 +176,21 @@ class GatewayFile(Strict):
     """Sizes and timeouts."""
     escalation: EscalationSettings = EscalationSettings()
     """Webhooks for escalations and decisions."""
+    upstreams: dict[str, str] = {}
+    """Send providers' calls elsewhere than their policies' upstream: by provider name, or
+    "*" for every provider not named; "{provider}" in a URL stands for the provider's name.
+    For a staging endpoint, a recording proxy, or the demo provider (which serves each
+    shipped policy's API under /<provider>)."""
+
+    @pydantic.field_validator("upstreams")
+    @classmethod
+    def _upstreams(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            try:
+                http_url(url.replace("{provider}", "provider"))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return {name: url.rstrip("/") for name, url in value.items()}
 
     @pydantic.field_validator("public_base_url")
     @classmethod
@@ -281,6 +296,8 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     if gateway is None:
         raise ConfigError(problems)
     problems += _account_problems(gateway, {*policies, *claimed}, shown)
+    problems += _upstream_problems(gateway, {*policies, *claimed}, shown)
+    policies = redirected(policies, gateway.upstreams)
     key_env = gateway.audit.hmac_key_env
     if key_env is not None and not env.get(key_env):
         problems.append(f"{shown}: audit.hmac_key_env: environment variable {key_env} is not set")
@@ -314,6 +331,26 @@ def _raw_policies_dir(path: Path) -> str:
         return "policies"
     value = raw.get("policies_dir")
     return value if isinstance(value, str) and "${" not in value else "policies"
+
+
+def redirected(
+    policies: Mapping[str, ProviderPolicy], upstreams: Mapping[str, str]
+) -> dict[str, ProviderPolicy]:
+    """The policies with ``upstreams`` applied: a provider's own entry, else "*"."""
+    out = dict(policies)
+    for name, policy in policies.items():
+        url = upstreams.get(name, upstreams.get("*"))
+        if url is not None:
+            out[name] = policy.model_copy(update={"upstream": url.replace("{provider}", name)})
+    return out
+
+
+def _upstream_problems(gateway: GatewayFile, policies: set[str], shown: str) -> list[str]:
+    return [
+        f"{shown}: upstreams.{name}: no policy for {name!r}"
+        for name in gateway.upstreams
+        if name != "*" and name not in policies
+    ]
 
 
 def _account_problems(gateway: GatewayFile, policies: set[str], shown: str) -> list[str]:

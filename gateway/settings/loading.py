@@ -19,7 +19,7 @@ import yaml
 from pydantic import BeforeValidator, WithJsonSchema
 
 from gateway.errors import ConfigError
-from gateway.settings.units import parse_duration, parse_rate, parse_size
+from gateway.settings.units import parse_duration, parse_size
 
 # ${NAME}, ${NAME:-default}, ${file:/path}, $$ (a literal $) and, to be reported, a bare $NAME
 _VAR = re.compile(
@@ -44,16 +44,6 @@ Size = Annotated[
     int,
     BeforeValidator(parse_size),
     WithJsonSchema({"type": "string", "pattern": SIZE_PATTERN}),
-]
-OptionalDuration = Annotated[
-    float | None,
-    BeforeValidator(lambda value: None if value is None else parse_duration(value)),
-    WithJsonSchema({"type": ["string", "null"], "pattern": DURATION_PATTERN}),
-]
-Rate = Annotated[  # per second, written "20/s", "600/m" or "100/h"
-    float | None,
-    BeforeValidator(lambda value: None if value is None else parse_rate(value)),
-    WithJsonSchema({"type": ["string", "null"], "pattern": r"^\d+(\.\d+)?/(s|m|h)$"}),
 ]
 
 

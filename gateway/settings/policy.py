@@ -5,7 +5,6 @@ Owns the policy format and its cross-field rules. Never contacts a provider.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -14,13 +13,27 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import AfterValidator, Field
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from gateway.errors import ConfigError
+from gateway.settings.credential import (  # re-exported: the policy's credential
+    AwsSigV4,
+    Credential,
+    CredentialKind,
+    OAuth2ClientCredentials,
+)
+from gateway.settings.fields import (
+    PLACEHOLDER,
+    PLACEHOLDER_NAME,
+    HeaderName,
+    RoutePath,
+    digest,
+    form_problems,
+    placeholders,
+)
 from gateway.settings.loading import (
+    DURATION_PATTERN,
     Duration,
-    OptionalDuration,
-    Rate,
     Strict,
     field_of,
     http_url,
@@ -29,141 +42,22 @@ from gateway.settings.loading import (
     related,
     validate_all,
 )
+from gateway.settings.shapes import ShapeName, with_shape
+from gateway.settings.units import parse_duration
 
+__all__ = [
+    "PLACEHOLDER",
+    "PLACEHOLDER_NAME",
+    "AwsSigV4",
+    "Credential",
+    "CredentialKind",
+    "OAuth2ClientCredentials",
+    "ProviderPolicy",
+    "placeholders",
+]
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
-HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
-PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-PLACEHOLDER_NAME = re.compile(r"job_id\*|[a-z_][a-z0-9_]*|final(\.[A-Za-z0-9_-]+)+")
-
-
-def _header_name(value: str) -> str:
-    if not HEADER_NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not a valid HTTP header name")
-    return value
-
-
-def _route_path(value: str) -> str:
-    path, _, query = value.partition("?")
-    if not path.startswith("/") or "#" in value or "{" in query or "?" in query:
-        raise ValueError(
-            "must be a path starting with /, optionally with a fixed query, without fragment"
-        )
-    for name in PLACEHOLDER.findall(path):
-        if not PLACEHOLDER_NAME.fullmatch(name):
-            raise ValueError(
-                f"placeholder {{{name}}} must be a name like {{job_id}} or {{file_id}}"
-            )
-    return value
-
-
-HeaderName = Annotated[str, AfterValidator(_header_name)]
-RoutePath = Annotated[str, AfterValidator(_route_path)]
 PositiveInt = Annotated[int, Field(ge=1)]
-
-
-class AwsSigV4(Strict):
-    service: str
-    """The AWS service name in the signature (transcribe, s3...)."""
-    region: str
-    """The AWS region in the signature (us-east-1)."""
-    access_key_id: str = Field(repr=False)
-    """The access key id, usually ${AWS_ACCESS_KEY_ID}."""
-    secret_access_key: str = Field(repr=False)
-    """The secret access key, usually ${AWS_SECRET_ACCESS_KEY} or ${file:/path}."""
-    session_token: str | None = Field(default=None, repr=False)
-    """A session token for temporary credentials, if any."""
-
-
-class OAuth2ClientCredentials(Strict):
-    token_url: str
-    """The token endpoint (http or https URL)."""
-    client_id: str = Field(repr=False)
-    """The OAuth2 client id."""
-    client_secret: str = Field(repr=False)
-    """The OAuth2 client secret, from ${ENV} or ${file:/path}."""
-    scope: str | None = None
-    """The scope asked for, if the provider wants one."""
-
-    @pydantic.field_validator("token_url")
-    @classmethod
-    def _token_url(cls, value: str) -> str:
-        return http_url(value)
-
-
-CredentialKind = Literal["header", "query", "aws_sigv4", "oauth2_client_credentials"]
-
-
-class Credential(Strict):
-    """One of: {header, value}; {query, value}; {aws_sigv4}; {oauth2_client_credentials,
-    header}. Which one is checked by cross_check, so the message names the fields."""
-
-    header: HeaderName | None = None
-    """The request header that carries the credential (Authorization)."""
-    query: str | None = None
-    """The query parameter that carries the credential (an API key in the URL)."""
-    value: str | None = Field(default=None, repr=False)
-    """The header or query value, e.g. "Bearer ${ACME_API_KEY}"; never shown to agents."""
-    aws_sigv4: AwsSigV4 | None = None
-    """Sign every provider request with AWS Signature Version 4."""
-    oauth2_client_credentials: OAuth2ClientCredentials | None = None
-    """Fetch, cache and renew an OAuth2 client-credentials token."""
-
-    @property
-    def kind(self) -> CredentialKind:
-        if self.aws_sigv4 is not None:
-            return "aws_sigv4"
-        if self.oauth2_client_credentials is not None:
-            return "oauth2_client_credentials"
-        return "query" if self.query is not None else "header"
-
-    def problems(self) -> list[tuple[str, str]]:
-        kinds = [
-            name
-            for name, present in (
-                ("query", self.query is not None),
-                ("aws_sigv4", self.aws_sigv4 is not None),
-                ("oauth2_client_credentials", self.oauth2_client_credentials is not None),
-            )
-            if present
-        ]
-        if len(kinds) > 1:
-            return [("credential", f"choose one kind of credential, not {' and '.join(kinds)}")]
-        kind = self.kind
-        if kind in ("header", "query") and self.value is None:
-            return [("credential.value", "is required")]
-        if kind == "header" and self.header is None:
-            return [("credential.header", "is required")]
-        if kind == "query" and self.header is not None:
-            return [("credential.header", "a query credential takes no header")]
-        if kind in ("aws_sigv4", "oauth2_client_credentials") and self.value is not None:
-            return [("credential.value", f"{kind} takes no value")]
-        if kind == "aws_sigv4" and self.header is not None:
-            return [("credential.header", "aws_sigv4 signs the Authorization header itself")]
-        return []
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        """The static secret strings of this credential (never shown to anyone)."""
-        found: list[str] = []
-        if self.value is not None:
-            scheme, _, token = self.value.partition(" ")
-            found.append(self.value)
-            if token and scheme.isalpha():
-                found.append(token)
-        if self.aws_sigv4 is not None:
-            aws = self.aws_sigv4
-            found += [aws.access_key_id, aws.secret_access_key, aws.session_token or ""]
-        if self.oauth2_client_credentials is not None:
-            found.append(self.oauth2_client_credentials.client_secret)
-        return tuple(p for p in found if len(p) >= 6)
-
-    @property
-    def fingerprint(self) -> str:
-        """Changes whenever the credential changes, without revealing it."""
-        if self.kind == "header":  # the first edition's formula: stored records keep theirs
-            return _digest(f"{self.header}\n{self.value}")
-        return _digest(json.dumps(self.model_dump(mode="json"), sort_keys=True))
 
 
 class JobIdSource(Strict):
@@ -212,6 +106,9 @@ class SubmitRoute(Strict):
     """Idempotency keys of submits."""
     match: RouteMatch | None = None
     """More than method and path that a request must carry to be this route."""
+    also: list[RoutePath] = []
+    """Further path forms agents may send for this route (another API version); the
+    provider is always sent ``path``."""
 
 
 class Route(Strict):
@@ -225,6 +122,9 @@ class Route(Strict):
     """More than method and path that a request must carry to be this route."""
     job_id: JobIdSource | None = None
     """{from: request, path: P}: the job id is in the request's JSON body."""
+    also: list[RoutePath] = []
+    """Further path forms agents may send for this route (another API version); the
+    provider is always sent ``path``."""
 
 
 class Passthrough(Strict):
@@ -236,6 +136,8 @@ class Passthrough(Strict):
     """The provider path; placeholders match one segment each."""
     match: RouteMatch | None = None
     """More than method and path that a request must carry to be this route."""
+    also: list[RoutePath] = []
+    """Further path forms agents may send; each is forwarded as the agent sent it."""
 
 
 class Routes(Strict):
@@ -249,6 +151,10 @@ class Routes(Strict):
     """An optional cancel call, sent only on an operator's decision."""
     passthrough: list[Passthrough] = []
     """Calls around a job (uploads, downloads): forwarded and audited, not tracked."""
+    job_ids: Literal["plain", "aws-arn"] = "plain"
+    """How job ids appear in paths: plain segments (SPEC 11), or aws-arn: an AWS ARN
+    percent-encoded in one {job_id} segment as boto3 sends it (its trailing id reaches the
+    same operation)."""
 
 
 class RequiredField(Strict):
@@ -298,11 +204,47 @@ class Hints(Strict):
     """The dotted path of the provider's "poll again at T" hint."""
 
 
+class Answers(Strict):
+    """What agents' answers carry besides the contract's own headers (a client's dialect)."""
+
+    poll_after_ms_header: HeaderName | None = None
+    """A header giving, on pending answers and replays, the whole milliseconds until the
+    next permitted poll (openai-poll-after-ms, which the openai SDK's poll helpers obey)."""
+
+
 class Jitter(Strict):
     min: Annotated[float, Field(ge=0, le=1)] = 0.5
     """The smallest fraction of the raw delay used (0-1)."""
     max: Annotated[float, Field(ge=0, le=1)] = 1.0
     """The largest fraction of the raw delay used (0-1)."""
+
+
+def _rate(value: object) -> float | None:
+    if value is None:
+        return None
+    match = RATE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError('must be a rate like "20/s" or "600/m"')
+    per = {"s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+    rate = float(match.group(1)) / per
+    if rate <= 0:
+        raise ValueError("must be more than 0")
+    return rate
+
+
+RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m|h)")
+Rate = Annotated[
+    float | None,
+    BeforeValidator(_rate),
+    WithJsonSchema({"type": ["string", "null"], "pattern": r"^\d+(\.\d+)?/(s|m|h)$"}),
+]
+
+
+OptionalDuration = Annotated[
+    float | None,
+    BeforeValidator(lambda value: None if value is None else parse_duration(value)),
+    WithJsonSchema({"type": ["string", "null"], "pattern": DURATION_PATTERN}),
+]
 
 
 class Polling(Strict):
@@ -362,6 +304,8 @@ class EscalationPolicy(Strict):
 class ProviderPolicy(Strict):
     provider: str
     """The provider's name, [a-z0-9-]+: the URL segment agents use (/p/NAME)."""
+    shape: ShapeName | None = None
+    """A family whose defaults fill what this file leaves out (docs/policies.md, Shapes)."""
     upstream: str
     """The only origin contacted for this provider (https://api.acme.example)."""
     credential: Credential
@@ -378,6 +322,8 @@ class ProviderPolicy(Strict):
     """What operators may grant when waiting has ended."""
     retention: Duration = 86400.0
     """How long finished and escalated records are kept."""
+    answers: Answers = Answers()
+    """Extra pacing headers for a client's own poll helper."""
 
     @pydantic.field_validator("provider")
     @classmethod
@@ -408,10 +354,11 @@ class ProviderPolicy(Strict):
     @property
     def fingerprint(self) -> str:
         """Changes whenever the policy's rules change; the credential is left out."""
-        data = self.model_dump(mode="json", by_alias=True, exclude={"credential"})
-        if data["polling"]["max_provider_pause"] is None:  # unset: as before the field was
-            del data["polling"]["max_provider_pause"]
-        return _digest(json.dumps(data, sort_keys=True))
+        # the shape only fills fields (compared as filled); answers' headers change no rule
+        data = self.model_dump(
+            mode="json", by_alias=True, exclude={"credential", "shape", "answers"}
+        )
+        return digest(json.dumps(unset_as_before(data), sort_keys=True))
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -454,8 +401,20 @@ def _state_classes(s: States) -> list[tuple[str, list[StateValue]]]:
     ]
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
+    """A policy's dump without the fields added since records were first written, where
+    they are unset: a policy that does not use them keeps its fingerprint."""
+    if data["polling"]["max_provider_pause"] is None:
+        del data["polling"]["max_provider_pause"]
+    routes = data["routes"]
+    if routes["job_ids"] == "plain":
+        del routes["job_ids"]
+    for route in [routes[k] for k in ("submit", "status", "result", "cancel")] + routes[
+        "passthrough"
+    ]:
+        if route is not None and not route["also"]:
+            del route["also"]
+    return data
 
 
 def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
@@ -510,7 +469,8 @@ def _sections_alone(data: Mapping[str, Any], shown: str) -> list[tuple[str, str]
 def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
     """What is valid but unsafe (SPEC 20), as (field path, message) pairs: a passthrough
     GET that reads provider objects by id, or lists the jobs, under the one shared
-    credential serves every account's objects to any account."""
+    credential serves every account's objects to any account. ``check`` adds the state
+    table's lints (gateway/settings/lints.py, SPEC 22)."""
     found: list[tuple[str, str]] = []
     listing = policy.routes.submit.path.partition("?")[0]
     for i, route in enumerate(policy.routes.passthrough):
@@ -531,11 +491,6 @@ def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
                 (where, f"GET {path} lists the jobs of every account under the shared credential")
             )
     return found
-
-
-def placeholders(path: str) -> list[str]:
-    """The names of a route path's ``{...}`` placeholders, in order."""
-    return PLACEHOLDER.findall(path.partition("?")[0])
 
 
 JOB_PLACEHOLDERS = ("job_id", "job_id*")
@@ -621,18 +576,22 @@ def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
     return problems
 
 
+def _all_route_problems(routes: Routes) -> list[tuple[str, str]]:
+    return _route_problems(routes) + form_problems(routes)
+
+
 # The sections the cross-field rules look at, each on its own: (key, model, rules).
 SECTION_RULES: tuple[tuple[str, type[Strict], Callable[[Any], list[tuple[str, str]]]], ...] = (
     ("states", States, _state_problems),
     ("credential", Credential, Credential.problems),
     ("polling", Polling, _polling_problems),
-    ("routes", Routes, _route_problems),
+    ("routes", Routes, _all_route_problems),
 )
 
 
 def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolicy:
     """Read, interpolate and validate one policy file."""
-    raw = read_yaml(path, shown)
+    raw = with_shape(read_yaml(path, shown))
     data, problems = interpolate(raw, shown, env, folder=path.parent)
     policy, invalid = validate_all(ProviderPolicy, data, shown)
     problems += invalid
@@ -666,9 +625,13 @@ def read_policies(
     policies: dict[str, ProviderPolicy] = {}
     claimed: set[str] = set()
     problems: list[str] = []
-    if not folder.is_dir():
+    try:  # a listing that fails says so: glob would hide an unreadable folder as an empty one
+        paths = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    except (FileNotFoundError, NotADirectoryError):
         return {}, set(), [f"{shown_folder}: policies_dir: is not a folder"]
-    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+    except OSError as exc:
+        return {}, set(), [f"{shown_folder}: policies_dir: cannot be read ({exc.strerror})"]
+    for path in paths:
         shown = f"{shown_folder}/{path.name}"
         try:
             policy = load_policy(path, shown, env)

@@ -1,4 +1,4 @@
-"""Durations ("500ms", "5s", "24h"), sizes ("512KiB", "8MiB") and rates ("20/s") as in YAML.
+"""Durations ("500ms", "5s", "40m", "24h") and sizes ("512KiB", "8MiB") as written in YAML.
 
 Pure parsing; raises ValueError with a message fit to follow "file: field: ".
 """
@@ -16,7 +16,6 @@ _SIZE = re.compile(r"(\d+)(B|KiB|MiB|GiB|KB|MB|GB)")
 _SIZE_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2}
 _SIZE_UNITS["GB"] = 1000**3
 MAX_DURATION = 366 * 86400.0
-_RATE = re.compile(r"(\d+(?:\.\d+)?)/(s|m|h)")
 
 
 def parse_duration(text: object) -> float:
@@ -36,17 +35,6 @@ def parse_size(text: object) -> int:
     if match is None:
         raise ValueError('must be a size like "8MiB" (units B, KiB, MiB, GiB, KB, MB, GB)')
     return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
-
-
-def parse_rate(text: object) -> float:
-    """Events per second in a rate string ("20/s", "600/m", "100/h")."""
-    match = _RATE.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError('must be a rate like "20/s" or "600/m"')
-    rate = float(match.group(1)) / {"s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
-    if rate <= 0:
-        raise ValueError("must be more than 0")
-    return rate
 
 
 def format_duration(seconds: float) -> str:

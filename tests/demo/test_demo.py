@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import gzip
 
-from gateway.demo.provider import _bomb
+import pytest
+
+from gateway.demo import showcase
+from gateway.demo.env import demo_env
+from gateway.demo.faults import bomb as make_bomb
+from gateway.demo.pack import doubles
+from gateway.demo.showcase import LEGACY
 from gateway.demo.walkthrough import fleet, show
+from gateway.settings.policy import load_policy
+
+from conftest import ROOT
 
 
 async def test_demo_show_refuses_loops_and_escalates() -> None:
@@ -36,6 +45,40 @@ async def test_fleet_scene_shows_the_gateway_shielding_the_provider() -> None:
 def test_the_gzip_bomb_is_a_whole_gzip_stream_of_its_json() -> None:
     """The demo's gzip bomb (one deflated MiB repeated, its own gzip frame) inflates, CRC and
     length checked, to the JSON it promises: its megabytes of spaces in a string."""
-    bomb = _bomb(3.0)
+    bomb = make_bomb(3.0)
     assert len(bomb) < 10_000
     assert gzip.decompress(bomb) == b'{"state": "running", "pad": "' + b" " * 3 * 2**20 + b'"}'
+
+
+@pytest.mark.parametrize("name", sorted([*LEGACY, *doubles()]))
+async def test_demo_of_one_shipped_policy_reaches_its_outcome(name: str) -> None:
+    """`statusgate demo --provider NAME` drives the shipped policy against the demo
+    provider's API for it: naive agents see the job succeed with the provider polled
+    within the policy's budget, and the story and no key are printed."""
+    lines = await showcase.show(name, ROOT / "policies")
+    text = "\n".join(lines)
+    assert "Outcome: succeeded" in text, text
+    reached = next(line for line in lines if line.startswith("Calls that reached"))
+    polls = int(reached.split("status: ")[1].split(",")[0].rstrip(")"))
+    budget = showcase.shipped_policy(name, ROOT / "policies").polling.max_status_requests
+    assert 1 <= polls <= budget, text
+    assert "finished: succeeded" in text
+    assert showcase.KEY not in text
+
+
+def test_demo_of_an_unknown_policy_names_the_shipped_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An unknown provider name is one line listing the shipped policies, exit 1."""
+    assert showcase.run("no-such-provider", ROOT / "policies") == 1
+    out = capsys.readouterr().out
+    assert "no policy 'no-such-provider'" in out and "openai-batch" in out
+
+
+def test_every_credential_the_shipped_policies_read_is_set_for_the_demo() -> None:
+    """The demo's environment names every ${VAR} a shipped policy requires, so `make run`
+    loads every shipped policy without a real key, and a policy with a default needs none."""
+    env = demo_env(ROOT / "policies", "k")
+    for path in (ROOT / "policies").glob("*.yaml"):
+        load_policy(path, path.name, env)
+    assert env["DEMO_API_KEY"] == "k"

@@ -188,13 +188,18 @@ async def test_extend_over_bounds_is_refused_naming_the_limit(harness: Harness) 
 
 
 async def test_actions_not_permitted_for_the_reason_are_refused(harness: Harness) -> None:
-    """Actions the escalation reason does not permit are refused with 409 naming the reason."""
+    """Actions the escalation reason does not permit are refused with 409 naming the reason
+    and the actions that can succeed now, the ones the escalation answer offers (resume only
+    once the policy changed)."""
     job = (await (await harness.submit([{"state": "paused"}])).json())["id"]
-    await harness.poll_when_due(job)
+    escalated = await harness.poll_when_due(job)
     operation = (await harness.record(job)).operation_id
     refused = await act(harness, operation, "extend", {"time": "5m"})
     assert refused.status == 409
-    assert "extend is not permitted for unknown_state" in (await refused.json())["detail"]
+    detail = (await refused.json())["detail"]
+    assert "extend is not permitted for unknown_state" in detail
+    assert (await escalated.json())["permitted_actions"] == ["abandon"]
+    assert detail.endswith("(permitted now: abandon).")
     refused = await act(harness, operation, "cancel")
     assert refused.status == 409
 
