@@ -127,6 +127,12 @@ class Route(Strict):
     provider is always sent ``path``."""
 
 
+class CancelRoute(Route):
+    by: Literal["operator", "agent"] = "operator"
+    """Who may cancel: an operator through the operator API, or also an agent of the
+    operation's own account through this route (SPEC 20a)."""
+
+
 class Passthrough(Strict):
     """A provider endpoint around a job (upload, listing, download): forwarded, not tracked."""
 
@@ -147,8 +153,8 @@ class Routes(Strict):
     """The status call agents poll; the gateway paces it."""
     result: Route | None = None
     """An optional result call, counted against polling.max_result_fetches."""
-    cancel: Route | None = None
-    """An optional cancel call, sent only on an operator's decision."""
+    cancel: CancelRoute | None = None
+    """An optional cancel call: an operator's decision, or with by: agent also the agent's."""
     passthrough: list[Passthrough] = []
     """Calls around a job (uploads, downloads): forwarded and audited, not tracked."""
     job_ids: Literal["plain", "aws-arn"] = "plain"
@@ -414,6 +420,8 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
     ]:
         if route is not None and not route["also"]:
             del route["also"]
+    if routes["cancel"] is not None and routes["cancel"]["by"] == "operator":
+        del routes["cancel"]["by"]
     return data
 
 
