@@ -62,6 +62,10 @@ def _epoch(stamp: str) -> float:
 
 
 async def test_hold_ends_after_n_seconds_with_the_last_answer(harness: Harness) -> None:
+    """Prefer: wait=5 on a job that stays running is held through its pending answers,
+    polling whenever the schedule permits, and answered pending only once the next
+    permitted poll falls past the 5 seconds: not after the first pending answer, and
+    never later than asked."""
     job = await job_of(await harness.submit([{"state": "running"}]))
     started = harness.clock.now
     response = await harness.poll(job, headers=held(5))
@@ -69,6 +73,9 @@ async def test_hold_ends_after_n_seconds_with_the_last_answer(harness: Harness) 
     assert response.headers["Statusgate-Outcome"] == "pending"
     assert response.headers["Preference-Applied"] == "wait=5"
     assert harness.clock.now - started <= 5
+    record = await harness.record(job)
+    assert record.next_poll_at > started + 5  # held until no further poll fitted
+    assert len(harness.provider_calls(job)) == record.status_requests_used >= 2
 
 
 async def test_hold_too_short_for_the_next_poll_is_too_early(harness: Harness) -> None:
