@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 import signal
 
 import uvloop
@@ -47,14 +48,21 @@ def serve(settings: Settings, *, reuse_port: bool = False) -> int:
 
 async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    limits = settings.file.limits
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handler_cancellation=True,
+        keepalive_timeout=limits.keepalive_timeout,  # aiohttp's connections (at start)
+    )
     try:
         await runner.setup()  # opens the store (on_startup): a locked SQLite file fails here
     except StoreError as exc:
         log.error("statusgate serve: %s", exc)
         return 1
+    files, before = open_files()
     try:
-        bound = await _listen(runner, settings, reuse_port)
+        bound = await _listen(runner, settings, reuse_port, connection_cap(files))
     except OSError as exc:
         log.error("statusgate serve: %s", exc)
         await runner.cleanup()
@@ -64,6 +72,7 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     for role, port in bound.items():  # a log line: JSON like every other when logs are
         url = f"http://{_host(settings, role)}:{port}"
         log.info("statusgate %s listener on %s", role, url, extra={"listener": role, "url": url})
+    log_connection_limits(files, before, limits.max_connections)
     log.info(traces)
     gc.freeze()  # what start-up made lives as long as the process: never scanned again
     stop = asyncio.Event()
@@ -77,13 +86,60 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     return 0
 
 
+# Descriptors kept for what is not an agent connection: the admin listener and its clients,
+# provider connections (up to 100 per provider origin), the store's, the audit log, traces.
+FILES_RESERVE = 1024
+
+
+def open_files() -> tuple[int, int]:
+    """Raise the soft open-files limit to the hard one at start (each connection is a
+    descriptor, and soft limits are often 1024): the limit in force, and the one before."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if wanted > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            return soft, soft  # log_connection_limits says what is in force
+    return max(wanted, soft), soft
+
+
+def connection_cap(files: int) -> int:
+    """Agent connections an open-files limit leaves room for: FILES_RESERVE kept (or half
+    of a small limit)."""
+    return max(files - FILES_RESERVE, files // 2)
+
+
+def log_connection_limits(files: int, before: int, configured: int | None) -> None:
+    """One line with the open-files limit in force, and a warning when it leaves room
+    for fewer agent connections than ``limits.max_connections`` asks for."""
+    log.info(
+        "open-files limit %d (%s)",
+        files,
+        f"raised from {before}" if files > before else "the hard limit",
+        extra={"open_files": files},
+    )
+    cap = connection_cap(files)
+    if configured is None or configured > cap:
+        log.warning(
+            "limits.max_connections is %s but the open-files limit (%d) leaves room for %d:"
+            " the agent listener keeps at most %d connections",
+            configured if configured is not None else "null (no bound)",
+            files,
+            cap,
+            cap,
+        )
+
+
 # Connections the kernel queues before the gateway accepts them. aiohttp's default (128)
 # overflowed in a burst (the overload bench: hundreds of clients waited a second or more for
 # SYN retries before a 503 could even be sent); the kernel caps it at net.core.somaxconn.
 BACKLOG = 4096
 
 
-async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -> dict[str, int]:
+async def _listen(
+    runner: web.AppRunner, settings: Settings, reuse_port: bool, cap: int | None = None
+) -> dict[str, int]:
     """Bind every listener; the port each one got (``agent``, and ``admin`` when set)."""
     wanted = {"agent": settings.file.listen}
     if settings.file.admin_listen is not None:
@@ -92,7 +148,9 @@ async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -
     for role, listen in wanted.items():
         site: web.BaseSite
         if role == "agent":
-            site = agent_site(runner, listen.host, listen.port, reuse_port=reuse_port)
+            site = agent_site(
+                runner, listen.host, listen.port, reuse_port=reuse_port, connection_cap=cap
+            )
         else:
             site = web.TCPSite(
                 runner, listen.host, listen.port, reuse_port=reuse_port or None, backlog=BACKLOG
@@ -108,10 +166,18 @@ async def _listen(runner: web.AppRunner, settings: Settings, reuse_port: bool) -
 
 
 def agent_site(
-    runner: web.AppRunner, host: str, port: int, *, reuse_port: bool = False
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    connection_cap: int | None = None,
 ) -> LaneSite:
-    """The agent listener: agents' ``/p/`` calls on the lane (gateway/http/lane.py), every
-    other path on aiohttp's own server, under one runner."""
+    """The agent listener: agents' ``/p/`` calls on the lane (gateway/http/lane/), every
+    other path on aiohttp's own server, under one runner; its limits the running set's (a
+    reload applies to connections opened after it), a connection refused past
+    ``limits.max_connections`` counted as an overloaded request."""
+    runtime = runner.app[RUNTIME]
     return LaneSite(
         runner,
         host,
@@ -120,6 +186,9 @@ def agent_site(
         handler=proxy.handle,
         reuse_port=reuse_port or None,
         backlog=BACKLOG,
+        limits=lambda: runtime.settings.file.limits,
+        connection_cap=connection_cap,
+        on_refused=lambda: runtime.effects.metrics.overloaded.inc(),
     )
 
 

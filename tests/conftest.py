@@ -246,7 +246,7 @@ async def start_harness(
 
 class AgentServer(TestServer):
     """aiohttp's TestServer listening as ``statusgate serve``'s agent listener does: agents'
-    calls on the lane (gateway/http/lane.py), every other path on aiohttp's server."""
+    calls on the lane (gateway/http/lane/), every other path on aiohttp's server."""
 
     async def start_server(self, loop: asyncio.AbstractEventLoop | None = None, **kw: Any) -> None:
         if self.runner:

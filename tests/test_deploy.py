@@ -27,7 +27,14 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, ROOT, free_port, wait_until_up, write_config
+from conftest import (
+    AGENT_TOKEN,
+    PROVIDER_ENV,
+    ROOT,
+    free_port,
+    wait_until_up,
+    write_config,
+)
 
 DEPLOY = ROOT / "deploy"
 ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
@@ -369,7 +376,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """`statusgate serve` on SQLite in front of the demo provider, both real processes, after
     one submit and one status call so provider series have samples."""
     folder = tmp_path_factory.mktemp("deploy-gateway")
-    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, **PROVIDER_ENV}
     provider_port, port = free_port(), free_port()
     started: list[subprocess.Popen[bytes]] = []
     logs = (folder / "stderr.log").open("wb")
@@ -550,7 +557,7 @@ def test_gateway_exports_every_metric_the_operations_files_use(gateway: Gateway)
 
 
 def run_healthcheck(config: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STATUSGATE_CONFIG": str(config), "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, "STATUSGATE_CONFIG": str(config), **PROVIDER_ENV}
     command = [sys.executable, str(HEALTHCHECK)]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=20)
 

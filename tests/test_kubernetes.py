@@ -503,9 +503,10 @@ def test_base_ships_no_demo(production: Rendered) -> None:
 
 
 def test_demo_is_the_base_plus_the_demo(renders: dict[Any, Rendered]) -> None:
-    """components/demo changes the gateway config only in the account (every provider) and
-    public_base_url (the port-forward's address), mounts every shipped example policy and
-    gives the gateway the demo provider key from the Secret, and adds nothing but the
+    """components/demo changes the gateway config only in the account (every provider),
+    public_base_url (the port-forward's address) and upstreams (every provider to the
+    sidecar), mounts every shipped example policy and gives the gateway the demo provider
+    key from the Secret under every name their credentials read, and adds nothing but the
     sidecar to the objects."""
     for overlay in ("sqlite", "postgres"):
         plain, demo = renders[overlay, ()], renders[overlay, DEMO]
@@ -513,14 +514,17 @@ def test_demo_is_the_base_plus_the_demo(renders: dict[Any, Rendered]) -> None:
         base, changed = plain.mounted_config(), demo.mounted_config()
         assert [a["providers"] for a in changed["accounts"]] == [["*"]]
         assert changed["public_base_url"] == "http://127.0.0.1:8080"
+        assert changed.pop("upstreams") == {"*": "http://127.0.0.1:8081/{provider}"}
         for key in ("accounts", "public_base_url"):
             base.pop(key), changed.pop(key)
         assert base == changed
         assert [a["id"] for a in plain.mounted_config()["accounts"]] == ["agents"]
-        key = env_sources(demo.gateway)["DEMO_API_KEY"]["valueFrom"]["secretKeyRef"]
-        assert key == {"name": "statusgate-secrets", "key": "demo-api-key"}
         policies = [yaml.safe_load(text) for text in demo.mounted_policies().values()]
-        assert {"${DEMO_API_KEY}" in json.dumps(p["credential"]) for p in policies} == {True}
+        names = {n for p in policies for n in INTERPOLATED.findall(json.dumps(p["credential"]))}
+        assert "DEMO_API_KEY" in names
+        for name in names:
+            key = env_sources(demo.gateway)[name]["valueFrom"]["secretKeyRef"]
+            assert key == {"name": "statusgate-secrets", "key": "demo-api-key"}, name
 
 
 def test_secrets_are_secret_references_only(rendered: Rendered) -> None:
@@ -736,13 +740,21 @@ def test_ingress_terminates_tls_for_the_agent_routes_only(monitored: Rendered) -
 
 def test_demo_provider_is_a_loopback_sidecar_for_a_first_try(renders: dict[Any, Rendered]) -> None:
     """components/demo adds a sidecar serving the demo provider on the loopback address
-    and port where the shipped policies point, keyed from the Secret."""
+    and port where the shipped policies point (as written, or as the demo's config
+    ``upstreams`` redirects the pack's, which name their providers' real origins), keyed
+    from the Secret."""
     plain, demo = renders["sqlite", ()], renders["sqlite", DEMO]
     assert [o["kind"] for o in plain.objects] == [o["kind"] for o in demo.objects]
     (sidecar,) = [c for c in demo.pod["containers"] if c is not demo.gateway]
     args = sidecar["args"]
     address = f"{args[args.index('--host') + 1]}:{args[args.index('--port') + 1]}"
-    upstreams = {yaml.safe_load(p.read_text())["upstream"] for p in POLICIES.glob("*.yaml")}
+    redirects = demo.mounted_config().get("upstreams", {})
+    upstreams = set()
+    for path in POLICIES.glob("*.yaml"):
+        policy = yaml.safe_load(path.read_text())
+        name = policy["provider"]
+        upstream = redirects.get(name, redirects.get("*", policy["upstream"]))
+        upstreams.add(upstream.replace("{provider}", name).removesuffix(f"/{name}"))
     assert upstreams == {f"http://{address}"}
     assert "ports" not in sidecar  # loopback only: nothing to expose
     ref = env_sources(sidecar)["DEMO_API_KEY"]["valueFrom"]["secretKeyRef"]
@@ -1073,6 +1085,7 @@ async def test_sigterm_answers_held_calls_within_the_grace_period(
     config["admin_listen"] = {"host": "127.0.0.1", "port": free_port()}
     config["store"] = f"sqlite:///{tmp_path / 'statusgate.db'}"
     config["audit"]["path"] = str(tmp_path / "audit-${POD_NAME}.jsonl")
+    config["upstreams"] = {}  # demo-jobs goes to this test's provider, as its policy says
     config_path.write_text(yaml.safe_dump(config))
     policy = config_path.parent / config["policies_dir"] / "demo-jobs.yaml"
     data = yaml.safe_load(policy.read_text())

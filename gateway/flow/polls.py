@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from gateway.core import decide, effects
 from gateway.core.decide import Decision
 from gateway.core.effects import Effects
@@ -34,6 +32,7 @@ from gateway.errors import NotAdmissible, StoreError
 from gateway.flow.leases import Lease, new_token
 from gateway.flow.pausing import tighten
 from gateway.flow.refusals import Window
+from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PollTask, Runtime
 from gateway.provider.client import UpstreamResponse
 from gateway.provider.headers import header_safe, to_provider
@@ -63,7 +62,7 @@ class Asker:
     query: str = ""  # the agent's query parameters the status route lets through
     body: bytes | None = None
     gone: Callable[[], bool] = lambda: False
-    request: web.Request | None = None  # an agent's HTTP call, told when it joins a poll
+    request: AgentRequest | None = None  # an agent's HTTP call, told when it joins a poll
     uncancelled: AbstractContextManager[None] | None = None
 
 
@@ -192,7 +191,7 @@ async def after_decision(runtime: Runtime, policy: ProviderPolicy, operation_id:
         return  # counted where it failed; the agent's next call polls as usual
 
 
-def gone(request: web.Request) -> bool:
+def gone(request: AgentRequest) -> bool:
     """The client of ``request`` went away (a held call stops waiting for it)."""
     transport = request.transport
     return transport is None or transport.is_closing()

@@ -15,6 +15,7 @@ from gateway.core.models import Failure, OperationRecord, Outcome, ProviderAnswe
 from gateway.core.problems import retry_after_ms, retry_after_value
 from gateway.core.routing import Match
 from gateway.core.values import parse_json
+from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import Runtime
 from gateway.http.problems import problem
 from gateway.provider.client import UpstreamResponse
@@ -28,7 +29,7 @@ from gateway.settings.units import rfc3339
 class Call:
     """One authenticated agent request matched to a declared route."""
 
-    request: web.Request
+    request: AgentRequest
     runtime: Runtime
     account: Account
     policy: ProviderPolicy

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
-
 from gateway.errors import StatusgateError
+from gateway.flow.requests import AgentRequest
 
 CHUNK = 64 * 1024
 
@@ -34,7 +33,7 @@ class BodyTimeout(StatusgateError):
         self.timeout = timeout
 
 
-async def read_limited(request: web.Request, cap: int, timeout: float) -> bytes:
+async def read_limited(request: AgentRequest, cap: int, timeout: float) -> bytes:
     """The whole body: at most ``cap`` bytes, all of it within ``timeout`` seconds."""
     if request.content_length is not None and request.content_length > cap:
         raise BodyTooLarge(cap)

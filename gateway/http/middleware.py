@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.errors import AuditUnavailable, StoreError
+from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from gateway.http.bodies import BodyTimeout, BodyTooLarge
 from gateway.http.problems import SLUG, problem
@@ -24,7 +26,8 @@ from gateway.observe.context import CURRENT, RequestContext, request_id_from
 from gateway.observe.logs import request_line
 
 log = logging.getLogger("statusgate")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+R = TypeVar("R", bound=AgentRequest)  # aiohttp's web.Request, or the lane's LaneRequest
+Handler = Callable[[R], Awaitable[web.StreamResponse]]
 STORE_RETRY_AFTER = 2.0
 OVERLOAD_RETRY_AFTER = 1.0
 OVERLOADED = (
@@ -33,12 +36,12 @@ OVERLOADED = (
 )
 
 
-def _route(request: web.Request) -> str:
+def _route(request: AgentRequest) -> str:
     return str(request.get(ROUTE, "other"))
 
 
 @web.middleware
-async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def gate(request: R, handler: Handler[R]) -> web.StreamResponse:
     """The one middleware every request passes (one frame, not one per concern): request id
     (kept or made, echoed), duration of every answer, agent requests by provider, route and
     outcome, and one log line per request (SPEC 13); around ``guarded``, or around the
@@ -88,7 +91,7 @@ METHODS = frozenset(
 TRACED_TOP = frozenset({"p", "admin", "mcp", "console", "problems"})
 
 
-async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def traced(request: R, handler: Handler[R]) -> web.StreamResponse:
     """A server span per request (SPEC 17), continuing the agent's trace context; provider
     calls made for it (held polls included) become its client spans. Its name and the
     attributes kept from span to span are of bounded variety, whatever an agent sends."""
@@ -131,7 +134,7 @@ ADMIN_PATHS = ("/admin", "/console", "/metrics")
 AGENT_PATHS = ("/p/", "/mcp")
 
 
-async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def guarded(request: R, handler: Handler[R]) -> web.StreamResponse:
     """The handler behind the gate's checks, in this order: the listener serving the path
     (``misrouted``); no agent request beyond ``limits.max_in_flight`` (``overloaded``); no
     new work while the audit log cannot be written (``check_audit``); every error leaves as
@@ -160,7 +163,7 @@ async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
             runtime.in_flight -= 1
 
 
-def misrouted(request: web.Request, runtime: Runtime, path: str) -> web.Response | None:
+def misrouted(request: AgentRequest, runtime: Runtime, path: str) -> web.Response | None:
     """With ``admin_listen`` set (SPEC 13), the operator API, the console and the metrics
     answer only on the admin listener, and agents' paths only on the agent listener;
     health checks and problem explanations answer on both."""
@@ -174,13 +177,13 @@ def misrouted(request: web.Request, runtime: Runtime, path: str) -> web.Response
     return None
 
 
-def _local_port(request: web.Request) -> int | None:
+def _local_port(request: AgentRequest) -> int | None:
     transport = request.transport
     sockname = transport.get_extra_info("sockname") if transport is not None else None
     return int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
 
 
-def failed(request: web.Request, exc: Exception) -> web.Response:
+def failed(request: AgentRequest, exc: Exception) -> web.Response:
     """What an error raised while answering becomes: problem+json, never a traceback; the
     store (or the audit log) failing closes the gate with 503 and Retry-After. SPEC 8: audit
     lines are written before the agent hears back, so while the audit log cannot be
@@ -216,7 +219,7 @@ def failed(request: web.Request, exc: Exception) -> web.Response:
     return problem("internal-error", "The gateway failed to handle this request.")
 
 
-def _may_act(request: web.Request, path: str) -> bool:
+def _may_act(request: AgentRequest, path: str) -> bool:
     """Whether a request may submit, poll or change a record: agents' provider calls, MCP
     calls and operator decisions."""
     if path.startswith("/p/"):

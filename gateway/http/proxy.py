@@ -20,6 +20,7 @@ from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
 from gateway.flow import cancels
 from gateway.flow.polls import Asker, StaleCopy, gone, held, may_hold, shared_poll
+from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from gateway.http import auth
 from gateway.http.answers import (
@@ -40,7 +41,7 @@ from gateway.provider.send import send_upstream
 from gateway.settings.policy import ProviderPolicy
 
 
-async def handle(request: web.Request) -> web.StreamResponse:
+async def handle(request: AgentRequest) -> web.StreamResponse:
     """Entry for every ``/p/{provider}/...`` request."""
     runtime = request.app[RUNTIME]
     name = request.match_info["provider"]

@@ -245,7 +245,8 @@ class Metrics:
         )
         self.overloaded = Counter(
             "statusgate_overloaded_requests",
-            "Agent requests answered 503 overloaded (limits.max_in_flight were in hand)",
+            "Agent requests answered 503 overloaded (limits.max_in_flight in hand, or"
+            " limits.max_connections open)",
             registry=r,
         )
 

@@ -36,6 +36,7 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024  # limits.cache_bytes unless configured
 DEFAULT_MAX_IN_FLIGHT = 256  # limits.max_in_flight unless configured (its docstring: why)
+DEFAULT_MAX_CONNECTIONS = 4096  # limits.max_connections unless configured (its docstring: why)
 # limits.max_held and max_held_per_account unless configured: sized to a 512Mi pod
 # (docs/reference.md, "Held calls", has the arithmetic)
 DEFAULT_MAX_HELD = 8000
@@ -120,6 +121,20 @@ class Limits(Strict):
     answered 503 overloaded at once. Held calls waiting between polls are not counted;
     null: no bound. 256: at ~1 ms of event loop per forwarded poll, a caller waits at most
     ~0.25 s behind the others, and providers answering within 250 ms still fill the loop."""
+    header_timeout: Annotated[Duration, Field(gt=0)] = 10.0
+    """How long an agent connection may take to send a request's head (line and header
+    fields), counted from the connection's start or from the answer before; past it the
+    connection closes (408 request-timeout when part of the head came)."""
+    keepalive_timeout: Annotated[Duration, Field(gt=0)] = 75.0
+    """How long a connection is kept open without a request after its last answer."""
+    max_connections: Annotated[int, Field(ge=1)] | None = DEFAULT_MAX_CONNECTIONS
+    """Connections the agent listener keeps open at once. Past it the connection idle the
+    longest is closed to make room, or, none being idle, the new one is answered 503
+    overloaded and closed. null: no bound (but the open-files limit's). 4096: 16 times
+    max_in_flight, room for a few dozen agent processes' pools of keep-alive connections;
+    a connection holds about 10 KB of the process's memory once it made a request (5.5 KB
+    before) and 4 KB of the kernel's, 56 MiB for 4096; and hosts' hard open-files limits
+    (the soft one is raised to it at start) are commonly 524288 or more."""
     max_held: Annotated[int, Field(ge=0)] | None = DEFAULT_MAX_HELD
     """Status calls one process holds at once (Prefer: wait, early_calls: hold, MCP
     waits), ~17 KB each; past it a call is answered at once as without a hold. null: no

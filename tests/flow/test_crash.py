@@ -14,6 +14,7 @@ import pytest
 
 from conftest import (
     AGENT_TOKEN,
+    PROVIDER_ENV,
     PROVIDER_KEY,
     free_port,
     start_statusgate,
@@ -25,7 +26,7 @@ from conftest import (
 @pytest.fixture
 def provider_process() -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, **PROVIDER_ENV}
     process = start_statusgate(["demo-provider", "--port", str(port)], env)
     wait_until_up(port, process)
     yield f"http://127.0.0.1:{port}"
@@ -52,7 +53,7 @@ async def test_sigkill_between_polls_keeps_counters_deadline_and_next_poll(
         store=durable_store,
         config_changes={"listen": {"port": port}},
     )
-    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, **PROVIDER_ENV}
     base = f"http://127.0.0.1:{port}/p/demo-jobs/v1/jobs"
     auth = {"Authorization": f"Bearer {AGENT_TOKEN}"}
     gateway = start_statusgate(["serve", "--config", str(config)], env)

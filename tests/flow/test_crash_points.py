@@ -24,6 +24,7 @@ from gateway.observe.audit import read_lines, records, verify
 
 from conftest import (
     AGENT_TOKEN,
+    PROVIDER_ENV,
     PROVIDER_KEY,
     free_port,
     start_statusgate,
@@ -58,7 +59,7 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}/p/demo-jobs/v1/jobs"
 
     async def start(self) -> None:
-        env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+        env = {**os.environ, **PROVIDER_ENV}
         self.process = start_statusgate(["serve", "--config", str(self.config)], env)
         await asyncio.to_thread(wait_until_up, self.port, self.process)
 

@@ -22,7 +22,7 @@ from gateway.app import create_app
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.config import load_settings
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, AgentServer, FakeClock, write_config
+from conftest import AGENT_TOKEN, PROVIDER_ENV, AgentServer, FakeClock, write_config
 
 Answer = tuple[int, Any, dict[str, str]]  # status, JSON body, headers
 
@@ -77,7 +77,7 @@ async def gateway(
     path = write_config(folder, upstream)
     for name, policy in policies.items():
         (folder / "policies" / f"{name}.yaml").write_text(yaml.safe_dump(policy))
-    settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY, **(env or {})})
+    settings = load_settings(path, env={**os.environ, **PROVIDER_ENV, **(env or {})})
     app = create_app(
         settings,
         store=None,

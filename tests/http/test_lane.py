@@ -1,4 +1,4 @@
-"""The agent lane (gateway/http/lane.py) on real sockets: it frames answers byte for byte as
+"""The agent lane (gateway/http/lane/) on real sockets: it frames answers byte for byte as
 aiohttp does, keeps order across keep-alive, pipelining and the hand-over to aiohttp, reads
 bodies with backpressure, refuses malformed heads, and stops gracefully. The rest of the
 suite's agent tests run through it too (conftest.AgentServer)."""
@@ -15,6 +15,8 @@ from aiohttp import web
 
 from gateway.http import lane
 from gateway.http.lane import LaneSite
+from gateway.http.lane.flow import Outbox
+from gateway.http.lane.protocol import Lane
 
 PAGE = web.AppKey("page", list[str])
 GATE = web.AppKey("gate", asyncio.Event)
@@ -47,6 +49,12 @@ async def answer(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(0.3)
             request.app[PAGE].append("poll done")
         return await until_cancelled(request, "cancelled after the poll")
+    if tail == "polled":  # a forwarded poll: the answer once the provider's has come
+        assert isinstance(request, lane.LaneRequest)
+        with request.uncancelled:
+            request.app[PAGE].append("poll started")
+            await asyncio.sleep(0.2)
+        return web.Response(text="polled")
     if tail == "held":
         request.app[PAGE].append("held started")
         return await until_cancelled(request, "held cancelled")
@@ -174,22 +182,119 @@ def without_date(answer: bytes) -> bytes:
     return re.sub(rb"(?m)^Date: .*\r\n", b"", answer)
 
 
+def answer_end(data: bytes, method: bytes) -> int | None:
+    """Where the first whole answer in ``data`` to a ``method`` request ends (interim 100
+    answers skipped; HEAD, 204 and 304 answers without a body), None while incomplete."""
+    start = 0
+    while True:
+        head_end = data.find(b"\r\n\r\n", start)
+        if head_end < 0:
+            return None
+        head = data[start:head_end]
+        if not head.startswith(b"HTTP/1.1 100 "):
+            break
+        start = head_end + 4
+    length = re.search(rb"(?im)^content-length: (\d+)", head)
+    size = int(length.group(1)) if length else 0
+    if method == b"HEAD" or head.split(b" ")[1] in (b"204", b"304"):
+        size = 0
+    end = head_end + 4 + size
+    return end if len(data) >= end else None
+
+
+async def talk(port: int, parts: list[bytes], *, wait: float = 2.0) -> bytes:
+    """Send each request of ``parts`` on one connection once the answer to the one before
+    came: everything that came back, with ``<closed>`` where the server ended the connection
+    and ``<silent>`` where no answer came within ``wait`` seconds."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    got, buffer = b"", b""
+    try:
+        for part in parts:
+            writer.write(part)
+            method = part.split(b" ", 1)[0]
+            try:
+                async with asyncio.timeout(wait):
+                    while (end := answer_end(buffer, method)) is None:
+                        chunk = await reader.read(65536)
+                        if not chunk:
+                            return got + buffer + b"<closed>"
+                        buffer += chunk
+            except TimeoutError:
+                got += b"<silent>"
+                continue
+            except ConnectionError:
+                return got + buffer + b"<closed>"
+            got, buffer = got + buffer[:end], buffer[end:]
+        try:  # the connection closes now, or stays open with nothing more to say
+            async with asyncio.timeout(0.2):
+                buffer += await reader.read(65536) or b"<closed>"
+        except (TimeoutError, ConnectionError):
+            pass
+        return got + buffer
+    finally:
+        writer.close()
+
+
 GET = b"GET /p/demo/v1/jobs/%s HTTP/1.1\r\nHost: x\r\n\r\n"
+AFTER = GET % b"after"  # a second request on the connection, when it stays open
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQ\r\n"
+WEBSOCKET = (
+    b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+)
+UPGRADES = {  # what curl --http2 and Java's HttpClient send on http:// URLs, and others
+    "h2c": [b"GET /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n", AFTER],
+    "h2c submit": [
+        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n" + H2C + b"\r\nhello",
+        AFTER,
+    ],
+    "h2c head": [b"HEAD /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n", AFTER],
+    "h2c http/1.0": [
+        b"GET /p/demo/j1 HTTP/1.0\r\nConnection: Upgrade, keep-alive\r\nUpgrade: h2c\r\n\r\n",
+        AFTER,
+    ],
+    "h2c close": [
+        b"GET /p/demo/j1 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\nUpgrade: h2c\r\n\r\n",
+        AFTER,
+    ],
+    "h2c second": [GET % b"j1", b"GET /p/demo/j2 HTTP/1.1\r\nHost: x\r\n" + H2C + b"\r\n", AFTER],
+    "websocket": [b"GET /p/demo/j1 HTTP/1.1\r\nHost: x\r\n" + WEBSOCKET + b"\r\n", AFTER],
+    "upgrade without connection": [
+        b"GET /p/demo/j1 HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n\r\n",
+        AFTER,
+    ],
+    "connect": [GET % b"j1", b"CONNECT /p/demo/j2 HTTP/1.1\r\nHost: x\r\n\r\n", AFTER],
+    "h2c for aiohttp": [  # relayed to aiohttp after an agent call
+        GET % b"j1",
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n" + H2C + b"\r\nhello",
+        AFTER,
+    ],
+    "chunked h2c": [
+        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        + H2C
+        + b"\r\n3\r\nabc\r\n0\r\n\r\n",
+        AFTER,
+    ],
+}
 
 
 @pytest.mark.parametrize(
-    "request_bytes",
+    "parts",
     [
-        GET % b"j1",
-        b"HEAD /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\n\r\n",
-        GET % b"empty",
-        GET % b"close",
-        b"GET /p/demo/v1/jobs/j1 HTTP/1.0\r\n\r\n",
-        b"GET /p/demo/v1/jobs/j1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-        b"GET /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
-        b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"3\r\nabc\r\n0\r\n\r\n",
+        [GET % b"j1", AFTER],
+        [b"HEAD /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\n\r\n", AFTER],
+        [GET % b"empty", AFTER],
+        [GET % b"close", AFTER],
+        [b"GET /p/demo/v1/jobs/j1 HTTP/1.0\r\n\r\n", AFTER],
+        [b"GET /p/demo/v1/jobs/j1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", AFTER],
+        [b"GET /p/demo/v1/jobs/j1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", AFTER],
+        [b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", AFTER],
+        [
+            b"POST /p/demo/body HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            AFTER,
+        ],
+        *UPGRADES.values(),
     ],
     ids=[
         "get",
@@ -201,18 +306,33 @@ GET = b"GET /p/demo/v1/jobs/%s HTTP/1.1\r\nHost: x\r\n\r\n"
         "close",
         "body",
         "chunked",
+        *UPGRADES,
     ],
 )
 async def test_an_answer_has_the_bytes_aiohttp_writes(
-    servers: tuple[int, int, web.Application], request_bytes: bytes
+    servers: tuple[int, int, web.Application], parts: list[bytes]
 ) -> None:
-    """The same handler's answer through the lane and through aiohttp's server differs in
-    nothing but the Date header (status line, header order, Content-Length, Content-Type,
-    Server, Connection, HEAD and 204 without a body)."""
+    """The same requests, each sent once the one before was answered, through the lane and
+    through aiohttp's server: the same answers, byte for byte but the Date header (status
+    line, header order, Content-Length, Content-Type, Server, Connection, HEAD and 204
+    without a body), and the connection kept or closed alike. A request asking to upgrade
+    (``Upgrade: h2c`` as curl --http2 and Java's HttpClient send it, a WebSocket handshake,
+    CONNECT) is answered once, as HTTP/1.1, and the connection goes on."""
     lane_port, plain_port, _ = servers
-    ours = await exchange(lane_port, request_bytes, wait=1.0)
-    theirs = await exchange(plain_port, request_bytes, wait=1.0)
-    assert ours and without_date(ours) == without_date(theirs)
+    ours = await talk(lane_port, parts)
+    theirs = await talk(plain_port, parts)
+    assert ours.startswith(b"HTTP/1.") and without_date(ours) == without_date(theirs)
+
+
+async def test_an_upgrade_request_pipelined_with_another_leaves_it_answered(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """An h2c upgrade request and the request after it in one write: both are answered, in
+    order, and the connection stays open. (aiohttp's own server drops the second request
+    when both come in one read, answering nothing to it: the lane does not copy that.)"""
+    lane_port, _, _ = servers
+    got = split(await exchange(lane_port, UPGRADES["h2c"][0] + GET % b"j2", answers=3, wait=1))
+    assert [a.split(b"\r\n", 1)[0] for a in got] == [b"HTTP/1.1 429 Too Many Requests"] * 2
 
 
 async def test_pipelined_requests_are_answered_in_order_across_the_hand_over(
@@ -494,18 +614,41 @@ async def _headers(request: web.Request) -> web.Response:
     return web.Response(text=repr(list(request.headers.items())))
 
 
-@pytest.mark.parametrize(
-    "request_bytes",
-    [
-        b"GET /p/demo/x HTTP/1.1\r\nHost: x\r\nX-A: v  \r\n\r\n",
-        b"GET /p/demo/x HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
-    ],
-    ids=["trailing OWS", "duplicate Host"],
-)
+def head(*fields: bytes, target: bytes = b"/p/demo/x") -> bytes:
+    return b"GET %s HTTP/1.1\r\n%s\r\n" % (target, b"".join(f + b"\r\n" for f in fields))
+
+
+FIELD = lane.MAX_FIELD  # aiohttp's max_field_size (8190)
+HEADS = {
+    "trailing OWS": head(b"Host: x", b"X-A: v  "),
+    "duplicate Host": head(b"Host: x", b"Host: y"),
+    # a field's value: up to max_field_size bytes, trailing whitespace counted
+    "value at the limit": head(b"Host: x", b"X-Big: " + b"v" * FIELD),
+    "value past the limit": head(b"Host: x", b"X-Big: " + b"v" * (FIELD + 1)),
+    "long name and value": head(b"Host: x", b"X-" + b"n" * 4000 + b": " + b"v" * 8000),
+    "value with OWS past the limit": head(b"Host: x", b"X-Big: " + b"v" * (FIELD - 3) + b"    "),
+    # the first field: its name and value together (aiohttp's C parser, see head.field_fits)
+    "first field at the limit": head(b"X-Big: " + b"v" * (FIELD - 5), b"Host: x"),
+    "first field past the limit": head(b"X-Big: " + b"v" * (FIELD - 4), b"Host: x"),
+    # a name: with the name of the field before it (aiohttp's C parser again)
+    "name at the limit": head(b"Host: x", b"N" * (FIELD - 4) + b": v"),
+    "name past the limit": head(b"Host: x", b"N" * (FIELD - 3) + b": v"),
+    "first name past the limit": head(b"N" * (FIELD + 1) + b": v", b"Host: x"),
+    # max_headers fields, and max_line_size bytes of request target
+    "128 fields": head(b"Host: x", *(b"X-%d: 1" % i for i in range(127))),
+    "129 fields": head(b"Host: x", *(b"X-%d: 1" % i for i in range(128))),
+    "target at the limit": head(b"Host: x", target=b"/p/demo/" + b"t" * (lane.MAX_LINE - 8)),
+    "target past the limit": head(b"Host: x", target=b"/p/demo/" + b"t" * (lane.MAX_LINE - 7)),
+}
+
+
+@pytest.mark.parametrize("request_bytes", HEADS.values(), ids=HEADS)
 async def test_the_head_is_read_as_aiohttp_reads_it(request_bytes: bytes) -> None:
-    """Trailing whitespace is not part of a field value (RFC 9110 5.5; aiohttp strips it)
-    and a second Host is refused by aiohttp with 400: the lane must agree, or one agent
-    request means two things depending on the connection's history."""
+    """A head is refused (400) on the lane exactly when aiohttp's server refuses it: the
+    limits of a field's name, its value, the number of fields and the request target, at
+    and past each; trailing whitespace is not part of a value (RFC 9110 5.5) and a second
+    Host is refused. Otherwise one agent request means two things depending on the
+    connection's history."""
     ours, theirs = await both(_headers, request_bytes)
     assert ours.split(b" ", 2)[1] == theirs.split(b" ", 2)[1]
     if not ours.startswith(b"HTTP/1.1 400"):  # a 400's body is problem+json on the lane
@@ -552,13 +695,13 @@ async def test_answers_are_written_at_the_end_of_the_turn_that_made_them(
     ``Connection: close``) writes it before it closes."""
     lane_port, _, app = servers
     passes: list[int] = []
-    flush = lane.Outbox._flush
+    flush = Outbox._flush
 
-    def counted(outbox: lane.Outbox) -> None:
+    def counted(outbox: Outbox) -> None:
         passes.append(len(outbox._lanes))
         flush(outbox)
 
-    monkeypatch.setattr(lane.Outbox, "_flush", counted)
+    monkeypatch.setattr(Outbox, "_flush", counted)
     gated = [asyncio.ensure_future(exchange(lane_port, GET % b"gated")) for _ in range(8)]
     while app[PAGE].count("gated") < 8:
         await asyncio.sleep(0.01)
@@ -588,6 +731,46 @@ async def test_a_client_that_half_closes_after_its_request_gets_its_answer(
         assert got.startswith(b"HTTP/1.1 429"), got
 
 
+async def half_closed(port: int, request: bytes) -> bytes:
+    """Send ``request`` and at once the client's FIN; everything read until the server
+    closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    writer.write_eof()
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+async def test_a_half_closed_client_gets_the_answer_of_a_poll_under_way(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A status call whose handler is polling the provider when the client's FIN comes:
+    the poll is never cut short, and its answer is written once it ends, then the
+    connection closes (the client may still be reading: ``shutdown(SHUT_WR)``)."""
+    lane_port, _, app = servers
+    got = await half_closed(lane_port, GET % b"polled")
+    assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(b"polled")
+    assert app[PAGE] == ["poll started"]
+
+
+async def test_a_half_closed_clients_waiting_handler_is_cancelled_as_aiohttp_does(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A handler that waits without polling (a held call) when the client's FIN comes is
+    cancelled and the connection closes without an answer, as aiohttp's server takes a FIN
+    (the client is gone), and so are requests pipelined behind a poll under way."""
+    lane_port, plain_port, app = servers
+    for port in (lane_port, plain_port):
+        assert await half_closed(port, GET % b"held") == b""
+        await page_shows(app, "held cancelled")
+        assert app[PAGE] == ["held started", "held cancelled"]
+        app[PAGE].clear()
+    got = split(await half_closed(lane_port, GET % b"polled" + GET % b"held"))
+    assert len(got) == 1 and got[0].endswith(b"polled") and app[PAGE] == ["poll started"]
+
+
 async def test_a_relay_starts_paused_when_the_lanes_last_answer_filled_the_socket(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -602,22 +785,22 @@ async def test_a_relay_starts_paused_when_the_lanes_last_answer_filled_the_socke
 
     app = web.Application()
     app.router.add_get("/other", large)
-    lanes: list[lane.Lane] = []
-    made = lane.Lane.connection_made
+    lanes: list[Lane] = []
+    made = Lane.connection_made
 
-    def kept(self: lane.Lane, transport: asyncio.BaseTransport) -> None:
+    def kept(self: Lane, transport: asyncio.BaseTransport) -> None:
         lanes.append(self)
         made(self, transport)
 
-    monkeypatch.setattr(lane.Lane, "connection_made", kept)
+    monkeypatch.setattr(Lane, "connection_made", kept)
     async with listening(app, large) as (lane_port, _):
         _, writer = await asyncio.open_connection("127.0.0.1", lane_port)
         writer.write(GET % b"a" + b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
         for _ in range(200):
-            if lanes and lanes[0]._relay is not None:
+            if lanes and lanes[0].relay is not None and lanes[0].relay.handler is not None:
                 break
             await asyncio.sleep(0.01)
-        relay = lanes[0]._relay
+        relay = lanes[0].relay.handler if lanes[0].relay is not None else None
         assert relay is not None and relay._paused  # aiohttp's own pause flag
-        assert lanes[0]._write_paused is None
+        assert lanes[0].flow.write_paused is None
         writer.close()

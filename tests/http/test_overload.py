@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.flow.runtime import RUNTIME
 
-from conftest import OPERATOR_TOKEN, PROVIDER_KEY, Harness, real_time_harness
+from conftest import OPERATOR_TOKEN, PROVIDER_ENV, Harness, real_time_harness
 
 OPS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 MCP_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
@@ -161,7 +161,8 @@ async def test_null_is_no_bound_and_a_reload_sets_one(
     data = yaml.safe_load(config.read_text())
     data["limits"]["max_in_flight"] = 1
     config.write_text(yaml.safe_dump(data))
-    monkeypatch.setenv("DEMO_API_KEY", PROVIDER_KEY)
+    for name, value in PROVIDER_ENV.items():
+        monkeypatch.setenv(name, value)
     reloaded = await harness.client.post("/admin/reload", headers=OPS)
     assert reloaded.status == 200, await reloaded.text()
     provider.release.clear()

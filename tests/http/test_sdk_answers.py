@@ -17,7 +17,15 @@ from gateway.core.models import Outcome
 from gateway.demo.provider import BATCH_OUTPUT, output_file
 from gateway.settings.policy import ProviderPolicy, load_policy, warnings
 
-from conftest import AGENT_TOKEN, OTHER_TOKEN, ROOT, Harness, real_time_harness, sha
+from conftest import (
+    AGENT_TOKEN,
+    OTHER_TOKEN,
+    PROVIDER_ENV,
+    ROOT,
+    Harness,
+    real_time_harness,
+    sha,
+)
 
 REPLAY = {"demo-jobs": {"polling": {"early_calls": "replay"}}}
 BOTH_EVERYWHERE = {
@@ -262,7 +270,7 @@ async def test_a_value_no_operation_of_the_account_has_is_404_and_never_forwarde
 
 
 def shipped() -> list[ProviderPolicy]:
-    env = {"DEMO_API_KEY": "k"}
+    env = {**PROVIDER_ENV, "DEMO_API_KEY": "k"}
     return [
         load_policy(path, path.name, env) for path in sorted((ROOT / "policies").glob("*.yaml"))
     ]

@@ -20,7 +20,7 @@ import yaml
 from gateway.flow.runtime import RUNTIME
 from gateway.operator import console
 
-from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PROVIDER_KEY, Harness
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PROVIDER_ENV, Harness
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -421,7 +421,8 @@ async def test_resume_is_offered_only_once_it_can_succeed(
     data = yaml.safe_load(policy.read_text())
     data["states"]["pending"].append("paused")
     policy.write_text(yaml.safe_dump(data))
-    monkeypatch.setenv("DEMO_API_KEY", PROVIDER_KEY)
+    for name, value in PROVIDER_ENV.items():
+        monkeypatch.setenv(name, value)
     reloaded = await harness.client.post("/admin/reload", headers=OPS)
     assert reloaded.status == 200, await reloaded.text()
     await ui.page.reload()

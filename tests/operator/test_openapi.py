@@ -30,7 +30,7 @@ from gateway.core.problems import PROBLEMS
 from conftest import (
     AGENT_TOKEN,
     OPERATOR_TOKEN,
-    PROVIDER_KEY,
+    PROVIDER_ENV,
     Harness,
     Served,
     fast_polling,
@@ -121,7 +121,7 @@ def operator_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pending, a succeeded and an escalated operation; its document's operator operations."""
     folder: Path = tmp_path_factory.mktemp("openapi")
     port = free_port()
-    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, **PROVIDER_ENV}
     provider = start_statusgate(["demo-provider", "--port", str(port)], env)
     wait_until_up(port, provider)
     served = Served(

@@ -28,7 +28,7 @@ from gateway.demo.provider import DemoProvider
 from gateway.observe.audit import read_lines, verify
 from gateway.observe.metrics import FLUSH_SECONDS
 
-from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_KEY, Served, free_port
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, PROVIDER_ENV, PROVIDER_KEY, Served, free_port
 
 AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 OPS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -404,7 +404,7 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
         capture_output=True,
         timeout=30,
         check=False,
-        env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY},
+        env={**os.environ, **PROVIDER_ENV},
     )
     assert refused.returncode == 1
     assert json.loads(refused.stderr.decode())["event"] == (

@@ -12,9 +12,11 @@ import jsonschema
 import pytest
 import yaml
 
+from gateway.demo.env import demo_env
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "gateway.yaml"
-ENV = {**os.environ, "DEMO_API_KEY": "k-test"}
+ENV = {**os.environ, **demo_env(ROOT / "policies", "k-test"), "DEMO_API_KEY": "k-test"}
 
 
 def statusgate(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:

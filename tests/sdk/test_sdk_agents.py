@@ -59,6 +59,7 @@ from gateway.store import store_from_url
 
 from conftest import (
     AGENT_TOKEN,
+    PROVIDER_ENV,
     PROVIDER_KEY,
     FakeClock,
     RecordingProxy,
@@ -163,7 +164,7 @@ async def gateway(
     changes = {"public_base_url": f"http://127.0.0.1:{port}"}
     target = upstream or str(provider.make_url("")).rstrip("/")
     path = write_config(tmp_path, target, policy_changes=policy_changes, config_changes=changes)
-    settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY})
+    settings = load_settings(path, env={**os.environ, **PROVIDER_ENV})
     app = create_app(
         settings,
         store=store_from_url("memory://"),

@@ -13,7 +13,7 @@ import yaml
 from gateway.cli import main
 from gateway.errors import ConfigError
 
-from conftest import ROOT, merge, write_config
+from conftest import PROVIDER_ENV, ROOT, merge, write_config
 
 
 def run_check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -24,7 +24,8 @@ def run_check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, st
 
 @pytest.fixture(autouse=True)
 def demo_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEMO_API_KEY", "secret-value-never-printed")
+    for name in PROVIDER_ENV:
+        monkeypatch.setenv(name, "secret-value-never-printed")
 
 
 def test_repository_config_passes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,7 +145,7 @@ def test_check_as_a_real_command_prints_no_traceback(tmp_path: Path) -> None:
         [sys.executable, "-m", "gateway", "check", "--config", str(config)],
         capture_output=True,
         text=True,
-        env={"DEMO_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+        env={**PROVIDER_ENV, "PATH": "/usr/bin:/bin"},
         check=False,
     )
     assert done.returncode == 1

@@ -12,12 +12,14 @@ import pytest
 import yaml
 
 from gateway.cli import main
+from gateway.demo.env import demo_env
 from gateway.settings.lints import check_warnings, lint
 from gateway.settings.policy import ProviderPolicy, load_policy
 
 from conftest import ROOT, merge, write_config
 
 ENV = {
+    **demo_env(ROOT / "policies", "k-123456"),  # every key the shipped policies read
     "DEMO_API_KEY": "k-123456",
     "AWS_ACCESS_KEY_ID": "a-123456",
     "AWS_SECRET_ACCESS_KEY": "s-123456",
@@ -158,7 +160,8 @@ def test_check_prints_one_line_a_warning_and_exits_0(
 ) -> None:
     """statusgate check exits 0 with the summary line on stdout and one
     ``file: policy NAME: field: warning: message`` line a warning on stderr."""
-    monkeypatch.setenv("DEMO_API_KEY", "k-123456")
+    for name in demo_env(ROOT / "policies", "k-123456"):
+        monkeypatch.setenv(name, "k-123456")
     config = write_config(tmp_path, "http://127.0.0.1:8081")
     google = tmp_path / "policies/google-operations.yaml"
     data = yaml.safe_load(google.read_text())

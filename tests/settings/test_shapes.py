@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.demo.env import demo_env
 from gateway.errors import ConfigError
 from gateway.settings.config import load_settings
 from gateway.settings.policy import ProviderPolicy, load_policy
@@ -22,7 +23,10 @@ from gateway.settings.shapes import SHAPES, merge_under, with_shape
 
 from conftest import ROOT
 
-ENV = {"DEMO_API_KEY": "k-secret-never-shown", "AWS_ACCESS_KEY_ID": "AKIA-never-shown-1"}
+ENV = {
+    **demo_env(ROOT / "policies", "k-secret-never-shown"),  # every key the policies read
+    "AWS_ACCESS_KEY_ID": "AKIA-never-shown-1",
+}
 ENV["AWS_SECRET_ACCESS_KEY"] = "aws-secret-never-shown"
 UNSHAPED = Path(__file__).parent / "data" / "unshaped"
 

@@ -32,7 +32,7 @@ from gateway.store.loop_share import WINDOW
 from gateway.store.sqlite import LAZY_SYNC
 from gateway.store.wal_sync import WalSyncer
 
-from conftest import PROVIDER_KEY, pending_record, write_config
+from conftest import PROVIDER_ENV, pending_record, write_config
 
 MiB = 1024 * 1024
 
@@ -677,7 +677,7 @@ def test_limits_cache_bytes_reaches_the_gateway_store(tmp_path: Path) -> None:
     path = write_config(
         tmp_path, "http://127.0.0.1:9", store="sqlite:///g.db", config_changes=limits
     )
-    settings = load_settings(path, env={"DEMO_API_KEY": PROVIDER_KEY})
+    settings = load_settings(path, env=PROVIDER_ENV)
     store = create_app(settings)[RUNTIME].store
     assert isinstance(store, SQLiteStore) and store.cache_limit == 2 * MiB
 

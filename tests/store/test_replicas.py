@@ -29,6 +29,7 @@ from gateway.demo.provider import DemoProvider
 from conftest import (
     AGENT_TOKEN,
     OPERATOR_TOKEN,
+    PROVIDER_ENV,
     PROVIDER_KEY,
     free_port,
     start_statusgate,
@@ -85,7 +86,7 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         "max_status_requests": BUDGET,
         "deadline": "60s",
     }
-    env = {**os.environ, "DEMO_API_KEY": PROVIDER_KEY}
+    env = {**os.environ, **PROVIDER_ENV}
     urls, processes = [], []
     for index in range(2):
         port = free_port()

@@ -20,7 +20,7 @@ from gateway.store import Store, store_from_url
 from gateway.store.base import NewerLayout
 from gateway.store.sqlite import LAYOUT, SCHEMA
 
-from conftest import PROVIDER_KEY, pending_record, write_config
+from conftest import PROVIDER_ENV, pending_record, write_config
 
 # SQLite layout 1 as released: the instants the sweeper, the purge and the escalation queue
 # look up were indexed as json_extract(data, ...); layout 2 keeps them in columns.
@@ -86,7 +86,7 @@ def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "gateway", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY},
+        env={**os.environ, **PROVIDER_ENV},
         timeout=60,
         check=False,
     )

@@ -33,7 +33,7 @@ from gateway.store.base import LeaseLost, NewerLayout
 
 from conftest import (
     AGENT_TOKEN,
-    PROVIDER_KEY,
+    PROVIDER_ENV,
     PostgresServer,
     Served,
     pending_record,
@@ -240,7 +240,7 @@ def test_the_password_may_come_from_the_environment(tmp_path: Path) -> None:
     from conftest import write_config
 
     path = write_config(tmp_path, "http://127.0.0.1:1", store="postgresql://u:${PGPW}@h/db")
-    settings = load_settings(path, env={**os.environ, "DEMO_API_KEY": "k", "PGPW": "s3cret"})
+    settings = load_settings(path, env={**os.environ, **PROVIDER_ENV, "PGPW": "s3cret"})
     store = store_from_url(settings.store_url)
     assert psycopg.conninfo.conninfo_to_dict(store._conninfo)["password"] == "s3cret"
 
@@ -255,7 +255,7 @@ def test_without_psycopg_a_postgres_store_names_the_extra(tmp_path: Path) -> Non
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
-        env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY},
+        env={**os.environ, **PROVIDER_ENV},
         timeout=60,
         check=False,
     )
@@ -275,7 +275,7 @@ def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "gateway", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "DEMO_API_KEY": PROVIDER_KEY},
+        env={**os.environ, **PROVIDER_ENV},
         timeout=60,
         check=False,
     )

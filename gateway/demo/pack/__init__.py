@@ -27,7 +27,13 @@ if TYPE_CHECKING:
     from gateway.demo.jobs import Family, Jobs
 
 # The modules of this package that define a DOUBLE, one per shipped policy of the pack.
-MODULES: tuple[str, ...] = ()
+MODULES: tuple[str, ...] = (
+    "runway",
+    "cohere_embed_jobs",
+    "replicate",
+    "assemblyai",
+    "elevenlabs_dubbing",
+)
 
 
 @dataclass(frozen=True)
