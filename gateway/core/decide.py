@@ -40,6 +40,7 @@ class Reply(enum.Enum):
     FINAL = "final"  # the stored final provider answer, no provider call
     PROBLEM = "problem"  # a problem+json answer named by ``problem``
     REPLAY = "replay"  # the last recorded provider answer, no provider call (SPEC 20)
+    CANCEL_ACCEPTED = "cancel_accepted"  # a cancel accepted already: 202 from the record
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,42 @@ def early(policy: ProviderPolicy, record: OperationRecord, wait: float) -> Decis
     return Decision(
         record, Reply.PROBLEM, problem="too-early", retry_after=wait, event=Event.REFUSED
     )
+
+
+def holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
+    """A too-early call that waits for the next permitted poll, and gets that poll's answer,
+    instead of 429 when the poll is within ``max_hold``: under ``early_calls: hold`` (SPEC
+    12), and under ``replay`` while there is nothing to replay because nothing was polled
+    yet (SPEC 20a: the submit answered 202 without a status object), so a replaying loop
+    never sees a 429. A replay policy's record after a failed poll keeps its too-early."""
+    record, polling = decision.record, policy.polling
+    if decision.problem != "too-early" or decision.retry_after is None:
+        return False
+    if decision.retry_after > polling.max_hold:
+        return False
+    if polling.early_calls == "hold":
+        return True
+    fresh = record.last_answer is None and record.status_requests_used == 0
+    return polling.early_calls == "replay" and fresh
+
+
+def cancel_call(record: OperationRecord, now: float) -> Decision:
+    """An agent's call to a cancel route it may use (``by: agent``, SPEC 20a): ``forward``
+    while the job is pending and no cancel was accepted yet; else answered from the record
+    without a provider call: a finished job its final answer, an escalated or abandoned one
+    its 409, and a cancel accepted already the last answer replayed when one is kept, else
+    202 with the record's ``cancel_requested_at``. The poll that learns the outcome is the
+    agent's next permitted status call."""
+    if record.outcome.terminal:
+        return Decision(record, Reply.FINAL)
+    if record.outcome in (Outcome.ESCALATED, Outcome.ABANDONED):
+        return Decision(record, Reply.PROBLEM, problem="operation-escalated")
+    if record.cancel_requested_at is None:
+        return Decision(record, Reply.PROVIDER, forward=True)
+    wait = max(0.0, record.next_poll_at - now)
+    if record.last_answer is not None:
+        return Decision(record, Reply.REPLAY, retry_after=wait)
+    return Decision(record, Reply.CANCEL_ACCEPTED, retry_after=wait)
 
 
 def overdue(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decision | None:

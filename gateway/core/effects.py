@@ -169,6 +169,32 @@ def _of_event(
     return tuple(found)
 
 
+def of_agent_cancel(
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    account: str,
+    now: float,
+    *,
+    http_status: int | None,
+    accepted: str | None,
+    refusal: str | None,
+) -> Effects:
+    """An agent's own cancel sent to the provider (``routes.cancel.by: agent``, SPEC 20a):
+    one ``cancel_requested`` line naming the account as its actor, saying ``accepted`` (the
+    record's change) or why it was not (``refusal``); no webhook notice, no count."""
+    detail = accepted if accepted is not None else f"not accepted: {refusal}"
+    actor = f"account:{account}"
+    return of_action(
+        policy,
+        record,
+        Event.CANCEL_REQUESTED,
+        now,
+        actor=actor,
+        detail=detail,
+        http_status=http_status,
+    )
+
+
 def of_update(policy: ProviderPolicy, record: OperationRecord, detail: str) -> Effects:
     """An ``operation.updated`` notice: the state a poll the gateway made on its own found
     (after an operator's extend or resume), for webhook-driven agents and operators."""
@@ -233,6 +259,12 @@ def of_call(
             "actor": "gateway",
         }
     return (Line(fields),)
+
+
+def of_hold_declined(provider: str, bound: str) -> Effects:
+    """A call that asked to be held, answered at once instead: ``bound`` (``account`` or
+    ``total``) of ``limits.max_held_per_account`` / ``max_held`` was reached."""
+    return (Count("holds_declined", (provider, bound)),)
 
 
 def of_delivery(notice: Mapping[str, Any], outcome: str, now: float) -> Effects:

@@ -59,6 +59,7 @@ class Event(enum.StrEnum):
     RESUMED = "resumed"
     ABANDONED = "abandoned"
     CANCELLED = "cancelled"
+    CANCEL_REQUESTED = "cancel_requested"  # an agent's own cancel sent (routes.cancel.by: agent)
     RESULT_FETCHED = "result_fetched"
     PASSTHROUGH = "passthrough"
     NOTIFIED = "notified"

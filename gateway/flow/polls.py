@@ -104,8 +104,22 @@ async def wait_for(
     if record.account != account.id or record.provider != policy.provider:
         raise ValueError("an operation is waited for by its own account, under its own policy")
     limit = min(max(0.0, seconds), policy.polling.max_hold)
+    if limit and not await may_hold(runtime, account.id, policy):
+        limit = 0.0  # past limits.max_held: one look, as without a wait
     asker = record_asker(runtime, policy, record, gone)
     return await held(asker, record, limit, early=False)
+
+
+async def may_hold(runtime: Runtime, account: str, policy: ProviderPolicy) -> bool:
+    """Whether a call of ``account`` may be held now (``limits.max_held`` and
+    ``max_held_per_account``); a call that may not is counted, and its caller answers it
+    as it would without the hold. True without a pause: the hold that follows is counted
+    before anything else runs."""
+    bound = runtime.holds.full(account, runtime.settings.file.limits)
+    if bound is None:
+        return True
+    await runtime.effects.carry_out(effects.of_hold_declined(policy.provider, bound))
+    return False
 
 
 async def held(
@@ -125,8 +139,7 @@ async def held(
     runtime = asker.runtime
     limit = asker.policy.polling.max_hold if early else wait
     end = min(runtime.clock() + limit, record.deadline_at)
-    runtime.holding += 1
-    try:
+    with runtime.holds.holding(record.account):
         decision, response = await _step(asker, record)
         while decision.record.outcome is Outcome.PENDING and decision.retry_after is not None:
             if early and response is not None:
@@ -141,8 +154,6 @@ async def held(
             current = await runtime.records.get(record.operation_id)
             assert current is not None
             decision, response = await _step(asker, current)
-    finally:
-        runtime.holding -= 1
     return decision, response
 
 

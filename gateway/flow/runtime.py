@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.core.models import Clock
 from gateway.core.pacing import PauseNotes, Spacer
 from gateway.core.routing import RouteTable
+from gateway.flow.holds import Holds
 from gateway.flow.leases import Releases
 from gateway.flow.refusals import RefusalWindows
 from gateway.observe.effects import Effects
@@ -49,7 +50,7 @@ class Runtime:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     inflight: dict[str, PollTask] = field(default_factory=dict)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    holding: int = 0  # status calls held for Prefer: wait right now
+    holds: Holds = field(default_factory=Holds)  # status calls held right now (flow/holds)
     in_flight: int = 0  # agent requests (/p/..., /mcp) being answered (middleware.guarded)
     parked: int = 0  # of those, waiting on a timer only (park): not held to max_in_flight
     max_in_flight: int | None = field(init=False)  # limits.max_in_flight of the running set
@@ -64,6 +65,11 @@ class Runtime:
     def __post_init__(self) -> None:
         self.credentials = {}
         self.apply(self.settings)
+
+    @property
+    def holding(self) -> int:
+        """Status calls held right now (Prefer: wait, early_calls: hold, MCP waits)."""
+        return self.holds.total
 
     def apply(self, settings: Settings) -> None:
         """Make ``settings`` the running set, all at once (no await in between, so no

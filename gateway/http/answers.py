@@ -108,6 +108,13 @@ def render(
         return passthrough(call, upstream, headers)
     if decision.reply is Reply.REPLAY and record.last_answer is not None:
         return replay(call, decision, now, headers)
+    if decision.reply is Reply.CANCEL_ACCEPTED and record.cancel_requested_at is not None:
+        accepted = {
+            "operation_id": record.operation_id,
+            "outcome": record.outcome.value,
+            "cancel_requested_at": rfc3339(record.cancel_requested_at, millis=True),
+        }
+        return web.json_response(accepted, status=202, headers=headers)
     slug = decision.problem or "operation-escalated"
     extra = problem_members(record, call.policy) if slug == "operation-escalated" else None
     return problem(

@@ -18,7 +18,8 @@ from gateway.core import arns, decide, effects, results
 from gateway.core.decide import Decision, Reply, job_aliases
 from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
-from gateway.flow.polls import Asker, StaleCopy, gone, held, shared_poll
+from gateway.flow import cancels
+from gateway.flow.polls import Asker, StaleCopy, gone, held, may_hold, shared_poll
 from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from gateway.http import auth
@@ -77,16 +78,15 @@ async def handle(request: AgentRequest) -> web.StreamResponse:
         return await result(call)
     if match.kind == "passthrough":
         return await passthrough_call(call)
-    return problem(
-        "approval-required",
-        "Cancelling a job is an operator decision: ask an operator to use "
-        "POST /admin/operations/{id}/cancel.",
-    )
+    return await cancel(call)
 
 
 def _body_source(policy: ProviderPolicy, kind: str) -> str | None:
-    """The request body path that names the job on this kind of route, if any."""
-    route = getattr(policy.routes, kind, None) if kind in ("status", "result") else None
+    """The request body path that names the job on this kind of route, if any (a cancel
+    route's only when agents may use it)."""
+    route = getattr(policy.routes, kind, None) if kind in ("status", "result", "cancel") else None
+    if kind == "cancel" and (route is None or route.by != "agent"):
+        return None
     source = route.job_id if route is not None else None
     return source.path if source is not None else None
 
@@ -140,14 +140,17 @@ async def status(call: Call) -> web.StreamResponse:
             call, match=dataclasses.replace(call.match, job_id=record.provider_job_id)
         )
     wait = prefer_wait(call.request.headers.getall("Prefer", []), bare=policy.polling.max_hold)
-    if wait:  # RFC 7240: wait=0 asks for no wait at all
+    # RFC 7240: wait=0 asks for no wait at all; past limits.max_held, as without Prefer
+    if wait and await may_hold(runtime, call.account.id, policy):
         return await _hold(call, record, min(wait, policy.polling.max_hold))
     now = runtime.clock()
     decision = decide.admit(policy, record, now)
     if not decision.forward and not decision.changed:  # answered without any write
-        if _holds_early(policy, decision):
+        if decide.holds_early(policy, decision) and await may_hold(
+            runtime, call.account.id, policy
+        ):
             return await _hold(call, record, 0.0, early=True)
-        return _refusal(call, decision, now)
+        return _refusal(call, decision, runtime.clock())
     decision, response = await shared_poll(_asker(call), record, pace=decision.forward)
     return render(call, decision, response, runtime.clock())
 
@@ -165,22 +168,11 @@ async def find_job(
     return record
 
 
-def _holds_early(policy: ProviderPolicy, decision: Decision) -> bool:
-    """``polling.early_calls: hold`` (SPEC 12): a too-early call whose next permitted poll
-    is within ``max_hold`` waits for it instead of getting 429."""
-    return (
-        policy.polling.early_calls == "hold"
-        and decision.problem == "too-early"
-        and decision.retry_after is not None
-        and decision.retry_after <= policy.polling.max_hold
-    )
-
-
 async def _hold(
     call: Call, record: OperationRecord, wait: float, *, early: bool = False
 ) -> web.StreamResponse:
     """``Prefer: wait=N`` on a status call, or (``early``) an early call held for the next
-    permitted poll (``early_calls: hold``): the hold below, answered as a status call."""
+    permitted poll (``decide.holds_early``): the hold below, answered as a status call."""
     decision, response = await held(_asker(call), record, wait, early=early)
     answer = render(call, decision, response, call.runtime.clock())
     if not early:
@@ -196,6 +188,66 @@ def _refusal(call: Call, decision: Decision, now: float) -> web.StreamResponse:
     if decision.reply in (Reply.FINAL, Reply.REPLAY):
         call.request[OUTCOME] = "cached"
     return render(call, decision, None, now)
+
+
+# -- cancel ------------------------------------------------------------------------------
+
+
+async def cancel(call: Call) -> web.StreamResponse:
+    """The cancel route: an operator's decision (403 approval-required) unless the policy
+    says ``routes.cancel.by: agent`` (SPEC 20a). Then an agent cancels its own account's
+    job: sent once (flow/cancels.py), the provider's answer passed through and audited
+    ``cancel_requested`` naming the account; a second call, or one on a job that ended, is
+    answered from the record (``decide.cancel_call``)."""
+    runtime, policy, request = call.runtime, call.policy, call.request
+    route = policy.routes.cancel
+    if route is None or route.by != "agent":
+        detail = "Cancelling a job is an operator decision: ask an operator to use "
+        return problem("approval-required", detail + "POST /admin/operations/{id}/cancel.")
+    record = await find_job(runtime, call.account.id, policy, call.job_id)
+    if record is None:
+        return unknown_operation()
+    decision = decide.cancel_call(record, runtime.clock())
+    if decision.forward:
+        body = call.body if call.body is not None else await read_body(call)
+        query = agent_query(request.rel_url.raw_query_string, route.query_params)
+        asked = cancels.Request(to_provider(request.headers.items(), policy), body or None, query)
+        sent = await cancels.cancel_at_provider(runtime, policy, record, asked)
+        if sent.answer is not None:
+            return await _cancel_sent(call, sent, sent.answer)
+        if sent.busy:
+            detail = f"Refused: {cancels.BUSY}."
+            operation_id, headers = sent.record.operation_id, _headers(call, sent.record)
+            return problem(
+                "too-early", detail, operation_id=operation_id, retry_after=1.0, headers=headers
+            )
+        decision = decide.cancel_call(sent.record, runtime.clock())  # decided meanwhile
+    if decision.reply is not Reply.PROBLEM:
+        request[OUTCOME] = "cached"
+    return render(call, decision, None, runtime.clock())
+
+
+async def _cancel_sent(
+    call: Call, sent: cancels.Sent, answer: ProviderAnswer
+) -> web.StreamResponse:
+    """The provider's answer to an agent's cancel: the audit line (accepted, or not and
+    why), then that answer with the operation's headers."""
+    assert sent.result is not None
+    result, now = sent.result, call.runtime.clock()
+    line = effects.of_agent_cancel(
+        call.policy,
+        sent.record,
+        call.account.id,
+        now,
+        http_status=answer.status,
+        accepted=result.detail if result.record is not None else None,
+        refusal=result.refusal,
+    )
+    await call.runtime.effects.carry_out(line)
+    headers = _headers(call, sent.record)
+    if sent.response is None:
+        return upstream_problem(answer, sent.record.operation_id, headers)
+    return passthrough(call, sent.response, headers)
 
 
 # -- result and passthrough --------------------------------------------------------------

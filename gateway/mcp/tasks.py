@@ -9,14 +9,15 @@ Two wire formats, chosen per request by what the client negotiated:
   initialize or in the request's ``_meta`` client capabilities; the only tasks of
   2026-07-28): ``resultType: "task"``, ``ttlMs``, ``pollIntervalMs``, the final result
   inline in ``tasks/get``, ack-only ``tasks/update``, ``tasks/cancel`` refused as
-  approval-required, no ``tasks/list`` or ``tasks/result``.
+  approval-required unless the policy lets agents cancel, no ``tasks/list`` or ``tasks/result``.
 
 Statuses: pending -> working; escalated -> working, its statusMessage naming the reason (an
 operator may still resume it); succeeded -> completed; failed, expired, abandoned -> failed;
 cancelled -> cancelled. A ``tasks/get`` before the next permitted poll is answered from the
 record and counted as a refused (too-early) status call; one when a poll is due makes at
-most that poll (caller.look). Never cancels or changes an operation: cancelling at the
-provider is an operator's decision (SPEC 4).
+most that poll (caller.look). Never cancels or changes an operation, except a
+``tasks/cancel`` where the policy lets agents cancel (``routes.cancel.by: agent``): then
+the provider's cancel route, sent once (flow/cancels.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gateway.core import effects
 from gateway.core.cursors import cursor_after, position
 from gateway.core.models import OperationFilter, OperationRecord, Outcome
+from gateway.flow import cancels
 from gateway.mcp import tools
 from gateway.mcp.caller import Caller, Refused, look, owned, policy_of, wait
 from gateway.mcp.jsonrpc import (
@@ -271,15 +274,53 @@ async def acknowledge(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
 
 
 async def cancel(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
-    """Extension tasks/cancel: refused as ``approval-required`` while the operation goes on,
-    as an agent's call to a cancel route is (SPEC 4): cancelling a provider job is an
-    operator's decision. A task already done has nothing to cancel: acknowledged."""
+    """Extension tasks/cancel. A task already done has nothing to cancel: acknowledged.
+    Where the policy lets agents cancel (``routes.cancel.by: agent``, SPEC 20a) a pending
+    operation's cancel route is sent once for the account, as the HTTP cancel route does
+    (a second tasks/cancel is acknowledged from the record), and the task keeps working
+    until the provider reports the outcome. Otherwise refused as ``approval-required``, as
+    an agent's call to an operator-only cancel route is: an operator's decision."""
     record = await _task(caller, params)
     if done(record):
         return {"resultType": "complete"}
+    policy = policy_of(caller, record)
+    route = policy.routes.cancel if policy is not None else None
+    by_agent = route is not None and route.by == "agent" and caller.account.allows(record.provider)
+    if policy is not None and by_agent and record.outcome is Outcome.PENDING:
+        return await _cancel_by_agent(caller, policy, record)
     detail = (
         "Cancelling a provider job is an operator decision: ask an operator to use "
         f"POST /admin/operations/{record.operation_id}/cancel (or abandon it)."
     )
     problem = Refused("approval-required", detail, record.operation_id).problem()
     raise RpcError(APPROVAL_REQUIRED, f"approval-required: {detail}", problem)
+
+
+async def _cancel_by_agent(
+    caller: Caller, policy: ProviderPolicy, record: OperationRecord
+) -> dict[str, Any]:
+    """The provider's cancel route sent once for the caller's pending operation (flow/
+    cancels.py), audited ``cancel_requested`` with the account; acknowledged once a cancel
+    is accepted (now or before), an error naming why when the provider did not accept."""
+    runtime = caller.runtime
+    if record.cancel_requested_at is None:
+        request = cancels.gateway_request(policy, record)
+        sent = await cancels.cancel_at_provider(runtime, policy, record, request)
+        if sent.answer is not None and sent.result is not None:
+            line = effects.of_agent_cancel(
+                policy,
+                sent.record,
+                caller.account.id,
+                runtime.clock(),
+                http_status=sent.answer.status,
+                accepted=sent.result.detail if sent.result.record is not None else None,
+                refusal=sent.result.refusal,
+            )
+            await runtime.effects.carry_out(line)
+        record = sent.record
+        if record.cancel_requested_at is None and not done(record):
+            slug = "too-early" if sent.busy else "action-not-permitted"
+            detail = f"The cancel was not accepted: {sent.refusal}; try again later."
+            problem = Refused(slug, detail, record.operation_id).problem()
+            raise RpcError(INTERNAL_ERROR, f"{slug}: {detail}", problem)
+    return {"resultType": "complete"}

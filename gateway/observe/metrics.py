@@ -40,6 +40,7 @@ ROUTES = ("submit", "status", "result", "cancel", "passthrough")
 AGENT_OUTCOMES = ("forwarded", "cached", *(slug for slug in PROBLEMS if slug != "overloaded"))
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error", "timeout")
 FINISHED = (*(o.value for o in Outcome if o.terminal), "abandoned")
+HOLD_BOUNDS = ("account", "total")
 GUIDANCE = ("provider_retry_after", "provider_poll_hint", "hint_rejected")
 STORE_OPERATIONS = (
     "acquire_lease",
@@ -249,6 +250,13 @@ class Metrics:
             registry=r,
         )
 
+        self.holds_declined = Counter(
+            "statusgate_holds_declined",
+            "Status calls that asked to be held, answered at once: limits.max_held_per_account"
+            " (bound=account) or limits.max_held (bound=total) were held already",
+            ["provider", "bound"],
+            registry=r,
+        )
         self.escalations_open = Gauge(
             "statusgate_escalations_open",
             "Escalated operations waiting on a person's decision (the whole store)",
@@ -341,6 +349,8 @@ class Metrics:
             self.operations_active.labels(provider)
             self.requests_per_operation.labels(provider)
             self.provider_pauses_clamped.labels(provider)
+            for bound in HOLD_BOUNDS:
+                self.holds_declined.labels(provider, bound)
         for route in (*ROUTES, "admin", "mcp", "other"):
             self.request_duration.labels(route)
 

@@ -39,22 +39,15 @@ from gateway.core.models import (
     OperationFilter,
     OperationRecord,
     Outcome,
-    ProviderAnswer,
-    poll_lease,
 )
 from gateway.core.roles import NEEDS, capabilities
-from gateway.core.routing import body_with_job_id, fill
 from gateway.core.story import story
-from gateway.flow import polls, reloading
-from gateway.flow.leases import new_token
-from gateway.flow.polls import lease_ttl
+from gateway.flow import cancels, polls, reloading
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http.bodies import read_limited
 from gateway.http.problems import problem
 from gateway.observe.audit import records
 from gateway.operator import access
-from gateway.provider.headers import to_provider
-from gateway.provider.send import send_upstream
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.units import format_duration, parse_duration, rfc3339
 
@@ -277,20 +270,14 @@ async def act(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         return problem("invalid-request", f"Bad request body: {exc}.")
     now = runtime.clock()
-    lease = None
-    if action == "cancel":  # one provider call at a time per operation, as polls take it
-        lease = (poll_lease(record.operation_id), new_token())
-        if not await runtime.coordination.acquire_lease(*lease, now, lease_ttl(runtime, policy)):
-            busy = "a status request or another cancel is in flight; try again in a moment"
-            return _not_permitted(record, busy)
-    try:
-        answer = None
-        if action == "cancel":
-            record = await runtime.records.get(record.operation_id) or record  # under the lease
-            refusal = actions.may_cancel(policy, record)
-            if refusal is not None:
-                return _not_permitted(record, refusal)
-            answer = await _cancel_at_provider(runtime, policy, record)
+    answer = None
+    if action == "cancel":  # sent once, under the operation's lease (flow/cancels.py)
+        request_sent = cancels.gateway_request(policy, record)
+        sent = await cancels.cancel_at_provider(runtime, policy, record, request_sent, reason)
+        if sent.result is None:
+            return _not_permitted(sent.record, sent.refusal or "not permitted")
+        record, answer, result = sent.record, sent.answer, sent.result
+    else:
 
         def change(
             current: OperationRecord,
@@ -301,17 +288,11 @@ async def act(request: web.Request) -> web.StreamResponse:
                 )
             elif action == "resume":
                 done = actions.resume(policy, current, now)
-            elif action == "abandon":
-                done = actions.abandon(policy, current, now, reason)
             else:
-                assert answer is not None
-                done = actions.cancelled(policy, current, answer, reason, now)
+                done = actions.abandon(policy, current, now, reason)
             return done.record, done
 
         result = await runtime.records.mutate(record.operation_id, change)
-    finally:
-        if lease is not None:
-            await runtime.coordination.release_lease(*lease)
     status = answer.status if answer is not None else None
     if result.record is None:
         if answer is not None:  # the cancel reached the provider: its line all the same
@@ -340,32 +321,6 @@ async def act(request: web.Request) -> web.StreamResponse:
     if result.event in (Event.EXTENDED, Event.RESUMED):  # waiting resumed: learn the state
         runtime.spawn(polls.after_decision(runtime, policy, result.record.operation_id))
     return web.json_response({"action": action, "record": view(result.record)})
-
-
-async def _cancel_at_provider(
-    runtime: Runtime, policy: ProviderPolicy, record: OperationRecord
-) -> ProviderAnswer:
-    """One request to the policy's cancel route, made by the gateway itself: the route's
-    match headers are sent, and a job id read from the body is sent in a JSON body."""
-    route = policy.routes.cancel
-    assert route is not None
-    url = policy.upstream + fill(route.path, {"job_id": record.provider_job_id})
-    headers = to_provider(route.match.headers.items() if route.match else [], policy)
-    sent = None
-    if route.job_id is not None and route.job_id.path is not None:
-        sent = body_with_job_id(route.job_id.path, record.provider_job_id)
-        headers.setdefault("Content-Type", "application/json")
-    answer, _ = await send_upstream(
-        runtime.channel(policy),
-        policy,
-        "cancel",
-        route.method,
-        url,
-        headers,
-        sent,
-        operation_id=record.operation_id,
-    )
-    return answer
 
 
 def _not_permitted(record: OperationRecord, why: str) -> web.Response:

@@ -38,6 +38,10 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024  # limits.cache_bytes unless configured
 DEFAULT_MAX_IN_FLIGHT = 256  # limits.max_in_flight unless configured (its docstring: why)
 DEFAULT_MAX_CONNECTIONS = 4096  # limits.max_connections unless configured (its docstring: why)
+# limits.max_held and max_held_per_account unless configured: sized to a 512Mi pod
+# (docs/reference.md, "Held calls", has the arithmetic)
+DEFAULT_MAX_HELD = 8000
+DEFAULT_MAX_HELD_PER_ACCOUNT = 2000
 
 
 def secret_key(secret: str) -> bytes:
@@ -139,6 +143,12 @@ class Limits(Strict):
     a connection holds about 10 KB of the process's memory once it made a request (5.5 KB
     before) and 4 KB of the kernel's, 56 MiB for 4096; and hosts' hard open-files limits
     (the soft one is raised to it at start) are commonly 524288 or more."""
+    max_held: Annotated[int, Field(ge=0)] | None = DEFAULT_MAX_HELD
+    """Status calls one process holds at once (Prefer: wait, early_calls: hold, MCP
+    waits), ~17 KB each; past it a call is answered at once as without a hold. null: no
+    bound."""
+    max_held_per_account: Annotated[int, Field(ge=0)] | None = DEFAULT_MAX_HELD_PER_ACCOUNT
+    """Of those, held for one account at once, so one account cannot take them all."""
 
 
 class EscalationSettings(Strict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -127,6 +127,12 @@ class Route(Strict):
     provider is always sent ``path``."""
 
 
+class CancelRoute(Route):
+    by: Literal["operator", "agent"] = "operator"
+    """Who may cancel: an operator through the operator API, or also an agent of the
+    operation's own account through this route (SPEC 20a)."""
+
+
 class Passthrough(Strict):
     """A provider endpoint around a job (upload, listing, download): forwarded, not tracked."""
 
@@ -147,8 +153,8 @@ class Routes(Strict):
     """The status call agents poll; the gateway paces it."""
     result: Route | None = None
     """An optional result call, counted against polling.max_result_fetches."""
-    cancel: Route | None = None
-    """An optional cancel call, sent only on an operator's decision."""
+    cancel: CancelRoute | None = None
+    """An optional cancel call: an operator's decision, or with by: agent also the agent's."""
     passthrough: list[Passthrough] = []
     """Calls around a job (uploads, downloads): forwarded and audited, not tracked."""
     job_ids: Literal["plain", "aws-arn"] = "plain"
@@ -343,23 +349,13 @@ class ProviderPolicy(Strict):
         kept = _TABLES.get(id(self.states))
         if kept is None or kept[0] is not self.states:
             table: dict[tuple[str, Any], str] = {}
-            for name, states in self._classes():
+            for name, states in _state_classes(self.states):
                 for known in states:
                     table.setdefault(json_key(known), name)  # the first class listing it
             if len(_TABLES) >= MAX_TABLES:
                 _TABLES.clear()
             kept = _TABLES[id(self.states)] = (self.states, table)
         return kept[1].get(json_key(state))
-
-    def _classes(self) -> list[tuple[str, list[StateValue]]]:
-        s = self.states
-        return [
-            ("pending", s.pending),
-            ("success", s.success),
-            ("failure", s.failure),
-            ("cancelled", s.cancelled),
-            ("expired", s.expired),
-        ]
 
     @property
     def fingerprint(self) -> str:
@@ -401,6 +397,16 @@ def json_key(value: Any) -> tuple[str, Any]:
     return ("other", json.dumps(value, sort_keys=True))
 
 
+def _state_classes(s: States) -> list[tuple[str, list[StateValue]]]:
+    return [
+        ("pending", s.pending),
+        ("success", s.success),
+        ("failure", s.failure),
+        ("cancelled", s.cancelled),
+        ("expired", s.expired),
+    ]
+
+
 def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
     """A policy's dump without the fields added since records were first written, where
     they are unset: a policy that does not use them keeps its fingerprint."""
@@ -414,15 +420,21 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
     ]:
         if route is not None and not route["also"]:
             del route["also"]
+    if routes["cancel"] is not None and routes["cancel"]["by"] == "operator":
+        del routes["cancel"]["by"]
     return data
 
 
 def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     """Rules that span fields, as (field path, message) pairs."""
+    return [found for name, _, rule in SECTION_RULES for found in rule(getattr(policy, name))]
+
+
+def _state_problems(states: States) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     seen: dict[tuple[str, Any], str] = {}
-    for name, states in policy._classes():
-        for i, state in enumerate(states):
+    for name, values in _state_classes(states):
+        for i, state in enumerate(values):
             key = json_key(state)
             if key in seen:
                 shown = json.dumps(state)
@@ -430,8 +442,11 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
                     (f"states.{name}[{i}]", f"{shown} is also listed in states.{seen[key]}")
                 )
             seen.setdefault(key, name)
-    problems += policy.credential.problems()
-    p = policy.polling
+    return problems
+
+
+def _polling_problems(p: Polling) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
     if p.base_delay > p.max_delay:
         problems.append(("polling.base_delay", "must not be greater than polling.max_delay"))
     if p.jitter.min > p.jitter.max:
@@ -442,8 +457,21 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
         problems.append(("polling.max_provider_pause", "must be greater than 0"))
     if not math.isfinite(p.rate_limited_multiplier):
         problems.append(("polling.rate_limited_multiplier", "must be a finite number"))
-    problems.extend(_route_problems(policy.routes))
-    return problems + form_problems(policy.routes)
+    return problems
+
+
+def _sections_alone(data: Mapping[str, Any], shown: str) -> list[tuple[str, str]]:
+    """The cross-field rules of each section validated on its own, for a file whose policy
+    cannot be made as a whole (an invalid upstream or provider, a missing section), so one
+    run reports every problem (SPEC 20a)."""
+    found: list[tuple[str, str]] = []
+    for name, model, rule in SECTION_RULES:
+        raw = data.get(name)
+        if isinstance(raw, dict):
+            section, _ = validate_all(model, raw, shown)  # its field errors are reported already
+            if section is not None:
+                found += rule(section)
+    return found
 
 
 def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
@@ -556,19 +584,33 @@ def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
     return problems
 
 
+def _all_route_problems(routes: Routes) -> list[tuple[str, str]]:
+    return _route_problems(routes) + form_problems(routes)
+
+
+# The sections the cross-field rules look at, each on its own: (key, model, rules).
+SECTION_RULES: tuple[tuple[str, type[Strict], Callable[[Any], list[tuple[str, str]]]], ...] = (
+    ("states", States, _state_problems),
+    ("credential", Credential, Credential.problems),
+    ("polling", Polling, _polling_problems),
+    ("routes", Routes, _all_route_problems),
+)
+
+
 def load_policy(path: Path, shown: str, env: Mapping[str, str]) -> ProviderPolicy:
     """Read, interpolate and validate one policy file."""
     raw = with_shape(read_yaml(path, shown))
     data, problems = interpolate(raw, shown, env, folder=path.parent)
     policy, invalid = validate_all(ProviderPolicy, data, shown)
     problems += invalid
-    if policy is not None:  # the cross-field rules too, except about fields already reported
-        reported = [field_of(line, shown) for line in invalid]
-        problems += [
-            f"{shown}: {where}: {message}"
-            for where, message in cross_check(policy)
-            if not any(related(where, field) for field in reported)
-        ]
+    # the cross-field rules too, except about fields already reported
+    found = cross_check(policy) if policy is not None else _sections_alone(data, shown)
+    reported = [field_of(line, shown) for line in invalid]
+    problems += [
+        f"{shown}: {where}: {message}"
+        for where, message in found
+        if not any(related(where, field) for field in reported)
+    ]
     if problems or policy is None:
         raise ConfigError(problems)
     return policy

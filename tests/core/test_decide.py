@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from gateway.core import decide
 from gateway.core.decide import Reply
-from gateway.core.models import Failure, OperationRecord, Outcome, ProviderAnswer, Reason
+from gateway.core.models import (
+    Failure,
+    LastAnswer,
+    OperationRecord,
+    Outcome,
+    ProviderAnswer,
+    Reason,
+)
 from gateway.settings.policy import ProviderPolicy, load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,3 +242,41 @@ def test_escalations_record_the_fingerprints_in_force(policy: ProviderPolicy) ->
     assert escalation.policy_fingerprint == policy.fingerprint
     restored = OperationRecord.from_dict(escalated.record.to_dict())
     assert restored == escalated.record
+
+
+def test_which_early_calls_are_held(policy: ProviderPolicy) -> None:
+    """``holds_early``: under hold, a too-early call within max_hold; under replay, only
+    while nothing was polled yet (nothing to replay); never past max_hold or under refuse."""
+    record = opened(policy)
+    early = decide.admit(policy, record, NOW)
+    assert early.problem == "too-early" and early.retry_after == 1.0
+
+    def with_mode(mode: str, max_hold: str = "60s") -> ProviderPolicy:
+        polling = policy.polling.model_copy(update={"early_calls": mode})
+        polling = polling.model_copy(update={"max_hold": float(max_hold.rstrip("s"))})
+        return policy.model_copy(update={"polling": polling})
+
+    assert decide.holds_early(with_mode("hold"), early)
+    assert decide.holds_early(with_mode("replay"), early)
+    assert not decide.holds_early(with_mode("refuse"), early)
+    assert not decide.holds_early(with_mode("hold", "0.5s"), early)
+    polled = early.evolve(record=record.evolve(status_requests_used=1))
+    assert decide.holds_early(with_mode("hold"), polled)
+    assert not decide.holds_early(with_mode("replay"), polled)  # after a failed poll: 429
+
+
+def test_an_agents_cancel_goes_once(policy: ProviderPolicy) -> None:
+    """``cancel_call``: forwarded while pending with no cancel accepted; afterwards answered
+    from the record (202, or the last answer replayed), final answers and escalations as
+    for a status call."""
+    record = opened(policy)
+    assert decide.cancel_call(record, NOW).forward
+    asked = record.evolve(cancel_requested_at=NOW, next_poll_at=NOW + 3)
+    accepted = decide.cancel_call(asked, NOW + 1)
+    assert not accepted.forward and accepted.reply is Reply.CANCEL_ACCEPTED
+    assert accepted.retry_after == 2.0
+    kept = asked.evolve(last_answer=LastAnswer(200, "application/json", b"{}", NOW))
+    assert decide.cancel_call(kept, NOW + 1).reply is Reply.REPLAY
+    assert decide.cancel_call(asked.evolve(outcome=Outcome.CANCELLED), NOW).reply is Reply.FINAL
+    escalated = decide.escalate(policy, asked, Reason.DEADLINE_EXCEEDED, NOW, "late").record
+    assert decide.cancel_call(escalated, NOW).problem == "operation-escalated"

@@ -15,7 +15,7 @@ from gateway.flow.runtime import RUNTIME
 from gateway.http.prefer import prefer_wait
 from gateway.store import MemoryStore
 
-from conftest import AGENT_TOKEN, FakeClock, Harness, real_time_harness
+from conftest import AGENT_TOKEN, OTHER_TOKEN, FakeClock, Harness, real_time_harness
 
 
 def held(wait: int | str) -> dict[str, str]:
@@ -62,6 +62,10 @@ def _epoch(stamp: str) -> float:
 
 
 async def test_hold_ends_after_n_seconds_with_the_last_answer(harness: Harness) -> None:
+    """Prefer: wait=5 on a job that stays running is held through its pending answers,
+    polling whenever the schedule permits, and answered pending only once the next
+    permitted poll falls past the 5 seconds: not after the first pending answer, and
+    never later than asked."""
     job = await job_of(await harness.submit([{"state": "running"}]))
     started = harness.clock.now
     response = await harness.poll(job, headers=held(5))
@@ -69,6 +73,9 @@ async def test_hold_ends_after_n_seconds_with_the_last_answer(harness: Harness) 
     assert response.headers["Statusgate-Outcome"] == "pending"
     assert response.headers["Preference-Applied"] == "wait=5"
     assert harness.clock.now - started <= 5
+    record = await harness.record(job)
+    assert record.next_poll_at > started + 5  # held until no further poll fitted
+    assert len(harness.provider_calls(job)) == record.status_requests_used >= 2
 
 
 async def test_hold_too_short_for_the_next_poll_is_too_early(harness: Harness) -> None:
@@ -207,3 +214,64 @@ async def test_early_call_held_past_an_early_wake_up_gets_the_poll(
         assert (await answer.json())["state"] == "running"
         assert harness.clock.now >= due
         assert len(harness.provider_calls(job)) == polls
+
+
+async def until(condition: Any) -> None:
+    """Wait (bounded) for a condition on the gateway's own counters, which have no event."""
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+async def test_held_calls_past_the_bounds_are_answered_at_once(
+    make_harness: Any, clock: FakeClock
+) -> None:
+    """With ``limits.max_held_per_account: 2`` and ``max_held: 3``, an account's third held
+    call and any call past three held in all are answered at once as without ``Prefer:
+    wait`` (429 too-early with Retry-After, no Preference-Applied, nothing sent), counted in
+    ``statusgate_holds_declined_total`` by bound; the calls within the bounds stay held and
+    get their poll, and once they end a held call is held again."""
+    gate = asyncio.Event()
+    on_time = clock.sleep
+
+    async def parked(seconds: float) -> None:  # held calls stay parked until the gate opens
+        await gate.wait()
+        await on_time(seconds)
+
+    clock.sleep = parked  # type: ignore[method-assign]
+    limits = {"max_held": 3, "max_held_per_account": 2}
+    harness: Harness = await make_harness(config_changes={"limits": limits})
+    runtime = harness.client.app[RUNTIME]
+    script = [{"state": "running"}, {"state": "succeeded"}]
+    mine = await job_of(await harness.submit(script))
+    theirs = await job_of(await harness.submit(script, key="b", token=OTHER_TOKEN))
+    holds = []
+    for n, (job, token) in enumerate([(mine, AGENT_TOKEN), (mine, AGENT_TOKEN)], 1):
+        holds.append(asyncio.create_task(harness.poll(job, headers=held(30), token=token)))
+        await until(lambda n=n: runtime.parked == n)
+    async with asyncio.timeout(5):  # answered at once, not parked behind the gate
+        past_mine = await harness.poll(mine, headers=held(30))
+    holds.append(asyncio.create_task(harness.poll(theirs, headers=held(30), token=OTHER_TOKEN)))
+    await until(lambda: runtime.parked == 3)
+    async with asyncio.timeout(5):
+        past_all = await harness.poll(theirs, headers=held(30), token=OTHER_TOKEN)
+    for answer in (past_mine, past_all):
+        assert answer.status == 429, await answer.text()
+        assert (await answer.json())["type"] == "/problems/too-early"
+        assert "Retry-After" in answer.headers and "Preference-Applied" not in answer.headers
+    assert harness.provider_calls(mine) == harness.provider_calls(theirs) == []
+    assert not any(task.done() for task in holds) and runtime.holding == 3
+    scrape = await (await harness.client.get("/metrics")).text()
+    for bound in ("account", "total"):
+        series = f'statusgate_holds_declined_total{{bound="{bound}",provider="demo-jobs"}} 1.0'
+        assert series in scrape, scrape
+
+    gate.set()
+    for answer in await asyncio.gather(*holds):
+        assert answer.status == 200 and answer.headers["Preference-Applied"] == "wait=30"
+        assert answer.headers["Statusgate-Outcome"] == "succeeded"
+    assert runtime.holding == 0
+    again = await job_of(await harness.submit([{"state": "running"}], key="c"))
+    answer = await harness.poll(again, headers=held(30))
+    assert answer.status == 200 and answer.headers["Preference-Applied"] == "wait=30"
+    assert len(harness.provider_calls(again)) >= 1

@@ -5,18 +5,22 @@ two operators cancelling at once, and reloads under `--workers`."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.core.models import IdempotencyEntry, OperationRecord
 from gateway.demo.provider import DemoProvider
 from gateway.errors import StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.flow.sweep import escalate_overdue
+from gateway.observe.metrics import FLUSH_SECONDS
 from gateway.store import MemoryStore
 
 from conftest import OPERATOR_TOKEN, Harness, Served, raw
@@ -115,9 +119,19 @@ async def test_a_reload_reaches_every_worker(
     redis_url: str,
 ) -> None:
     """With --workers 2, POST /admin/reload on one worker reloads them all: every new
-    operation afterwards gets the new budget, whichever worker takes it."""
+    operation afterwards gets the new budget, and both worker processes took some of them
+    (each worker's own count of started operations, from its own metric files)."""
     _, url = upstream
-    served = Served(tmp_path, url, tmp_path / "x.db", store_url=redis_url, args=["--workers", "2"])
+    scratch = tmp_path / "tmp"  # the workers' metric files are made under TMPDIR
+    scratch.mkdir()
+    served = Served(
+        tmp_path,
+        url,
+        tmp_path / "x.db",
+        store_url=redis_url,
+        args=["--workers", "2"],
+        env={"TMPDIR": str(scratch)},
+    )
     await served.up()
     gateways.append(served)
     policy = served.folder / "policies" / "demo-jobs.yaml"
@@ -126,7 +140,9 @@ async def test_a_reload_reaches_every_worker(
     policy.write_text(yaml.safe_dump(data))
     base = f"http://127.0.0.1:{served.port}"
     agent = {"Authorization": "Bearer agent-token-team-a"}
-    async with aiohttp.ClientSession() as http:
+    # a connection per request: the kernel spreads new connections over both workers
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
         async with http.post(f"{base}/admin/reload", headers=OPS) as r:
             assert r.status == 200, await r.text()
         budgets = set()
@@ -135,14 +151,38 @@ async def test_a_reload_reaches_every_worker(
             headers = {**agent, "Idempotency-Key": f"r{n}"}
             async with http.post(f"{base}/p/demo-jobs/v1/jobs", json={}, headers=headers) as r:
                 budgets.add(r.headers["Statusgate-Requests-Remaining"])
-    assert budgets <= {"7", "12"}
-    assert "7" in budgets
-    late = budgets  # after the fan-out, no worker answers with the old budget any more
-    async with aiohttp.ClientSession() as http:
+        assert budgets <= {"7", "12"}
+        assert "7" in budgets
+        late = budgets  # after the fan-out, no worker answers with the old budget any more
+        await asyncio.sleep(2 * FLUSH_SECONDS)  # each worker's counts reach its files
+        before = started_by_worker(scratch)
         seen = set()
         for n in range(20):
             headers = {**agent, "Idempotency-Key": f"s{n}"}
             async with http.post(f"{base}/p/demo-jobs/v1/jobs", json={}, headers=headers) as r:
                 seen.add(r.headers["Statusgate-Requests-Remaining"])
+        await asyncio.sleep(2 * FLUSH_SECONDS)
+        after = started_by_worker(scratch)
     assert seen == {"7"}, (late, seen)
+    took = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    assert sum(took.values()) == 20, took
+    assert len([pid for pid, count in took.items() if count > 0]) == 2, took
     assert "Traceback" not in served.stop(signal.SIGTERM)
+
+
+def started_by_worker(scratch: Path) -> dict[str, float]:
+    """Operations each worker process has started, by pid: prometheus_client's multiprocess
+    mode keeps one counter file per process (``counter_<pid>.db``), read one at a time."""
+    [folder] = scratch.glob("statusgate-metrics-*")
+    counts: dict[str, float] = {}
+    for path in folder.glob("counter_*.db"):
+        pid = path.stem.removeprefix("counter_")
+        alone = scratch / f"worker-{pid}"
+        alone.mkdir(exist_ok=True)
+        shutil.copyfile(path, alone / path.name)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(alone))
+        labels = {"provider": "demo-jobs"}
+        value = registry.get_sample_value("statusgate_operations_started_total", labels)
+        counts[pid] = value or 0.0
+    return counts

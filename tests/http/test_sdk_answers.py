@@ -110,6 +110,35 @@ async def test_prefer_wait_still_holds_the_call_under_replay(
     assert status_calls(harness, job) == 2
 
 
+async def test_an_early_call_with_nothing_to_replay_is_held_for_the_first_poll(
+    make_harness: Callable[..., Any],
+) -> None:
+    """SPEC 20a: under replay, an early call right after a 202 submit (no status answer
+    recorded yet) is held until the first permitted poll and answered by it (200, never a
+    429); when that poll is further away than max_hold, it is 429 too-early, nothing sent."""
+    harness: Harness = await make_harness(policy_changes=REPLAY)
+    submitted = await harness.submit([{"state": "running"}, {"state": "succeeded"}])
+    assert submitted.status == 202, await submitted.text()
+    job = str((await submitted.json())["id"])
+    due = (await harness.record(job)).next_poll_at
+    assert harness.clock.now < due
+    early = await harness.poll(job)
+    assert early.status == 200, await early.text()
+    assert (await early.json())["state"] == "running" and "Age" not in early.headers
+    assert "Preference-Applied" not in early.headers
+    assert harness.clock.now >= due and status_calls(harness, job) == 1
+    replayed = await harness.poll(job)  # now there is an answer to replay
+    assert replayed.status == 200 and "Age" in replayed.headers
+    assert status_calls(harness, job) == 1
+
+    far = await harness.submit([{"state": "running"}], key="far", submit={"poll_after_seconds": 90})
+    far_job = str((await far.json())["id"])
+    refused = await harness.poll(far_job)
+    assert (refused.status, await slug(refused)) == (429, "too-early")
+    assert int(refused.headers["Retry-After"]) > 60
+    assert status_calls(harness, far_job) == 0
+
+
 async def test_no_replay_after_a_5xx_or_a_transport_failure(
     make_harness: Callable[..., Any],
 ) -> None:

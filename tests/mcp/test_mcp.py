@@ -209,6 +209,29 @@ async def _record(harness: Harness, operation_id: str) -> Any:
     return record
 
 
+async def test_tasks_cancel_sends_the_cancel_where_agents_may(make_harness: Any) -> None:
+    """Under ``routes.cancel.by: agent``, tasks/cancel of the account's working task sends
+    the provider's cancel route once (a second tasks/cancel is acknowledged from the record),
+    audited ``cancel_requested`` with the account; the task then ends cancelled."""
+    changes = {"demo-jobs": {"routes": {"cancel": {"by": "agent"}}}}
+    harness: Harness = await make_harness(policy_changes=changes)
+    operation_id = await submitted(harness, [{"state": "running"}])
+    rpc = Rpc(harness.client)
+    await rpc.open()
+    meta = {"io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}}}
+    for _ in range(2):
+        cancelled = await rpc.call("tasks/cancel", {"taskId": operation_id, "_meta": meta})
+        assert cancelled["result"]["resultType"] == "complete", cancelled
+    record = await _record(harness, operation_id)
+    assert record.outcome.value == "pending" and record.cancel_requested_at is not None
+    sent = [e for e in harness.provider.log if e["kind"] == "cancel"]
+    assert len(sent) == 1 and sent[0]["job_id"] == record.provider_job_id
+    lines = [line for line in harness.audit_lines() if line["event"] == "cancel_requested"]
+    assert [line["actor"] for line in lines] == ["account:team-a"]
+    got = (await rpc.call("tasks/get", {"taskId": operation_id, "_meta": meta}))["result"]
+    assert got["status"] == "cancelled", got
+
+
 async def test_extension_tasks_inline_the_result(harness: Harness) -> None:
     """With the io.modelcontextprotocol/tasks extension declared on the request, a wait is a
     task (resultType "task", pollIntervalMs); tasks/get carries the final result inline, and

@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
 
 from gateway.demo.provider import DemoProvider, output_file
 
 from conftest import (
     AGENT_TOKEN,
-    OPERATOR_TOKEN,
     PROVIDER_KEY,
     Harness,
     Wire,
@@ -141,11 +139,12 @@ async def test_openai_sdk_without_retries_in_a_tight_loop_is_held_to_the_schedul
     )
 
 
-async def test_openai_sdk_cancel_is_an_operator_decision(
+async def test_openai_sdk_cancels_its_own_batch(
     tmp_path: Path, live_demo: tuple[DemoProvider, str]
 ) -> None:
-    """batches.cancel from the agent is 403 approval-required, which the SDK does not retry;
-    an operator's cancel reaches the provider and the SDK loop then sees cancelled."""
+    """batches.cancel from the agent's own SDK (the policy's ``cancel.by: agent``) reaches
+    the provider once and returns the batch cancelling; a second batches.cancel is answered
+    from the record; the SDK loop then sees cancelled."""
     demo, upstream = live_demo
     changes = {"openai-batch": {"polling": fast_polling()}}
     wire = Wire()
@@ -158,16 +157,11 @@ async def test_openai_sdk_cancel_is_an_operator_decision(
             completion_window="24h",
             extra_body={"demo_script": [{"state": "in_progress"}]},
         )
-        with pytest.raises(openai.PermissionDeniedError):
-            await asyncio.to_thread(client.batches.cancel, batch.id)
-        assert wire.count(403) == 1
-        record = await harness.record(batch.id, "openai-batch")
-        answer = await harness.client.post(
-            f"/admin/operations/{record.operation_id}/cancel",
-            json={"reason": "no longer needed"},
-            headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
-        )
-        assert answer.status == 200, await answer.text()
+        cancelling = await asyncio.to_thread(client.batches.cancel, batch.id)
+        assert cancelling.id == batch.id and cancelling.status == "cancelling"
+        again = await asyncio.to_thread(client.batches.cancel, batch.id)
+        assert again.id == batch.id
+        assert wire.count(403) == 0
 
         def wait_for_end() -> Any:
             seen = batch

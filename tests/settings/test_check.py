@@ -321,3 +321,28 @@ def test_readme_check_commands_work_in_a_second_shell(tmp_path: Path) -> None:
     exits = [line for line in out if line.startswith("exit")]
     assert exits == ["exit 0", "exit 0", "exit 3", "exit 0"], done.stdout + done.stderr
     assert json.loads((tmp_path / "s.json").read_text())["title"].startswith("Statusgate")
+
+
+def test_check_reports_every_invalid_field_of_a_policy_in_one_run(tmp_path: Path) -> None:
+    """`statusgate check` on a policy with a non-http upstream, base_delay over max_delay and
+    a status path without {job_id} prints one message for each of the three fields, in one run
+    (SPEC 20a), even though the upstream alone makes the file invalid."""
+    change = {
+        "upstream": "ftp://nowhere",
+        "polling": {"base_delay": "10m", "max_delay": "1s"},
+        "routes": {"status": {"path": "/v1/jobs/latest"}},
+    }
+    config = write_config(tmp_path, "https://x.example", policy_changes={"demo-jobs": change})
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env={"DEMO_API_KEY": "k", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 1
+    policy = f"{tmp_path}/policies/demo-jobs.yaml"
+    lines = [line for line in done.stderr.splitlines() if line.startswith(f"{policy}: ")]
+    fields = sorted(line.removeprefix(f"{policy}: ").partition(": ")[0] for line in lines)
+    assert fields == ["polling.base_delay", "routes.status.path", "upstream"], done.stderr
+    assert "Traceback" not in done.stderr

@@ -228,7 +228,8 @@ def test_shipped_policies_take_effect_as_before_their_shape(name: str) -> None:
 def test_policies_that_use_nothing_new_keep_their_fingerprints() -> None:
     """Records remember the fingerprint of the policy they started under (resume compares
     it); the fields added for SPEC 22, left unset, leave it as it was (these values are the
-    ones computed before those fields existed)."""
+    ones computed before those fields existed), and so does ``routes.cancel.by`` left at
+    ``operator``: the policies that now let agents cancel had these fingerprints with it."""
     env = {"DEMO_API_KEY": "k-123456"}
     before = {
         "anthropic-batches": "fa7e7f0f2af23cb2",
@@ -239,7 +240,14 @@ def test_policies_that_use_nothing_new_keep_their_fingerprints() -> None:
         "google-operations": "e34326af0451cc01",
     }
     for name, fingerprint in before.items():
-        assert load_policy(ROOT / f"policies/{name}.yaml", name, env).fingerprint == fingerprint
+        policy = load_policy(ROOT / f"policies/{name}.yaml", name, env)
+        cancel = policy.routes.cancel
+        if cancel is not None and cancel.by == "agent":  # SPEC 20a: a rule that changed
+            operator = cancel.model_copy(update={"by": "operator"})
+            routes = policy.routes.model_copy(update={"cancel": operator})
+            assert policy.fingerprint != fingerprint
+            policy = policy.model_copy(update={"routes": routes})
+        assert policy.fingerprint == fingerprint, name
 
 
 # -- statusgate policy show --------------------------------------------------------------------
