@@ -75,7 +75,8 @@ PLACEHOLDER_STORES = {
 # Environment variables a manifest may set literally: none of them is a secret.
 NOT_SECRET = {"POD_NAME", "STATUSGATE_CONFIG"}
 WILDCARD = {"0.0.0.0", "::"}  # noqa: S104 (names the wildcard, binds nothing)
-INTERPOLATED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
+# ${NAME}; one with a default (${NAME:-default}) needs no variable, and is not matched
+INTERPOLATED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # Rendered output is kustomize's, not ours: only what would make it wrong YAML counts.
 RENDERED_LINT = yamllint_config.YamlLintConfig(

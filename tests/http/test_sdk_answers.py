@@ -13,6 +13,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from gateway.core.decide import lookup
 from gateway.core.models import Outcome
 from gateway.demo.provider import BATCH_OUTPUT, output_file
 from gateway.settings.policy import ProviderPolicy, load_policy, warnings
@@ -310,6 +311,29 @@ RUNS: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {
     ),
     "demo-jobs": ("/v1/jobs", {}, [{"state": "succeeded"}]),
     "google-operations": ("/v1/projects/p/locations/l/jobs", {}, [{"state": "done"}]),
+    "openai-responses": (
+        "/v1/responses",
+        {"model": "m", "input": "x", "background": True},
+        [{"state": "completed"}],
+    ),
+    "openai-fine-tuning": (
+        "/v1/fine_tuning/jobs",
+        {"model": "m", "training_file": "file-t"},
+        [{"state": "succeeded"}],
+    ),
+    "azure-openai-batch": (
+        "/openai/batches?api-version=2024-10-21",
+        {"input_file_id": "file-i", "endpoint": "/chat/completions"},
+        [{"state": "completed"}],
+    ),
+    "groq-batch": ("/openai/v1/batches", {"input_file_id": "file_i"}, [{"state": "completed"}]),
+    "together-batch": ("/v1/batches", {"input_file_id": "file-i"}, [{"state": "COMPLETED"}]),
+    "mistral-batch": ("/v1/batch/jobs", {"input_files": ["f"]}, [{"state": "SUCCESS"}]),
+    "fireworks-batch": (
+        "/v1/accounts/a/batchInferenceJobs",
+        {"model": "m", "inputDatasetId": "accounts/a/datasets/in"},
+        [{"state": "JOB_STATE_COMPLETED"}],
+    ),
 }
 
 
@@ -326,7 +350,7 @@ async def test_account_b_cannot_read_account_a_output_by_any_declared_route(
         key = "a-key" if policy.routes.submit.idempotency.required else None
         created = await harness.submit(script, provider=provider, path=path, key=key, body=body)
         assert created.status in (200, 202), await created.text()
-        job = str((await created.json()).get("id") or (await created.json())["name"])
+        job = str(lookup(await created.json(), policy.routes.submit.job_id.path))
         status_path = policy.routes.status.path
         done = await harness.poll_when_due(job, provider=provider, path=fill_job(status_path))
         assert done.headers["Statusgate-Outcome"] == "succeeded", (provider, await done.text())

@@ -39,6 +39,13 @@ MODULES: tuple[str, ...] = (
     "celery_flower",
     "gemini_batch",
     "vertex_batch_prediction",
+    "azure_openai_batch",
+    "fireworks_batch",
+    "groq_batch",
+    "mistral_batch",
+    "openai_fine_tuning",
+    "openai_responses",
+    "together_batch",
 )
 
 
