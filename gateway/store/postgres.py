@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
@@ -73,6 +74,8 @@ LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 CLOCK_RESYNC = 10.0
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
 SQL = resources.files("gateway.store") / "sql"
+PROBE_ID = "statusgate readiness probe"  # no operation id or idempotency key has this form
+PROBE_BYTES = 1536  # the probe row's data: about one record
 
 # (wait, written, stored JSON) as sg_start answers; 1 written, 0 stale, -1 gone, -2 refused
 _START = "SELECT * FROM {s}.sg_start(%s, %s, %s, %s, %s, %s, %s, {cas})"
@@ -254,7 +257,21 @@ class PostgresStore(Store):
             await self._pool.close()
 
     async def ping(self) -> None:
-        await self._one("ping", "SELECT 1")
+        """Ready means writable: a probe writes, changes and deletes a row about a record's
+        size in the tables a submit writes (operations, idempotency), in a transaction
+        rolled back, so a role without INSERT, UPDATE or DELETE, or a full disk under
+        empty tables, is not ready; ``SELECT 1`` would answer for both."""
+        s, pad = self._s, secrets.token_hex(PROBE_BYTES // 2)  # incompressible: real room
+        probe = (PROBE_ID, "", "", PROBE_ID, "probe", 0.0, 0.0, 0.0, None, 0, 0, 0.0, 0, pad)
+        async with self._connection("ping") as conn, conn.transaction(force_rollback=True):
+            for query, args in (
+                (f"INSERT INTO {s}.operations VALUES ({', '.join(['%s'] * 14)})", probe),
+                (f"UPDATE {s}.operations SET version = 1 WHERE operation_id = %s", (PROBE_ID,)),
+                (f"DELETE FROM {s}.operations WHERE operation_id = %s", (PROBE_ID,)),
+                (f"INSERT INTO {s}.idempotency VALUES (%s, 0, %s)", (PROBE_ID, pad)),
+                (f"DELETE FROM {s}.idempotency WHERE key = %s", (PROBE_ID,)),
+            ):
+                await conn.execute(query.encode(), args)
 
     async def _direct(self) -> psycopg.AsyncConnection[Any]:
         """One connection outside the pool (layout work): its failure said plainly."""
