@@ -364,20 +364,31 @@ class PostgresStore(Store):
     async def create(
         self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
     ) -> OperationRecord:
+        """The row ``claim_submission`` reserved becomes the record (an UPDATE on the page
+        the reservation found room on); without one, the record is inserted."""
         s = self._s
+        columns = ", ".join(_COLUMNS[1:])
         query = (
-            f"WITH op AS (INSERT INTO {s}.operations VALUES"
+            f"WITH up AS (UPDATE {s}.operations SET ({columns}) ="
+            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " WHERE operation_id = %s AND outcome = 'reserved' AND NOT EXISTS"
+            f" (SELECT 1 FROM {s}.operations WHERE account = %s AND provider = %s"
+            " AND provider_job_id = %s) RETURNING 1),"
+            f" op AS (INSERT INTO {s}.operations VALUES"
             " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT DO NOTHING RETURNING 1),"
+            " done AS (SELECT 1 FROM up UNION ALL SELECT 1 FROM op),"
             f" idem AS (INSERT INTO {s}.idempotency (key, expires_at, data)"
-            " SELECT %s, %s, %s WHERE %s AND EXISTS (SELECT 1 FROM op)"
+            " SELECT %s, %s, %s WHERE %s AND EXISTS (SELECT 1 FROM done)"
             " ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at,"
             " data = excluded.data)"
-            " SELECT EXISTS (SELECT 1 FROM op)"
+            " SELECT EXISTS (SELECT 1 FROM done)"
         )
         idem = idem_row(idempotency) if idempotency is not None else ("", 0.0, "")
-        args = (*operation_row(record), *idem, idempotency is not None)
-        row = await self._one("create", query, args)
+        row_values = operation_row(record)
+        job = (record.account, record.provider, record.provider_job_id)
+        args = (*row_values[1:], record.operation_id, *job, *row_values, *idem)
+        row = await self._one("create", query, (*args, idempotency is not None))
         if row[0]:
             self._copies.keep(record)
             await self._index(record)
@@ -385,6 +396,8 @@ class PostgresStore(Store):
         existing = await self.find(record.account, record.provider, record.provider_job_id)
         if existing is None:  # purged between the two statements: the job is free again
             return await self.create(record, idempotency)
+        with contextlib.suppress(StoreError):  # else purged once its retention is over
+            await self.release_submission(record.operation_id)
         return existing
 
     async def get(self, operation_id: str) -> OperationRecord | None:
@@ -511,7 +524,7 @@ class PostgresStore(Store):
             return result
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
-        clauses: list[str] = []
+        clauses: list[str] = ["outcome <> 'reserved'"]  # a submission's reservation
         args: list[Any] = []
         for column, value in (
             ("outcome", where.outcome),
@@ -524,9 +537,7 @@ class PostgresStore(Store):
         if where.before is not None:  # a page's position: strictly older in list order
             clauses.append("(started_at, operation_id) < (%s, %s)")
             args += list(where.before)
-        query = f"SELECT data FROM {self._s}.operations"
-        if clauses:
-            query += " WHERE " + " AND ".join(clauses)
+        query = f"SELECT data FROM {self._s}.operations WHERE " + " AND ".join(clauses)
         query += " ORDER BY started_at DESC, operation_id DESC LIMIT %s"
         rows = await self._all("list", query, (*args, where.limit))
         return [OperationRecord.from_dict(orjson.loads(row[0])) for row in rows]
@@ -601,6 +612,46 @@ class PostgresStore(Store):
             (*idem_row(entry), now),
         )
         return None if row[0] is None else IdempotencyEntry.from_dict(orjson.loads(row[0]))
+
+    async def claim_submission(
+        self,
+        entry: IdempotencyEntry | None,
+        now: float,
+        operation_id: str,
+        account: str,
+        provider: str,
+    ) -> IdempotencyEntry | None:
+        """The claim and the record's row reserved in one statement, so the write that must
+        succeed before a submission is forwarded needs the room its record needs: a full
+        disk refuses it with nothing forwarded, never after the provider made the job. The
+        reserved row (outcome ``reserved``, data about a record's size) is no record: no
+        query reads it but ``create``, which turns it into the record, and ``purge``, which
+        removes one left behind (a gateway stopped mid-submit) after the retention."""
+        s = self._s
+        claim = "SELECT NULL::text AS seen"
+        args: tuple[Any, ...] = ()
+        if entry is not None:
+            claim = f"SELECT {s}.sg_claim(%s, %s, %s, %s) AS seen"
+            args = (*idem_row(entry), now)
+        query = (
+            f"WITH c AS ({claim}), r AS (INSERT INTO {s}.operations"
+            " SELECT %s::text, %s::text, %s::text, %s::text, 'reserved', %s::float8,"
+            " %s::float8, %s::float8, NULL, 0, 0, 0, 0, %s::text FROM c WHERE c.seen IS NULL"
+            " RETURNING 1) SELECT seen FROM c"
+        )
+        pad = secrets.token_hex(PROBE_BYTES // 2)
+        job = f"(reserved) {operation_id}"  # no provider's job id has this form
+        reserved = (operation_id, account, provider, job, now, now, now, pad)
+        row = await self._one("claim_idempotency", query, (*args, *reserved))
+        return None if row[0] is None else IdempotencyEntry.from_dict(orjson.loads(row[0]))
+
+    async def release_submission(self, operation_id: str) -> None:
+        await self._one(
+            "drop_idempotency",
+            f"DELETE FROM {self._s}.operations WHERE operation_id = %s"
+            " AND outcome = 'reserved' RETURNING 1",
+            (operation_id,),
+        )
 
     async def put_idempotency(self, entry: IdempotencyEntry) -> None:
         await self._one(
@@ -746,6 +797,22 @@ class PostgresStore(Store):
         )
 
 
+_COLUMNS = (
+    "operation_id",
+    "account",
+    "provider",
+    "provider_job_id",
+    "outcome",
+    "started_at",
+    "deadline_at",
+    "ended_at",
+    "reason",
+    "used",
+    "budget",
+    "next_poll_at",
+    "version",
+    "data",
+)  # the operations table's, in order (sql/layout_1.sql)
 Fence = tuple[str, str] | None  # (lease name, token) a write must still hold
 
 
