@@ -239,6 +239,8 @@ async def start_harness(
         config_changes=config_changes,
     )
     settings = load_settings(path, env={**os.environ, **PROVIDER_ENV})
+    if store is None and settings.store_url.startswith("postgresql"):
+        await migrated(settings.store_url)
     the_store = store if store is not None else store_from_url(settings.store_url)
     app: web.Application = create_app(
         settings,
@@ -611,8 +613,20 @@ def postgres_url(postgres_base_url: str) -> Iterator[str]:
     """A PostgreSQL store URL with a schema of its own, dropped afterwards."""
     schema = f"sgtest_{uuid.uuid4().hex[:12]}"
     joiner = "&" if "?" in postgres_base_url else "?"
-    yield f"{postgres_base_url}{joiner}schema={schema}"
+    url = f"{postgres_base_url}{joiner}schema={schema}"
+    asyncio.run(migrated(url))  # as `statusgate migrate` does before serve
+    yield url
     drop_schema(postgres_base_url.split("?", 1)[0], schema)
+
+
+async def migrated(url: str) -> None:
+    """The store at ``url`` with its layout created or upgraded (``statusgate migrate``):
+    PostgreSQL's ``serve`` only checks it."""
+    store = store_from_url(url)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
 
 
 @contextlib.asynccontextmanager

@@ -238,9 +238,21 @@ class PostgresStore(Store):
 
     # -- life ---------------------------------------------------------------------------
     async def open(self) -> None:
-        """Bring the layout up to date (first start: create it), then open the pool. A
+        """Check the layout is the one this code writes, then open the pool. Serving needs
+        no DDL rights: ``statusgate migrate``, run by a role that owns the schema, creates
+        and upgrades the layout; a missing, older or newer one is refused by name. A
         database that cannot be reached, or refuses these credentials, is one clear line."""
-        await self.migrate()
+        found = await self.layout()
+        if found is not None and found > LAYOUT:
+            raise newer_layout("postgresql", found, LAYOUT)
+        if found != LAYOUT:
+            held = "no statusgate tables" if found is None else f"schema version {found}"
+            raise StoreError(
+                f"the postgresql store (schema {self.schema}) holds {held}; this statusgate"
+                f" serves schema version {LAYOUT}: run `statusgate migrate` (as a role that"
+                " may create tables in the schema) first",
+                operation="open",
+            )
         await self._pool.open(wait=False)
         await self._turns.open()
         self._opened = True
@@ -297,7 +309,7 @@ class PostgresStore(Store):
         if found is not None and found > LAYOUT:
             raise newer_layout("postgresql", found, LAYOUT)
         if found is None:
-            return " (reachable; tables are created at first start)"
+            return " (reachable; no tables yet: statusgate migrate creates them)"
         if found < LAYOUT:
             return f" (schema version {found}; statusgate migrate upgrades it to {LAYOUT})"
         return f" (schema version {found})"
@@ -314,6 +326,8 @@ class PostgresStore(Store):
                 found = await _found(conn, self.schema)
                 if found is not None and found > LAYOUT:
                     raise newer_layout("postgresql", found, LAYOUT)
+                if found == LAYOUT:  # up to date: no DDL, so any role may ask
+                    return found, LAYOUT
                 if found == 0:
                     raise StoreError(
                         f"postgresql: schema {self.schema} has an operations table that"
