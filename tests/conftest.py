@@ -7,6 +7,7 @@ sleeps to wait for a poll window; HTTP still goes over real sockets.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -614,7 +615,10 @@ def postgres_url(postgres_base_url: str) -> Iterator[str]:
     schema = f"sgtest_{uuid.uuid4().hex[:12]}"
     joiner = "&" if "?" in postgres_base_url else "?"
     url = f"{postgres_base_url}{joiner}schema={schema}"
-    asyncio.run(migrated(url))  # as `statusgate migrate` does before serve
+    # as `statusgate migrate` does before serve; on a thread of its own, since an async
+    # fixture may ask for this one while its loop runs
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, migrated(url)).result()
     yield url
     drop_schema(postgres_base_url.split("?", 1)[0], schema)
 
