@@ -140,7 +140,9 @@ class PostgresStore(Store):
         self._cas_st = Statement.of("sg_cas", self._cas_sql)
         self._index_st = Statement.of("sg_index", self._index_sql)
         self._get_st = Statement.of(
-            "sg_get", f"SELECT data FROM {self._s}.operations WHERE operation_id = %s"
+            "sg_get",
+            f"SELECT data FROM {self._s}.operations WHERE operation_id = %s"
+            " AND outcome <> 'reserved'",  # a submission's reservation is no record
         )
         self._find_st = Statement.of(
             "sg_find",
