@@ -183,7 +183,8 @@ async def readyz(request: web.Request) -> web.Response:
         await runtime.store.ping()
     except StoreError as exc:
         runtime.effects.metrics.store_errors.labels(exc.operation).inc()
-        return web.json_response({"status": "not ready", "store": "unreachable"}, status=503)
+        said = {"status": "not ready", "store": "unavailable", "reason": str(exc)}
+        return web.json_response(said, status=503)
     audit = runtime.effects.audit
     if audit is not None and not audit.writable():  # a full disk: no new work is taken
         body = {"status": "not ready", "audit": "unwritable", "audit_lines_waiting": audit.waiting}

@@ -7,6 +7,7 @@ sleeps to wait for a poll window; HTTP still goes over real sockets.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -239,6 +240,8 @@ async def start_harness(
         config_changes=config_changes,
     )
     settings = load_settings(path, env={**os.environ, **PROVIDER_ENV})
+    if store is None and settings.store_url.startswith("postgresql"):
+        await migrated(settings.store_url)
     the_store = store if store is not None else store_from_url(settings.store_url)
     app: web.Application = create_app(
         settings,
@@ -611,8 +614,23 @@ def postgres_url(postgres_base_url: str) -> Iterator[str]:
     """A PostgreSQL store URL with a schema of its own, dropped afterwards."""
     schema = f"sgtest_{uuid.uuid4().hex[:12]}"
     joiner = "&" if "?" in postgres_base_url else "?"
-    yield f"{postgres_base_url}{joiner}schema={schema}"
+    url = f"{postgres_base_url}{joiner}schema={schema}"
+    # as `statusgate migrate` does before serve; on a thread of its own, since an async
+    # fixture may ask for this one while its loop runs
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, migrated(url)).result()
+    yield url
     drop_schema(postgres_base_url.split("?", 1)[0], schema)
+
+
+async def migrated(url: str) -> None:
+    """The store at ``url`` with its layout created or upgraded (``statusgate migrate``):
+    PostgreSQL's ``serve`` only checks it."""
+    store = store_from_url(url)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
 
 
 @contextlib.asynccontextmanager

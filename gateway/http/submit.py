@@ -98,6 +98,7 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
         f"{sent.method}\n{sent.path_qs}\n{hashlib.sha256(body).hexdigest()}".encode()
     ).hexdigest()
     now = runtime.clock()
+    operation_id = new_operation_id(now)
     entry = None
     if key is not None:
         entry = IdempotencyEntry(
@@ -108,9 +109,10 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
             expires_at=now + rules.retention,
             claim=secrets.token_hex(8),  # unique, not the policy's seeded jitter source
         )
-        seen = await runtime.records.claim_idempotency(entry, now)
-        if seen is not None:
-            return await _replay(call, seen, fingerprint, now)
+    account, provider = call.account.id, policy.provider
+    seen = await runtime.records.claim_submission(entry, now, operation_id, account, provider)
+    if seen is not None:
+        return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
     url = policy.upstream + fill(route.path, call.match.params, sent.query)
     forwarded = None if key is None else idempotency.forwarded_key(call.account.id, key)
@@ -118,6 +120,8 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
     answer, response = await send_upstream(
         runtime.channel(policy), policy, "submit", route.method, url, headers, body
     )
+    if response is None or not 200 <= response.status < 300:
+        await _release(call, operation_id)
     if response is None:
         await _audit(call, Event.SUBMIT_FAILED, None, f"no answer: {_failure(answer)}")
         return await _submit_failed(call, entry, answer.failure)
@@ -136,7 +140,25 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
     wait = prefer_wait(
         (v for k, v in sent.headers if k.lower() == "prefer"), bare=policy.polling.max_hold
     )
-    return await _open(call, entry, fingerprint, key, answer, response, body, wait)
+    opened = Opened(operation_id, entry, fingerprint, key)
+    return await _open(call, opened, answer, response, body, wait)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What a forwarded submission carries to the record it opens."""
+
+    operation_id: str  # reserved before the submission was forwarded
+    entry: IdempotencyEntry | None
+    fingerprint: str
+    key: str | None
+
+
+async def _release(call: Call, operation_id: str) -> None:
+    """The reservation of a submission that opened no operation, given up (one left
+    behind, the store failing, is purged after the retention)."""
+    with contextlib.suppress(StoreError):
+        await call.runtime.records.release_submission(operation_id)
 
 
 async def _credential_rejected(call: Call, status: int) -> web.Response:
@@ -160,17 +182,17 @@ async def _credential_rejected(call: Call, status: int) -> web.Response:
 
 async def _open(
     call: Call,
-    entry: IdempotencyEntry | None,
-    fingerprint: str,
-    key: str | None,
+    opened: Opened,
     answer: ProviderAnswer,
     response: UpstreamResponse,
     sent: bytes,
     wait: float | None = None,
 ) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
+    entry, fingerprint, key = opened.entry, opened.fingerprint, opened.key
     job_id = _job_id(call, response, sent)
     if job_id is None:
+        await _release(call, opened.operation_id)
         if entry is not None:  # the job may exist: never let a retry submit it again
             await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
         await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "no valid job id")
@@ -179,7 +201,7 @@ async def _open(
     now = runtime.clock()
     decision = decide.open_operation(
         policy,
-        operation_id=new_operation_id(now),
+        operation_id=opened.operation_id,
         account=call.account.id,
         job_id=job_id,
         fingerprint=fingerprint,
@@ -202,8 +224,8 @@ async def _open(
         )
     try:
         record = await runtime.records.create(decision.record, completed)
-    except StoreError:  # the job exists at the provider: say so, never "nothing forwarded"
-        log.error("store failed after provider %s accepted a submission", policy.provider)
+    except StoreError as exc:  # the job exists at the provider: say so, never "nothing forwarded"
+        log.error("store failed after provider %s accepted a submission: %s", policy.provider, exc)
         if entry is not None:  # a retry with the key must not submit again either
             with contextlib.suppress(StoreError):
                 await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))

@@ -160,6 +160,26 @@ class Records(abc.ABC):
         An unexpired entry equal to ``entry`` is this same claim (its ``claim`` token made
         by the request), sent again after a broken connection: claimed."""
 
+    async def claim_submission(
+        self,
+        entry: IdempotencyEntry | None,
+        now: float,
+        operation_id: str,
+        account: str,
+        provider: str,
+    ) -> IdempotencyEntry | None:
+        """What must be written before a submission is forwarded: ``entry`` claimed (as
+        ``claim_idempotency``) and, where a store's writes can fail for want of room, the
+        operation's record reserved with it, so a full disk refuses the submission before the
+        provider sees it. None when claimed (or no key); else the unexpired entry, and
+        nothing written. This default claims the key only."""
+        return None if entry is None else await self.claim_idempotency(entry, now)
+
+    async def release_submission(self, operation_id: str) -> None:
+        """Give up what ``claim_submission`` reserved for ``operation_id`` (the submission
+        opened no operation); the default reserves nothing."""
+        return None
+
     @abc.abstractmethod
     async def put_idempotency(self, entry: IdempotencyEntry) -> None: ...
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
@@ -73,6 +74,8 @@ LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 CLOCK_RESYNC = 10.0
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
 SQL = resources.files("gateway.store") / "sql"
+PROBE_ID = "statusgate readiness probe"  # no operation id or idempotency key has this form
+PROBE_BYTES = 1536  # the probe row's data: about one record
 
 # (wait, written, stored JSON) as sg_start answers; 1 written, 0 stale, -1 gone, -2 refused
 _START = "SELECT * FROM {s}.sg_start(%s, %s, %s, %s, %s, %s, %s, {cas})"
@@ -137,7 +140,9 @@ class PostgresStore(Store):
         self._cas_st = Statement.of("sg_cas", self._cas_sql)
         self._index_st = Statement.of("sg_index", self._index_sql)
         self._get_st = Statement.of(
-            "sg_get", f"SELECT data FROM {self._s}.operations WHERE operation_id = %s"
+            "sg_get",
+            f"SELECT data FROM {self._s}.operations WHERE operation_id = %s"
+            " AND outcome <> 'reserved'",  # a submission's reservation is no record
         )
         self._find_st = Statement.of(
             "sg_find",
@@ -235,9 +240,21 @@ class PostgresStore(Store):
 
     # -- life ---------------------------------------------------------------------------
     async def open(self) -> None:
-        """Bring the layout up to date (first start: create it), then open the pool. A
+        """Check the layout is the one this code writes, then open the pool. Serving needs
+        no DDL rights: ``statusgate migrate``, run by a role that owns the schema, creates
+        and upgrades the layout; a missing, older or newer one is refused by name. A
         database that cannot be reached, or refuses these credentials, is one clear line."""
-        await self.migrate()
+        found = await self.layout()
+        if found is not None and found > LAYOUT:
+            raise newer_layout("postgresql", found, LAYOUT)
+        if found != LAYOUT:
+            held = "no statusgate tables" if found is None else f"schema version {found}"
+            raise StoreError(
+                f"the postgresql store (schema {self.schema}) holds {held}; this statusgate"
+                f" serves schema version {LAYOUT}: run `statusgate migrate` (as a role that"
+                " may create tables in the schema) first",
+                operation="open",
+            )
         await self._pool.open(wait=False)
         await self._turns.open()
         self._opened = True
@@ -254,7 +271,21 @@ class PostgresStore(Store):
             await self._pool.close()
 
     async def ping(self) -> None:
-        await self._one("ping", "SELECT 1")
+        """Ready means writable: a probe writes, changes and deletes a row about a record's
+        size in the tables a submit writes (operations, idempotency), in a transaction
+        rolled back, so a role without INSERT, UPDATE or DELETE, or a full disk under
+        empty tables, is not ready; ``SELECT 1`` would answer for both."""
+        s, pad = self._s, secrets.token_hex(PROBE_BYTES // 2)  # incompressible: real room
+        probe = (PROBE_ID, "", "", PROBE_ID, "probe", 0.0, 0.0, 0.0, None, 0, 0, 0.0, 0, pad)
+        async with self._connection("ping") as conn, conn.transaction(force_rollback=True):
+            for query, args in (
+                (f"INSERT INTO {s}.operations VALUES ({', '.join(['%s'] * 14)})", probe),
+                (f"UPDATE {s}.operations SET version = 1 WHERE operation_id = %s", (PROBE_ID,)),
+                (f"DELETE FROM {s}.operations WHERE operation_id = %s", (PROBE_ID,)),
+                (f"INSERT INTO {s}.idempotency VALUES (%s, 0, %s)", (PROBE_ID, pad)),
+                (f"DELETE FROM {s}.idempotency WHERE key = %s", (PROBE_ID,)),
+            ):
+                await conn.execute(query.encode(), args)
 
     async def _direct(self) -> psycopg.AsyncConnection[Any]:
         """One connection outside the pool (layout work): its failure said plainly."""
@@ -280,7 +311,7 @@ class PostgresStore(Store):
         if found is not None and found > LAYOUT:
             raise newer_layout("postgresql", found, LAYOUT)
         if found is None:
-            return " (reachable; tables are created at first start)"
+            return " (reachable; no tables yet: statusgate migrate creates them)"
         if found < LAYOUT:
             return f" (schema version {found}; statusgate migrate upgrades it to {LAYOUT})"
         return f" (schema version {found})"
@@ -297,6 +328,8 @@ class PostgresStore(Store):
                 found = await _found(conn, self.schema)
                 if found is not None and found > LAYOUT:
                     raise newer_layout("postgresql", found, LAYOUT)
+                if found == LAYOUT:  # up to date: no DDL, so any role may ask
+                    return found, LAYOUT
                 if found == 0:
                     raise StoreError(
                         f"postgresql: schema {self.schema} has an operations table that"
@@ -347,20 +380,31 @@ class PostgresStore(Store):
     async def create(
         self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
     ) -> OperationRecord:
+        """The row ``claim_submission`` reserved becomes the record (an UPDATE on the page
+        the reservation found room on); without one, the record is inserted."""
         s = self._s
+        columns = ", ".join(_COLUMNS[1:])
         query = (
-            f"WITH op AS (INSERT INTO {s}.operations VALUES"
+            f"WITH up AS (UPDATE {s}.operations SET ({columns}) ="
+            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " WHERE operation_id = %s AND outcome = 'reserved' AND NOT EXISTS"
+            f" (SELECT 1 FROM {s}.operations WHERE account = %s AND provider = %s"
+            " AND provider_job_id = %s) RETURNING 1),"
+            f" op AS (INSERT INTO {s}.operations VALUES"
             " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT DO NOTHING RETURNING 1),"
+            " done AS (SELECT 1 FROM up UNION ALL SELECT 1 FROM op),"
             f" idem AS (INSERT INTO {s}.idempotency (key, expires_at, data)"
-            " SELECT %s, %s, %s WHERE %s AND EXISTS (SELECT 1 FROM op)"
+            " SELECT %s, %s, %s WHERE %s AND EXISTS (SELECT 1 FROM done)"
             " ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at,"
             " data = excluded.data)"
-            " SELECT EXISTS (SELECT 1 FROM op)"
+            " SELECT EXISTS (SELECT 1 FROM done)"
         )
         idem = idem_row(idempotency) if idempotency is not None else ("", 0.0, "")
-        args = (*operation_row(record), *idem, idempotency is not None)
-        row = await self._one("create", query, args)
+        row_values = operation_row(record)
+        job = (record.account, record.provider, record.provider_job_id)
+        args = (*row_values[1:], record.operation_id, *job, *row_values, *idem)
+        row = await self._one("create", query, (*args, idempotency is not None))
         if row[0]:
             self._copies.keep(record)
             await self._index(record)
@@ -368,6 +412,8 @@ class PostgresStore(Store):
         existing = await self.find(record.account, record.provider, record.provider_job_id)
         if existing is None:  # purged between the two statements: the job is free again
             return await self.create(record, idempotency)
+        with contextlib.suppress(StoreError):  # else purged once its retention is over
+            await self.release_submission(record.operation_id)
         return existing
 
     async def get(self, operation_id: str) -> OperationRecord | None:
@@ -494,7 +540,7 @@ class PostgresStore(Store):
             return result
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
-        clauses: list[str] = []
+        clauses: list[str] = ["outcome <> 'reserved'"]  # a submission's reservation
         args: list[Any] = []
         for column, value in (
             ("outcome", where.outcome),
@@ -507,9 +553,7 @@ class PostgresStore(Store):
         if where.before is not None:  # a page's position: strictly older in list order
             clauses.append("(started_at, operation_id) < (%s, %s)")
             args += list(where.before)
-        query = f"SELECT data FROM {self._s}.operations"
-        if clauses:
-            query += " WHERE " + " AND ".join(clauses)
+        query = f"SELECT data FROM {self._s}.operations WHERE " + " AND ".join(clauses)
         query += " ORDER BY started_at DESC, operation_id DESC LIMIT %s"
         rows = await self._all("list", query, (*args, where.limit))
         return [OperationRecord.from_dict(orjson.loads(row[0])) for row in rows]
@@ -584,6 +628,46 @@ class PostgresStore(Store):
             (*idem_row(entry), now),
         )
         return None if row[0] is None else IdempotencyEntry.from_dict(orjson.loads(row[0]))
+
+    async def claim_submission(
+        self,
+        entry: IdempotencyEntry | None,
+        now: float,
+        operation_id: str,
+        account: str,
+        provider: str,
+    ) -> IdempotencyEntry | None:
+        """The claim and the record's row reserved in one statement, so the write that must
+        succeed before a submission is forwarded needs the room its record needs: a full
+        disk refuses it with nothing forwarded, never after the provider made the job. The
+        reserved row (outcome ``reserved``, data about a record's size) is no record: no
+        query reads it but ``create``, which turns it into the record, and ``purge``, which
+        removes one left behind (a gateway stopped mid-submit) after the retention."""
+        s = self._s
+        claim = "SELECT NULL::text AS seen"
+        args: tuple[Any, ...] = ()
+        if entry is not None:
+            claim = f"SELECT {s}.sg_claim(%s, %s, %s, %s) AS seen"
+            args = (*idem_row(entry), now)
+        query = (
+            f"WITH c AS ({claim}), r AS (INSERT INTO {s}.operations"
+            " SELECT %s::text, %s::text, %s::text, %s::text, 'reserved', %s::float8,"
+            " %s::float8, %s::float8, NULL, 0, 0, 0, 0, %s::text FROM c WHERE c.seen IS NULL"
+            " RETURNING 1) SELECT seen FROM c"
+        )
+        pad = secrets.token_hex(PROBE_BYTES // 2)
+        job = f"(reserved) {operation_id}"  # no provider's job id has this form
+        reserved = (operation_id, account, provider, job, now, now, now, pad)
+        row = await self._one("claim_idempotency", query, (*args, *reserved))
+        return None if row[0] is None else IdempotencyEntry.from_dict(orjson.loads(row[0]))
+
+    async def release_submission(self, operation_id: str) -> None:
+        await self._one(
+            "drop_idempotency",
+            f"DELETE FROM {self._s}.operations WHERE operation_id = %s"
+            " AND outcome = 'reserved' RETURNING 1",
+            (operation_id,),
+        )
 
     async def put_idempotency(self, entry: IdempotencyEntry) -> None:
         await self._one(
@@ -729,6 +813,22 @@ class PostgresStore(Store):
         )
 
 
+_COLUMNS = (
+    "operation_id",
+    "account",
+    "provider",
+    "provider_job_id",
+    "outcome",
+    "started_at",
+    "deadline_at",
+    "ended_at",
+    "reason",
+    "used",
+    "budget",
+    "next_poll_at",
+    "version",
+    "data",
+)  # the operations table's, in order (sql/layout_1.sql)
 Fence = tuple[str, str] | None  # (lease name, token) a write must still hold
 
 

@@ -35,6 +35,7 @@ def record(n: int) -> OperationRecord:
 async def opened(url: str, count: int) -> tuple[PostgresStore, list[OperationRecord]]:
     store = store_from_url(url)
     assert isinstance(store, PostgresStore)
+    await store.migrate()  # as `statusgate migrate` does before serve
     await store.open()
     return store, [await store.create(record(n)) for n in range(count)]
 

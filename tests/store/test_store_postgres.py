@@ -285,6 +285,7 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
     """``statusgate migrate`` creates the layout, then finds it current; ``check`` reports
     it; a layout newer than this release stops check, migrate and serve with one line naming
     both versions."""
+    postgres_url += "_fresh"  # a schema of its own no one migrated yet
     config = config_for(tmp_path, postgres_url)
     first = statusgate("migrate", "--config", str(config))
     assert first.returncode == 0 and "created at schema version 1" in first.stdout
@@ -303,6 +304,8 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
     with pytest.raises(NewerLayout):
         await store.open()
     await store.close()
+    with admin(postgres_url) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def test_wrong_credentials_and_a_missing_database_are_one_line(
@@ -365,6 +368,7 @@ async def test_closed_to_connections_fails_fast_and_recovers(
     StoreError within 1.5 s; once the database takes connections again, calls succeed
     without anyone reopening the store."""
     store = store_from_url(own_database)
+    await store.migrate()
     await store.open()
     try:
         await store.create(record())
