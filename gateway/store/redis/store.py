@@ -1,7 +1,7 @@
 """``redis://host:port/db?prefix=NAME``: one store shared by several gateway replicas;
 ``redis+cluster://host:port,host:port/?prefix=NAME&shards=64``: the same on a Redis Cluster.
 
-The keys and the Lua scripts are described in gateway/store/redis_layout.py.
+The keys and the Lua scripts are described in gateway/store/redis/layout.py.
 
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
@@ -18,7 +18,7 @@ replicas' clock skew never opens a gap. Scripts are registered, so a Redis resta
 gateway fails closed within a second.
 
 On one Redis the hot path (a poll's scripts, its writes' WAIT and the batched record reads)
-goes through redis_turns.Turns: one pipeline per loop turn on a connection of its own, so
+goes through turns.Turns: one pipeline per loop turn on a connection of its own, so
 many polls in flight cost one round trip and no wait for a pooled connection. Everything
 else, and everything on a cluster (where a pipeline splits by node), uses the pool.
 """
@@ -46,7 +46,6 @@ from redis.utils import HIREDIS_AVAILABLE
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import NotAdmissible, StatusgateError, StoreError
-from gateway.store import redis_layout as lua
 from gateway.store.base import (
     CLOCK_TRIP,
     PURGE_BATCH,
@@ -63,9 +62,10 @@ from gateway.store.base import (
     purgeable,
     stop,
 )
-from gateway.store.redis_layout import Keys, millis, oldest, record_fields
-from gateway.store.redis_turns import Turns
-from gateway.store.redis_wire import Command
+from gateway.store.redis import layout as lua
+from gateway.store.redis.layout import Keys, millis, oldest, record_fields
+from gateway.store.redis.turns import Turns
+from gateway.store.redis.wire import Command
 
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 
@@ -159,7 +159,7 @@ class RedisStore(Store):
                 socket_connect_timeout=timeout,
                 # opening the connection (connect and handshake) again once on a connection
                 # error; Turns never sends a pipeline twice: once written it may have run,
-                # and its scripts must not run twice (see redis_turns.py)
+                # and its scripts must not run twice (see turns.py)
                 retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
                 **QUIET_CONNECT,
             )

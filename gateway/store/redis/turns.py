@@ -40,7 +40,7 @@ reads) to the one pipeline that goes next. What it guarantees:
   timeout), after its other commands, and their callers share the answer. A replica that
   does not acknowledge holds up one pipeline by WAIT's timeout, not one per caller.
 
-How it talks (redis_wire.py): redis-py's own connection connects and does the handshake;
+How it talks (wire.py): redis-py's own connection connects and does the handshake;
 the pipeline's I/O is one write of the packed commands and one hiredis reader for every
 answer, with one timeout a pipeline rather than one a reply.
 
@@ -64,7 +64,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.store.redis_wire import Command, Connection, Link, packed
+from gateway.store.redis.wire import Command, Connection, Link, packed
 
 Waiting = tuple[tuple[Command, ...], asyncio.Future[list[Any]]]
 BOUND = 1024  # commands waiting for their pipeline

@@ -13,7 +13,7 @@ until commit. The gateway's clock is the database clock (an offset refreshed in 
 background), the one all replicas share.
 
 The hot statements (a poll's ``sg_start`` and ``sg_finish``, ``sg_cas``, ``get``, the
-turn's finds) go through postgres_turns.Turns: one pipeline per turn of the event loop on
+turn's finds) go through turns.Turns: one pipeline per turn of the event loop on
 connections of their own, the callers of a pipeline grouped into two implicit transactions
 (those that need no WAL flush, then the rest; a failed group sent again one caller a
 transaction). The rest
@@ -59,7 +59,7 @@ from gateway.store.base import (
     newer_layout,
     stop,
 )
-from gateway.store.postgres_rows import (
+from gateway.store.postgres.rows import (
     CASArgs,
     cas_args,
     idem_row,
@@ -67,12 +67,12 @@ from gateway.store.postgres_rows import (
     operation_row,
     written,
 )
-from gateway.store.postgres_turns import LINKS, Call, Rows, Statement, Turns
+from gateway.store.postgres.turns import LINKS, Call, Rows, Statement, Turns
 
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 CLOCK_RESYNC = 10.0
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
-SQL = resources.files("gateway.store") / "sql"
+SQL = resources.files("gateway.store.postgres") / "sql"
 
 # (wait, written, stored JSON) as sg_start answers; 1 written, 0 stale, -1 gone, -2 refused
 _START = "SELECT * FROM {s}.sg_start(%s, %s, %s, %s, %s, %s, %s, {cas})"

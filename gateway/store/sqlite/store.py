@@ -5,12 +5,12 @@ the loop (``BEGIN IMMEDIATE`` at the turn's first write); one callback at the st
 next turn commits them all together, and no write hops to a thread (a hop cost ~190 us even
 idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): with
 ``?synchronous=full`` (default) the store has the WAL fsynced by a helper process of its own
-(gateway/store/wal_sync.py: no thread of this process, so no wait for the interpreter lock)
+(gateway/store/sqlite/wal_sync.py: no thread of this process, so no wait for the interpreter lock)
 and answers a durable write only after an fsync that began after its commit, so the loop
 never waits for the disk and one fsync serves every turn committed while the one before ran
 (group commit, as PostgreSQL does; the loop waits for the disk only when the WAL starts
 over, about once per WAL_LIMIT written: the writer's checkpoint of its last few turns and
-SQLite's rewrite of the WAL header). While the loop's thread is busy (gateway/store/loop_share.py),
+SQLite's rewrite of the WAL header). While the loop's thread is busy (loop_share.py),
 the next fsync starts no sooner than ``?group_commit=`` (GROUP_COMMIT) after the last one
 ended, so each fsync serves more writes: an fsync costs the machine far more CPU than a
 write (docs/benchmarks.md); at low load they start at once. A turn of pending answers alone
@@ -69,9 +69,9 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
-from gateway.store.cache import Cache
-from gateway.store.loop_share import LoopShare
-from gateway.store.wal_sync import HelperLost, Syncer, WalSyncer
+from gateway.store.sqlite.cache import Cache
+from gateway.store.sqlite.loop_share import LoopShare
+from gateway.store.sqlite.wal_sync import HelperLost, Syncer, WalSyncer
 
 log = logging.getLogger("statusgate")
 T = TypeVar("T")
