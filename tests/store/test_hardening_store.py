@@ -26,7 +26,7 @@ from gateway.errors import ConfigError, StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
-from gateway.store.base import measure_offset
+from gateway.store.shared import measure_offset
 from gateway.store.sqlite.cache import Cache, footprint
 from gateway.store.sqlite.loop_share import WINDOW
 from gateway.store.sqlite.store import LAZY_SYNC

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any, ClassVar
@@ -44,18 +43,13 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import StoreError
 from gateway.store.base import (
-    CLOCK_TRIP,
     PURGE_BATCH,
-    Batch,
-    Copies,
     Ids,
-    Job,
     LeaseLost,
     Mutation,
     Queue,
     Store,
     T,
-    measure_offset,
     newer_layout,
     stop,
 )
@@ -68,9 +62,9 @@ from gateway.store.postgres.rows import (
     written,
 )
 from gateway.store.postgres.turns import LINKS, Call, Rows, Statement, Turns
+from gateway.store.shared import Batch, Copies, Job, SharedClock
 
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
-CLOCK_RESYNC = 10.0
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
 SQL = resources.files("gateway.store.postgres") / "sql"
 
@@ -120,9 +114,7 @@ class PostgresStore(Store):
         self._opened = False
         self._copies = Copies()  # pending records as last written or read here (``known``)
         self._finds: Batch[Job, OperationRecord] = Batch(self._find_many)
-        self._offset = 0.0
-        self._clock_synced = False  # an offset measured yet
-        self._resync: asyncio.Task[None] | None = None
+        self._clock = SharedClock(self._database_time)
         self._checking: asyncio.Task[None] | None = None
         self._start_sql = _START.format(s=self._s, cas=_CAS)
         self._finish_sql = f"SELECT {self._s}.sg_finish(%s, %s, {_CAS})"
@@ -241,13 +233,11 @@ class PostgresStore(Store):
         await self._pool.open(wait=False)
         await self._turns.open()
         self._opened = True
-        with contextlib.suppress(StoreError):
-            await self._sync_clock()
-        self._resync = asyncio.create_task(self._keep_synced())
+        await self._clock.start()
 
     async def close(self) -> None:
-        for task in (self._resync, self._checking):
-            await stop(task)
+        await self._clock.close()
+        await stop(self._checking)
         if self._opened:
             self._opened = False
             await self._turns.aclose()
@@ -325,23 +315,12 @@ class PostgresStore(Store):
 
     # -- clock --------------------------------------------------------------------------
     def clock(self) -> float:
-        """Database time as seen from here: local time plus the last measured offset."""
-        return time.time() + self._offset
-
-    async def _sync_clock(self) -> None:
-        offset, trip = await measure_offset(self._database_time)
-        if trip <= CLOCK_TRIP or not self._clock_synced:
-            self._offset, self._clock_synced = offset, True
+        """Database time as seen from here (shared.SharedClock)."""
+        return self._clock.now()
 
     async def _database_time(self) -> float:
         row = await self._one("time", f"SELECT {self._s}.sg_now()")
         return float(row[0])
-
-    async def _keep_synced(self) -> None:
-        while True:
-            await asyncio.sleep(CLOCK_RESYNC)
-            with contextlib.suppress(StoreError):
-                await self._sync_clock()
 
     # -- operations ---------------------------------------------------------------------
     async def create(

@@ -26,7 +26,6 @@ else, and everything on a cluster (where a pipeline splits by node), uses the po
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 import time
@@ -47,9 +46,7 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import NotAdmissible, StatusgateError, StoreError
 from gateway.store.base import (
-    CLOCK_TRIP,
     PURGE_BATCH,
-    Batch,
     Ids,
     Mutation,
     NewerLayout,
@@ -57,15 +54,14 @@ from gateway.store.base import (
     Store,
     T,
     matches,
-    measure_offset,
     newer_layout,
     purgeable,
-    stop,
 )
 from gateway.store.redis import layout as lua
 from gateway.store.redis.layout import Keys, millis, oldest, record_fields
 from gateway.store.redis.turns import Turns
 from gateway.store.redis.wire import Command
+from gateway.store.shared import Batch, Copies, SharedClock
 
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 
@@ -92,11 +88,8 @@ class PackedConnection(aioredis.Connection):
         return packed
 
 
-CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
-COPIES = 16_384  # pending records as last written or read here (Store.known); ~2 KB each
-COPY_ANSWER = 4096  # ... and with a replayable answer of at most this many bytes
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 # No CLIENT SETINFO on each new connection: one round trip less, and under a connect
@@ -178,12 +171,10 @@ class RedisStore(Store):
             for script in (self._cas, self._start_poll, self._start_reserve, self._cas_release):
                 sha = self._turns.script(script.script)  # known for reloading after NOSCRIPT
                 assert sha == script.sha  # the sha _script sends
-        self._offset = 0.0
-        self._clock_synced = False  # an offset measured yet
+        self._clock = SharedClock(self._redis_time)
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
         self._reads: Batch[str, OperationRecord | StoreError] = Batch(self._fetch)
-        self._copies: dict[str, OperationRecord] = {}  # as last written or read here, bounded
-        self._resync: asyncio.Task[None] | None = None
+        self._copies = Copies()  # pending records as last written or read here (``known``)
         self._queues_filled: set[str] = set()  # providers whose queue sets were backfilled
 
     async def _each_shard(self, operation: str, command: Any) -> tuple[tuple[str, Any], ...]:
@@ -220,23 +211,12 @@ class RedisStore(Store):
             ) from exc
 
     def clock(self) -> float:
-        """Redis time as seen from here: local time plus the last measured offset."""
-        return time.time() + self._offset
-
-    async def _sync_clock(self) -> None:
-        offset, trip = await measure_offset(self._redis_time)
-        if trip <= CLOCK_TRIP or not self._clock_synced:
-            self._offset, self._clock_synced = offset, True
+        """Redis time as seen from here (shared.SharedClock)."""
+        return self._clock.now()
 
     async def _redis_time(self) -> float:
         seconds, micros = await self._call("time", self._redis.time())
         return float(seconds) + float(micros) / 1e6
-
-    async def _keep_synced(self) -> None:
-        while True:
-            with contextlib.suppress(StoreError):
-                await self._sync_clock()
-            await asyncio.sleep(CLOCK_RESYNC)
 
     async def open(self) -> None:
         """Check (and record) the keys' layout, then keep the clock synced. An unreachable
@@ -248,9 +228,7 @@ class RedisStore(Store):
             raise
         except StoreError:
             pass
-        with contextlib.suppress(StoreError):
-            await self._sync_clock()
-        self._resync = asyncio.create_task(self._keep_synced())
+        await self._clock.start()
 
     async def migrate(self) -> tuple[int | None, int]:
         """The keys' layout: (found, now). Found None when no key has this prefix yet, 0
@@ -270,7 +248,7 @@ class RedisStore(Store):
         return found, LAYOUT
 
     async def close(self) -> None:
-        await stop(self._resync)
+        await self._clock.close()
         if self._turns is not None:
             await self._turns.aclose()
         await self._redis.aclose()
@@ -428,29 +406,17 @@ class RedisStore(Store):
         self._job_ids[job] = operation_id
 
     def _copy(self, record: OperationRecord) -> None:
-        """Keep ``record`` as this process's copy: only a pending one whose answer kept to
-        replay is small (the copy only ever starts a poll, and a pending record carries no
-        final answer, so COPIES and COPY_ANSWER bound the memory), never one older than the
-        copy already kept."""
-        copies, operation_id = self._copies, record.operation_id
-        kept = copies.pop(operation_id, None)  # most recent last: the oldest goes first
-        if kept is not None and kept.version > record.version:
-            record = kept  # a read that finished after a write of ours
-        if record.outcome is not Outcome.PENDING or self._cluster:
-            return  # (on a cluster a poll's steps are apart: a copy would save nothing)
-        if record.last_answer is not None and len(record.last_answer.body) > COPY_ANSWER:
-            return  # a read starts its next poll instead
-        if len(copies) >= COPIES:
-            copies.pop(next(iter(copies)))
-        copies[operation_id] = record
+        """Keep ``record`` as this process's copy (shared.Copies), but not on a cluster:
+        there a poll's steps are apart, so a copy would save nothing."""
+        if not self._cluster:
+            self._copies.keep(record)
 
     def _forget(self, operation_id: str) -> None:
-        self._copies.pop(operation_id, None)
+        self._copies.forget(operation_id)
 
     def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         """The record as this process last wrote or read it, without a round trip."""
-        operation_id = self._job_ids.get((account, provider, job_id))
-        return None if operation_id is None else self._copies.get(operation_id)
+        return self._copies.known(account, provider, job_id)
 
     async def save(self, record: OperationRecord) -> bool:
         keys, args, written = self.keys.cas(record)
