@@ -30,7 +30,8 @@ from gateway.core.models import OperationRecord
 from gateway.errors import StoreError
 from gateway.store import store_from_url
 from gateway.store.redis import layout as lua
-from gateway.store.redis.store import PackedConnection, RedisStore
+from gateway.store.redis.clients import PackedConnection
+from gateway.store.redis.store import RedisStore
 from gateway.store.redis.turns import Overloaded, Turns
 from gateway.store.redis.wire import Command, Link, packed, redis_py_wire
 

@@ -25,26 +25,17 @@ else, and everything on a cluster (where a pipeline splits by node), uses the po
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import orjson
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.connection import HiredisRespSerializer
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
-from redis.utils import HIREDIS_AVAILABLE
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
-from gateway.errors import NotAdmissible, StatusgateError, StoreError
+from gateway.errors import NotAdmissible, StoreError
 from gateway.store.base import (
     PURGE_BATCH,
     Ids,
@@ -58,6 +49,7 @@ from gateway.store.base import (
     purgeable,
 )
 from gateway.store.redis import layout as lua
+from gateway.store.redis.clients import call, cluster_client, single_clients
 from gateway.store.redis.layout import Keys, millis, oldest, record_fields
 from gateway.store.redis.turns import Turns
 from gateway.store.redis.wire import Command
@@ -66,36 +58,9 @@ from gateway.store.shared import Batch, Copies, SharedClock
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 
 
-HIREDIS = HIREDIS_AVAILABLE  # redis-py's own check: hiredis >= 3.2 importable
-
-
-class PackedConnection(aioredis.Connection):
-    """redis-py's asyncio connection packs a command argument by argument in Python; its
-    sync connection packs with hiredis (a dependency: ``redis[hiredis]``) through this same
-    serializer. A poll's scripts carry dozens of arguments: packing them in Python measured
-    the largest part of the Redis store's own cost a forwarded poll. Without hiredis (or one
-    older than redis-py accepts) it packs as redis-py does. ``rediss://`` and ``unix://``
-    URLs keep redis-py's own connection classes."""
-
-    # redis-py 8.2 packs with hiredis itself and left the class untyped; 8.1 typed it
-    _packer: Any = cast(Any, HiredisRespSerializer)()
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        encoder = self.encoder
-        if not HIREDIS or encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
-            return super().pack_command(*args)  # hiredis writes UTF-8, strictly, only
-        packed: list[bytes] = self._packer.pack(*args)
-        return packed
-
-
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
-
-# No CLIENT SETINFO on each new connection: one round trip less, and under a connect
-# timeout redis-py 8.1's cluster client could fail in that handshake with an AttributeError
-# (seen once in CI, 10,000 creates on a loaded machine) instead of a connection error.
-QUIET_CONNECT: dict[str, Any] = {"driver_info": None}
 
 
 class RedisStore(Store):
@@ -124,39 +89,10 @@ class RedisStore(Store):
         self._redis: Any
         self._turns: Turns | None = None  # the hot path's pipelines, on one Redis
         if cluster is not None:
-            self._redis = RedisCluster(
-                startup_nodes=[ClusterNode(host, port) for host, port in cluster],
-                max_connections=max_connections,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 1),
-                **QUIET_CONNECT,
-            )
+            self._redis = cluster_client(cluster, max_connections, timeout)
         else:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                url,
-                connection_class=PackedConnection,
-                max_connections=max_connections,
-                timeout=timeout,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 1),
-                **QUIET_CONNECT,
-            )
-            self._redis = aioredis.Redis(connection_pool=pool)
-            own = aioredis.ConnectionPool.from_url(
-                url,
-                connection_class=PackedConnection,
-                max_connections=1,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                # opening the connection (connect and handshake) again once on a connection
-                # error; Turns never sends a pipeline twice: once written it may have run,
-                # and its scripts must not run twice (see turns.py)
-                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-                **QUIET_CONNECT,
-            )
-            self._turns = Turns(aioredis.Redis(connection_pool=own))
+            self._redis, own = single_clients(url, max_connections, timeout)
+            self._turns = Turns(own)
         self._cas = self._redis.register_script(lua.CAS)
         self._claim = self._redis.register_script(lua.CLAIM)
         self._acquire = self._redis.register_script(lua.ACQUIRE)
@@ -187,28 +123,8 @@ class RedisStore(Store):
 
     # -- plumbing -----------------------------------------------------------------------
     async def _call(self, operation: str, work: Any) -> Any:
-        """Await one driver call; every failure of the driver becomes StoreError here.
-
-        Not only redis-py's own errors: while a cluster fails over, the client tears down
-        connections other tasks are reading (``aclose`` on CLUSTERDOWN) and they fail with
-        RuntimeError, AttributeError, IndexError or KeyError from asyncio and the client's
-        bookkeeping. Whatever the type, the store did not answer: fail closed (503)."""
-        try:
-            return await work
-        except StatusgateError:
-            raise
-        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
-            raise StoreError(
-                f"redis {operation}: {type(exc).__name__}", operation=operation
-            ) from exc
-        except Exception as exc:  # the driver broken under us: see the docstring
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # a cancellation the client turned into an error of its own stays one
-                raise asyncio.CancelledError from exc
-            raise StoreError(
-                f"redis {operation}: {type(exc).__name__} in the client", operation=operation
-            ) from exc
+        """Await one driver call; every failure of the driver becomes StoreError (call)."""
+        return await call(operation, work)
 
     def clock(self) -> float:
         """Redis time as seen from here (shared.SharedClock)."""
