@@ -140,7 +140,8 @@ def postgres(url: str) -> PostgresStore:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from gateway.store.postgres.store import PostgresStore, describe
+    from gateway.store.postgres.statements import describe
+    from gateway.store.postgres.store import PostgresStore
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
