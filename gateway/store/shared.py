@@ -215,3 +215,31 @@ class Batch(Generic[K, V]):
         for key, answer in batch:
             if not answer.done():
                 answer.set_result(found.get(key))
+
+
+WRITTEN, STALE, GONE, REFUSED = 1, 0, -1, -2  # the reservation's answers, as the scripts'
+
+
+def reservation(
+    stored: OperationRecord | None, new: OperationRecord, now: float, tolerance: float
+) -> int:
+    """The compare-and-set a shared store runs atomically, in Python: the rule
+    ``redis/lua/cas.lua`` and ``sg_cas`` (``postgres/sql/layout_1.sql``) keep on the store's
+    clock, which tests/store/test_rule_twins.py feeds the same inputs as both. ``new`` is
+    the record to write, at the version the writer read. A write that spends a status
+    request is refused unless the stored record is pending, before its deadline, within its
+    budget and due (``next_poll_at`` at most ``tolerance`` ahead), and spends exactly one."""
+    if stored is None:
+        return GONE
+    if stored.version != new.version:
+        return STALE
+    if new.status_requests_used <= stored.status_requests_used:
+        return WRITTEN
+    admissible = (
+        stored.outcome is Outcome.PENDING
+        and now < stored.deadline_at
+        and stored.status_requests_used < stored.max_status_requests
+        and stored.next_poll_at <= now + tolerance
+        and new.status_requests_used == stored.status_requests_used + 1
+    )
+    return WRITTEN if admissible else REFUSED
