@@ -980,7 +980,7 @@ def _growth(
 ) -> dict[int, Result]:
     """Forwarded-poll latency at the fixed rate with 1,000 and with `stored` operations."""
     from gateway.core.models import DelaySource, OperationRecord
-    from gateway.store.sqlite import INSERT, SCHEMA, dump
+    from gateway.store.sqlite.rows import INSERT, SCHEMA, dump
 
     results = {}
     now = time.time()

@@ -18,7 +18,7 @@ from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store import urls
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
-from gateway.store.sqlite import SQLiteStore
+from gateway.store.sqlite.store import SQLiteStore
 
 __all__ = ["MemoryStore", "SQLiteStore", "Store", "Tuning", "store_from_url", "store_kind"]
 
@@ -41,7 +41,7 @@ def _redis(url: str, tuning: Tuning) -> Store:
 
 
 def _redis_kind() -> type[Store]:
-    from gateway.store.redis import RedisStore
+    from gateway.store.redis.store import RedisStore
 
     return RedisStore
 
@@ -59,7 +59,7 @@ def _postgres_kind() -> type[Store]:
 def _postgres_module() -> ModuleType:
     """The optional driver's store: without psycopg, a clear error naming the extra."""
     try:
-        from gateway.store import postgres
+        from gateway.store.postgres import store as postgres
     except ImportError:
         raise ConfigError(
             [

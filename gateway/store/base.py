@@ -16,8 +16,8 @@ import dataclasses
 import heapq
 import random
 import time
-from collections.abc import Awaitable, Callable, Hashable
-from typing import ClassVar, Generic, TypeVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import Pacer
@@ -351,116 +351,6 @@ class Store(Records, Coordination):
     async def close(self) -> None:
         """Release connections; the default store holds none."""
         return None
-
-
-COPIES = 16_384  # pending records a shared store keeps as last written or read (~2 KB each)
-COPY_ANSWER = 4096  # ... and only with a replayable answer of at most this many bytes
-Job = tuple[str, str, str]  # (account, provider, provider job id)
-
-
-class Copies:
-    """Pending records as this process last wrote or read them, bounded, oldest out first:
-    what a shared store's ``known`` answers from. A copy is only ever acted on through a
-    compare-and-set (the reservation), never answered from, so a stale one costs a retry,
-    never a wrong answer. Ended records are not kept (they carry final bodies)."""
-
-    def __init__(self, limit: int = COPIES) -> None:
-        self._limit = limit
-        self._records: dict[str, OperationRecord] = {}
-        self._jobs: dict[Job, str] = {}
-
-    def keep(self, record: OperationRecord) -> None:
-        """``record`` was written or read here; never replaces a newer copy."""
-        kept = self._records.pop(record.operation_id, None)
-        if kept is not None and kept.version > record.version:
-            record = kept  # a read that finished after a write of ours
-        job = (record.account, record.provider, record.provider_job_id)
-        last = record.last_answer
-        if record.outcome is not Outcome.PENDING or (last and len(last.body) > COPY_ANSWER):
-            self._jobs.pop(job, None)  # a read starts its next poll instead
-            return
-        if len(self._records) >= self._limit:
-            oldest = self._records.pop(next(iter(self._records)))
-            self._jobs.pop((oldest.account, oldest.provider, oldest.provider_job_id), None)
-        self._records[record.operation_id] = record
-        self._jobs[job] = record.operation_id
-
-    def forget(self, operation_id: str) -> None:
-        record = self._records.pop(operation_id, None)
-        if record is not None:
-            self._jobs.pop((record.account, record.provider, record.provider_job_id), None)
-
-    def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
-        operation_id = self._jobs.get((account, provider, job_id))
-        return None if operation_id is None else self._records.get(operation_id)
-
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class Batch(Generic[K, V]):
-    """Reads asked for within one turn of the event loop, sent together by ``fetch`` (one
-    query or one pipeline for all of them); callers asking for the same key share its
-    answer (records are immutable: one decoded copy serves them all). Linearizable: the
-    batch goes once every caller in it has asked, so it sees every write that finished
-    before any of them asked. A failure reaches every caller of the batch."""
-
-    def __init__(self, fetch: Callable[[list[K]], Awaitable[dict[K, V]]]) -> None:
-        self._fetch = fetch
-        self._waiting: dict[K, list[asyncio.Future[V | None]]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def ask(self, key: K) -> asyncio.Future[V | None]:
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[V | None] = loop.create_future()
-        if not self._waiting:
-            loop.call_soon(self._send)
-        self._waiting.setdefault(key, []).append(answer)
-        return answer
-
-    def _send(self) -> None:
-        batch, self._waiting = self._waiting, {}
-        task = asyncio.get_running_loop().create_task(self._answer(batch))
-        self._tasks.add(task)  # kept until done (the loop holds tasks weakly)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, batch: dict[K, list[asyncio.Future[V | None]]]) -> None:
-        try:
-            found = await self._fetch(list(batch))
-        except BaseException as exc:
-            for waiting in batch.values():
-                for answer in waiting:
-                    if not answer.done():
-                        answer.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for key, waiting in batch.items():
-            for answer in waiting:
-                if not answer.done():
-                    answer.set_result(found.get(key))
-
-
-CLOCK_SAMPLES = 3  # readings of a shared store's clock per sync
-CLOCK_TRIP = 0.01  # seconds: a sync whose best reading took longer keeps the offset there was
-
-
-async def measure_offset(read: Callable[[], Awaitable[float]]) -> tuple[float, float]:
-    """(the store's clock minus this one, round trip) from the reading with the shortest
-    round trip of CLOCK_SAMPLES: off by at most half that round trip. A reading whose answer
-    waited behind a busy event loop is off by up to half of a long one, and a replica's
-    schedule by as much, so the caller keeps its old offset past CLOCK_TRIP."""
-    best: tuple[float, float] | None = None
-    for _ in range(CLOCK_SAMPLES):
-        before = time.time()
-        theirs = await read()
-        after = time.time()
-        sample = (theirs - (before + after) / 2, after - before)
-        if best is None or sample[1] < best[1]:
-            best = sample
-    assert best is not None
-    return best
 
 
 async def stop(task: asyncio.Task[None] | None) -> None:

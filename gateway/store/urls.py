@@ -9,11 +9,11 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from gateway.errors import ConfigError
 from gateway.settings.units import parse_duration
-from gateway.store.sqlite import MAX_GROUP_COMMIT, SQLiteStore
+from gateway.store.sqlite.store import MAX_GROUP_COMMIT, SQLiteStore
 
 if TYPE_CHECKING:
-    from gateway.store.postgres import PostgresStore
-    from gateway.store.redis import RedisStore
+    from gateway.store.postgres.store import PostgresStore
+    from gateway.store.redis.store import RedisStore
 
 
 def sqlite(url: str, cache_bytes: int) -> SQLiteStore:
@@ -52,7 +52,7 @@ def redis(url: str) -> RedisStore:
     """``redis://host:port/db`` or ``redis+cluster://host:port,host:port``, with the options
     ``prefix``, ``max_connections`` (50), ``timeout`` (300ms), ``wait_replicas`` (0, one
     Redis only) and ``shards`` (64, a cluster only; fixed for the life of the data)."""
-    from gateway.store.redis import RedisStore
+    from gateway.store.redis.store import RedisStore
 
     parts = urlsplit(url)
     options = parse_qs(parts.query)
@@ -140,7 +140,8 @@ def postgres(url: str) -> PostgresStore:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from gateway.store.postgres import PostgresStore, describe
+    from gateway.store.postgres.statements import describe
+    from gateway.store.postgres.store import PostgresStore
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)

@@ -92,12 +92,12 @@ class Gateway:
         return OperationRecord.from_dict(json.loads(row[0]))
 
     def _redis_record(self, job: str) -> OperationRecord:
-        """Read as the store keeps it (gateway/store/redis_layout.py), one Redis."""
+        """Read as the store keeps it (gateway/store/redis/layout.py), one Redis."""
         import json
 
         import redis
 
-        from gateway.store.redis_layout import Keys
+        from gateway.store.redis.layout import Keys
 
         assert self.redis is not None
         base, prefix = self.redis.split("?prefix=", 1)

@@ -21,7 +21,7 @@ import pytest
 from gateway.errors import StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url
-from gateway.store.sqlite import LAYOUT
+from gateway.store.sqlite.rows import LAYOUT
 
 from conftest import AGENT_TOKEN, RedisServer, Served, pending_record
 

@@ -15,8 +15,8 @@ from redis.asyncio.client import Pipeline
 
 from gateway.errors import StoreError
 from gateway.store import store_from_url
-from gateway.store.redis import RedisStore
-from gateway.store.redis_turns import Turns
+from gateway.store.redis.store import RedisStore
+from gateway.store.redis.turns import Turns
 
 from conftest import RedisCluster3, real_time_harness
 

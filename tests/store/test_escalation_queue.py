@@ -10,7 +10,7 @@ import redis as sync_redis
 from gateway.core.models import Escalation, OperationRecord, Outcome, Reason
 from gateway.flow.runtime import RUNTIME
 from gateway.store import store_from_url
-from gateway.store.redis import RedisStore
+from gateway.store.redis.store import RedisStore
 
 from conftest import OPERATOR_TOKEN, Harness, pending_record
 

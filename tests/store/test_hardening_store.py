@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import gateway.store.sqlite as sqlite_module
+import gateway.store.sqlite.store as sqlite_module
 from gateway.app import create_app
 from gateway.core import decide
 from gateway.core.models import FinalResponse, OperationRecord, Outcome
@@ -26,11 +26,11 @@ from gateway.errors import ConfigError, StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
-from gateway.store.base import measure_offset
-from gateway.store.cache import Cache, footprint
-from gateway.store.loop_share import WINDOW
-from gateway.store.sqlite import LAZY_SYNC
-from gateway.store.wal_sync import WalSyncer
+from gateway.store.shared import measure_offset
+from gateway.store.sqlite.cache import Cache, footprint
+from gateway.store.sqlite.loop_share import WINDOW
+from gateway.store.sqlite.store import LAZY_SYNC
+from gateway.store.sqlite.wal_sync import WalSyncer
 
 from conftest import PROVIDER_ENV, pending_record, write_config
 

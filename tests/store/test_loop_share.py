@@ -1,9 +1,9 @@
 """The loop thread's CPU share, as the SQLite store's group commit reads it
-(gateway/store/loop_share.py): pure arithmetic on the two clocks it is told."""
+(gateway/store/sqlite/loop_share.py): pure arithmetic on the two clocks it is told."""
 
 from __future__ import annotations
 
-from gateway.store.loop_share import SHARE, WINDOW, LoopShare
+from gateway.store.sqlite.loop_share import SHARE, WINDOW, LoopShare
 
 
 def test_busy_from_the_cpu_share_of_each_window() -> None:

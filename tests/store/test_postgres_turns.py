@@ -1,4 +1,4 @@
-"""The PostgreSQL hot path's pipelines (gateway/store/postgres_turns.py), on a real server: what
+"""The PostgreSQL hot path's pipelines (gateway/store/postgres/turns.py), on a real server: what
 one loop turn asks for goes in one pipeline, each caller gets its own answer or error, a
 caller's statements are one transaction, a database that hangs or goes away fails callers
 within the timeout and is reconnected by itself, and nothing abandoned runs later or twice."""
@@ -19,9 +19,10 @@ import pytest
 
 from gateway.core.models import OperationRecord
 from gateway.errors import StoreError
-from gateway.store import postgres_turns, store_from_url
-from gateway.store.postgres import PostgresStore
-from gateway.store.postgres_turns import Overloaded, Statement, Turns
+from gateway.store import store_from_url
+from gateway.store.postgres import turns as postgres_turns
+from gateway.store.postgres.store import PostgresStore
+from gateway.store.postgres.turns import Overloaded, Statement, Turns
 
 from conftest import PostgresServer, pending_record
 

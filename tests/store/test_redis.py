@@ -20,7 +20,7 @@ from gateway.core.models import OperationRecord
 from gateway.errors import ConfigError, NotAdmissible, StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.store import store_from_url
-from gateway.store.redis import RedisStore
+from gateway.store.redis.store import RedisStore
 
 from conftest import RedisServer, Served, pending_record, real_time_harness
 
@@ -361,7 +361,7 @@ def test_commands_are_packed_by_hiredis_as_redis_py_packs_them() -> None:
     from redis.asyncio.connection import Connection
     from redis.exceptions import DataError
 
-    from gateway.store.redis import PackedConnection
+    from gateway.store.redis.clients import PackedConnection
 
     packed, plain = PackedConnection(), Connection()
     arguments = ["EVALSHA", "0123abc", 2, "{k}:op", b"{k}:raw", 1.5, -3, 2**70, 1 / 3]
@@ -388,7 +388,7 @@ def test_without_hiredis_commands_are_packed_as_redis_py_packs_them(
     cannot run) packs in Python, as redis-py does, instead of failing every command."""
     from redis.asyncio.connection import Connection
 
-    from gateway.store import redis as redis_store
+    from gateway.store.redis import clients as redis_store
 
     def no_hiredis(*args: object) -> list[bytes]:
         raise NameError("name 'hiredis' is not defined")  # as redis-py's packer without it

@@ -1,4 +1,4 @@
-"""The Redis hot path's pipelines (gateway/store/redis_turns.py, its wire redis_wire.py): what
+"""The Redis hot path's pipelines (gateway/store/redis/turns.py, its wire wire.py): what
 one loop turn asks for goes in one round trip, each caller gets its own answer or error,
 NOSCRIPT costs one more round trip, and a Redis that cannot answer or keep up fails callers
 at once."""
@@ -28,11 +28,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.core.models import OperationRecord
 from gateway.errors import StoreError
-from gateway.store import redis_layout as lua
 from gateway.store import store_from_url
-from gateway.store.redis import PackedConnection, RedisStore
-from gateway.store.redis_turns import Overloaded, Turns
-from gateway.store.redis_wire import Command, Link, packed, redis_py_wire
+from gateway.store.redis import layout as lua
+from gateway.store.redis.clients import PackedConnection
+from gateway.store.redis.store import RedisStore
+from gateway.store.redis.turns import Overloaded, Turns
+from gateway.store.redis.wire import Command, Link, packed, redis_py_wire
 
 from conftest import RedisServer, pending_record
 

@@ -18,7 +18,7 @@ import pytest
 from gateway.core.models import Escalation, OperationRecord, Outcome, Reason
 from gateway.store import Store, store_from_url
 from gateway.store.base import NewerLayout
-from gateway.store.sqlite import LAYOUT, SCHEMA
+from gateway.store.sqlite.rows import LAYOUT, SCHEMA
 
 from conftest import PROVIDER_ENV, pending_record, write_config
 

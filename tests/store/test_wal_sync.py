@@ -1,4 +1,4 @@
-"""The SQLite store's fsync process (gateway/store/wal_sync.py, gateway/store/fsync_helper.py),
+"""The SQLite store's fsync process (store/sqlite/wal_sync.py, fsync_helper.py),
 run for real: fsyncs answered, a disk error named by its errno, a killed helper replaced,
 an fsync made on a thread while none can start, and the store failing only the writes whose
 fsync was lost."""
@@ -19,8 +19,8 @@ import pytest
 from gateway.core.models import OperationRecord
 from gateway.errors import StoreError
 from gateway.store import SQLiteStore
-from gateway.store.fsync_helper import READY
-from gateway.store.wal_sync import PROGRAM, RESTART_WAIT, HelperLost, WalSyncer
+from gateway.store.sqlite.fsync_helper import READY
+from gateway.store.sqlite.wal_sync import PROGRAM, RESTART_WAIT, HelperLost, WalSyncer
 
 from conftest import pending_record
 

@@ -27,7 +27,7 @@ writes a record touches keys of that one slot:
     PREFIX:schema_version             string: the layout version of these keys (LAYOUT)
 
 A key's name is built here and nowhere else (``Keys``); the scripts are composed from the
-``.lua`` files in gateway/store/lua/ (shared functions first).
+``.lua`` files in gateway/store/redis/lua/ (shared functions first).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from gateway.core.models import OperationRecord
 
 # Tolerance for next_poll_at between a replica's Redis-synced clock and Redis TIME.
 SYNC_TOLERANCE = 0.05
-LUA = resources.files("gateway.store") / "lua"
+LUA = resources.files("gateway.store.redis") / "lua"
 
 
 def _lua(*names: str) -> str:

@@ -1,7 +1,7 @@
 """``redis://host:port/db?prefix=NAME``: one store shared by several gateway replicas;
 ``redis+cluster://host:port,host:port/?prefix=NAME&shards=64``: the same on a Redis Cluster.
 
-The keys and the Lua scripts are described in gateway/store/redis_layout.py.
+The keys and the Lua scripts are described in gateway/store/redis/layout.py.
 
 Every record write is one Lua script: a compare-and-set on ``v`` that, when the write spends
 a status request, also checks outcome, deadline, budget and next_poll_at against Redis
@@ -18,39 +18,26 @@ replicas' clock skew never opens a gap. Scripts are registered, so a Redis resta
 gateway fails closed within a second.
 
 On one Redis the hot path (a poll's scripts, its writes' WAIT and the batched record reads)
-goes through redis_turns.Turns: one pipeline per loop turn on a connection of its own, so
+goes through turns.Turns: one pipeline per loop turn on a connection of its own, so
 many polls in flight cost one round trip and no wait for a pooled connection. Everything
 else, and everything on a cluster (where a pipeline splits by node), uses the pool.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import orjson
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.connection import HiredisRespSerializer
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
-from redis.utils import HIREDIS_AVAILABLE
 
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
-from gateway.errors import NotAdmissible, StatusgateError, StoreError
-from gateway.store import redis_layout as lua
+from gateway.errors import NotAdmissible, StoreError
 from gateway.store.base import (
-    CLOCK_TRIP,
     PURGE_BATCH,
-    Batch,
     Ids,
     Mutation,
     NewerLayout,
@@ -58,51 +45,22 @@ from gateway.store.base import (
     Store,
     T,
     matches,
-    measure_offset,
     newer_layout,
     purgeable,
-    stop,
 )
-from gateway.store.redis_layout import Keys, millis, oldest, record_fields
-from gateway.store.redis_turns import Turns
-from gateway.store.redis_wire import Command
+from gateway.store.redis import layout as lua
+from gateway.store.redis.clients import call, cluster_client, single_clients
+from gateway.store.redis.layout import Keys, millis, oldest, record_fields
+from gateway.store.redis.turns import Turns
+from gateway.store.redis.wire import Command
+from gateway.store.shared import Batch, Copies, SharedClock
 
 LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
 
 
-HIREDIS = HIREDIS_AVAILABLE  # redis-py's own check: hiredis >= 3.2 importable
-
-
-class PackedConnection(aioredis.Connection):
-    """redis-py's asyncio connection packs a command argument by argument in Python; its
-    sync connection packs with hiredis (a dependency: ``redis[hiredis]``) through this same
-    serializer. A poll's scripts carry dozens of arguments: packing them in Python measured
-    the largest part of the Redis store's own cost a forwarded poll. Without hiredis (or one
-    older than redis-py accepts) it packs as redis-py does. ``rediss://`` and ``unix://``
-    URLs keep redis-py's own connection classes."""
-
-    # redis-py 8.2 packs with hiredis itself and left the class untyped; 8.1 typed it
-    _packer: Any = cast(Any, HiredisRespSerializer)()
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        encoder = self.encoder
-        if not HIREDIS or encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
-            return super().pack_command(*args)  # hiredis writes UTF-8, strictly, only
-        packed: list[bytes] = self._packer.pack(*args)
-        return packed
-
-
-CLOCK_RESYNC = 10.0
 SCAN_PAGE = 500
 JOB_IDS = 100_000  # job -> operation id mappings kept per process
-COPIES = 16_384  # pending records as last written or read here (Store.known); ~2 KB each
-COPY_ANSWER = 4096  # ... and with a replayable answer of at most this many bytes
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
-
-# No CLIENT SETINFO on each new connection: one round trip less, and under a connect
-# timeout redis-py 8.1's cluster client could fail in that handshake with an AttributeError
-# (seen once in CI, 10,000 creates on a loaded machine) instead of a connection error.
-QUIET_CONNECT: dict[str, Any] = {"driver_info": None}
 
 
 class RedisStore(Store):
@@ -131,39 +89,10 @@ class RedisStore(Store):
         self._redis: Any
         self._turns: Turns | None = None  # the hot path's pipelines, on one Redis
         if cluster is not None:
-            self._redis = RedisCluster(
-                startup_nodes=[ClusterNode(host, port) for host, port in cluster],
-                max_connections=max_connections,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 1),
-                **QUIET_CONNECT,
-            )
+            self._redis = cluster_client(cluster, max_connections, timeout)
         else:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                url,
-                connection_class=PackedConnection,
-                max_connections=max_connections,
-                timeout=timeout,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 1),
-                **QUIET_CONNECT,
-            )
-            self._redis = aioredis.Redis(connection_pool=pool)
-            own = aioredis.ConnectionPool.from_url(
-                url,
-                connection_class=PackedConnection,
-                max_connections=1,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                # opening the connection (connect and handshake) again once on a connection
-                # error; Turns never sends a pipeline twice: once written it may have run,
-                # and its scripts must not run twice (see redis_turns.py)
-                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-                **QUIET_CONNECT,
-            )
-            self._turns = Turns(aioredis.Redis(connection_pool=own))
+            self._redis, own = single_clients(url, max_connections, timeout)
+            self._turns = Turns(own)
         self._cas = self._redis.register_script(lua.CAS)
         self._claim = self._redis.register_script(lua.CLAIM)
         self._acquire = self._redis.register_script(lua.ACQUIRE)
@@ -178,12 +107,10 @@ class RedisStore(Store):
             for script in (self._cas, self._start_poll, self._start_reserve, self._cas_release):
                 sha = self._turns.script(script.script)  # known for reloading after NOSCRIPT
                 assert sha == script.sha  # the sha _script sends
-        self._offset = 0.0
-        self._clock_synced = False  # an offset measured yet
+        self._clock = SharedClock(self._redis_time)
         self._job_ids: dict[tuple[str, str, str], str] = {}  # job -> operation id, bounded
         self._reads: Batch[str, OperationRecord | StoreError] = Batch(self._fetch)
-        self._copies: dict[str, OperationRecord] = {}  # as last written or read here, bounded
-        self._resync: asyncio.Task[None] | None = None
+        self._copies = Copies()  # pending records as last written or read here (``known``)
         self._queues_filled: set[str] = set()  # providers whose queue sets were backfilled
 
     async def _each_shard(self, operation: str, command: Any) -> tuple[tuple[str, Any], ...]:
@@ -196,47 +123,16 @@ class RedisStore(Store):
 
     # -- plumbing -----------------------------------------------------------------------
     async def _call(self, operation: str, work: Any) -> Any:
-        """Await one driver call; every failure of the driver becomes StoreError here.
-
-        Not only redis-py's own errors: while a cluster fails over, the client tears down
-        connections other tasks are reading (``aclose`` on CLUSTERDOWN) and they fail with
-        RuntimeError, AttributeError, IndexError or KeyError from asyncio and the client's
-        bookkeeping. Whatever the type, the store did not answer: fail closed (503)."""
-        try:
-            return await work
-        except StatusgateError:
-            raise
-        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
-            raise StoreError(
-                f"redis {operation}: {type(exc).__name__}", operation=operation
-            ) from exc
-        except Exception as exc:  # the driver broken under us: see the docstring
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # a cancellation the client turned into an error of its own stays one
-                raise asyncio.CancelledError from exc
-            raise StoreError(
-                f"redis {operation}: {type(exc).__name__} in the client", operation=operation
-            ) from exc
+        """Await one driver call; every failure of the driver becomes StoreError (call)."""
+        return await call(operation, work)
 
     def clock(self) -> float:
-        """Redis time as seen from here: local time plus the last measured offset."""
-        return time.time() + self._offset
-
-    async def _sync_clock(self) -> None:
-        offset, trip = await measure_offset(self._redis_time)
-        if trip <= CLOCK_TRIP or not self._clock_synced:
-            self._offset, self._clock_synced = offset, True
+        """Redis time as seen from here (shared.SharedClock)."""
+        return self._clock.now()
 
     async def _redis_time(self) -> float:
         seconds, micros = await self._call("time", self._redis.time())
         return float(seconds) + float(micros) / 1e6
-
-    async def _keep_synced(self) -> None:
-        while True:
-            with contextlib.suppress(StoreError):
-                await self._sync_clock()
-            await asyncio.sleep(CLOCK_RESYNC)
 
     async def open(self) -> None:
         """Check (and record) the keys' layout, then keep the clock synced. An unreachable
@@ -248,9 +144,7 @@ class RedisStore(Store):
             raise
         except StoreError:
             pass
-        with contextlib.suppress(StoreError):
-            await self._sync_clock()
-        self._resync = asyncio.create_task(self._keep_synced())
+        await self._clock.start()
 
     async def migrate(self) -> tuple[int | None, int]:
         """The keys' layout: (found, now). Found None when no key has this prefix yet, 0
@@ -270,7 +164,7 @@ class RedisStore(Store):
         return found, LAYOUT
 
     async def close(self) -> None:
-        await stop(self._resync)
+        await self._clock.close()
         if self._turns is not None:
             await self._turns.aclose()
         await self._redis.aclose()
@@ -428,29 +322,17 @@ class RedisStore(Store):
         self._job_ids[job] = operation_id
 
     def _copy(self, record: OperationRecord) -> None:
-        """Keep ``record`` as this process's copy: only a pending one whose answer kept to
-        replay is small (the copy only ever starts a poll, and a pending record carries no
-        final answer, so COPIES and COPY_ANSWER bound the memory), never one older than the
-        copy already kept."""
-        copies, operation_id = self._copies, record.operation_id
-        kept = copies.pop(operation_id, None)  # most recent last: the oldest goes first
-        if kept is not None and kept.version > record.version:
-            record = kept  # a read that finished after a write of ours
-        if record.outcome is not Outcome.PENDING or self._cluster:
-            return  # (on a cluster a poll's steps are apart: a copy would save nothing)
-        if record.last_answer is not None and len(record.last_answer.body) > COPY_ANSWER:
-            return  # a read starts its next poll instead
-        if len(copies) >= COPIES:
-            copies.pop(next(iter(copies)))
-        copies[operation_id] = record
+        """Keep ``record`` as this process's copy (shared.Copies), but not on a cluster:
+        there a poll's steps are apart, so a copy would save nothing."""
+        if not self._cluster:
+            self._copies.keep(record)
 
     def _forget(self, operation_id: str) -> None:
-        self._copies.pop(operation_id, None)
+        self._copies.forget(operation_id)
 
     def known(self, account: str, provider: str, job_id: str) -> OperationRecord | None:
         """The record as this process last wrote or read it, without a round trip."""
-        operation_id = self._job_ids.get((account, provider, job_id))
-        return None if operation_id is None else self._copies.get(operation_id)
+        return self._copies.known(account, provider, job_id)
 
     async def save(self, record: OperationRecord) -> bool:
         keys, args, written = self.keys.cas(record)

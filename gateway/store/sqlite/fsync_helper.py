@@ -1,4 +1,4 @@
-"""The program of the SQLite store's fsync process (gateway/store/wal_sync.py starts it).
+"""The program of the SQLite store's fsync process (gateway/store/sqlite/wal_sync.py starts it).
 
 ``python -I -S fsync_helper.py PATH``: first one byte on standard output, READY (nothing
 asked of it before that byte can have run); then for every byte read on standard input,

@@ -1,4 +1,4 @@
-"""The Redis hot path's wire (for redis_turns.Turns): one connection's packed commands out in
+"""The Redis hot path's wire (for turns.Turns): one connection's packed commands out in
 one write, every answer in through one ``hiredis.Reader``.
 
 redis-py's own ``Connection`` (the client's pool's: any URL the store takes, TCP, TLS, unix

@@ -1,4 +1,4 @@
-"""The SQLite store's fsync of its WAL, made by a helper process (gateway/store/fsync_helper.py).
+"""The SQLite store's fsync of its WAL, made by a helper process (fsync_helper.py).
 
 Owns that process: started with the store's first durable write, asked through one pipe and
 answered through another that the event loop watches. Neither side takes a thread of the
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from gateway.store.fsync_helper import WalFile
+from gateway.store.sqlite.fsync_helper import WalFile
 
 PROGRAM = Path(__file__).with_name("fsync_helper.py")
 EXIT_WAIT = 2.0  # seconds ``close`` waits for the helper to end before killing it

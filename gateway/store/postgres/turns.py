@@ -54,6 +54,8 @@ from typing import Any
 import psycopg
 from psycopg import capabilities, errors, pq
 
+from gateway.store.shared import TurnQueue, fail
+
 Row = tuple[bytes | None, ...]  # a row in text format: one value a column, None for NULL
 Rows = list[Row]
 Answer = asyncio.Future[list[Rows]]
@@ -178,11 +180,9 @@ class Turns:
         self._statements = (*statements, *_SETTINGS)
         self._prepare = prepare
         self._timeout = timeout
-        self._bound = bound
         self._links = [_Link() for _ in range(links)]
         self._idle = list(self._links)
-        self._queued: list[Waiting] = []
-        self._count = 0  # statements in _queued
+        self._queued: TurnQueue[Waiting] = TurnQueue(bound, _overloaded)  # statements
         self._since = 0.0  # loop time of the first call in _queued
         self._starting = False  # a link's task is created and has not taken its batch yet
         self._tasks: set[asyncio.Task[None]] = set()
@@ -205,15 +205,11 @@ class Turns:
         """The future of each statement's rows, sent with the rest of this turn's; it
         raises the first error among them, or the pipeline's. ``flush=False``: the commit
         need not wait for the WAL flush (a read, or a write a database crash may cost)."""
-        if self._count and self._count + len(calls) > self._bound:  # alone, any size
-            raise Overloaded(f"{self._count} statements already waiting for the database")
         loop = asyncio.get_running_loop()
         answer: Answer = loop.create_future()
         sent = tuple((statement, [encode(a) for a in args]) for statement, args in calls)
-        if not self._queued:
+        if self._queued.put((sent, answer, flush), len(calls)):
             self._since = loop.time()
-        self._queued.append((sent, answer, flush))
-        self._count += len(calls)
         if self._idle and not self._starting:
             self._start(loop)
         return answer
@@ -222,7 +218,7 @@ class Turns:
         self._starting = False
         try:
             while self._queued:
-                batch, self._queued, self._count = self._queued, [], 0
+                batch = self._queued.take()
                 await self._round(link, batch, self._since + self._timeout)
         finally:
             self._idle.append(link)
@@ -372,8 +368,7 @@ class Turns:
             for task in self._tasks:
                 task.cancel()
             await asyncio.wait(self._tasks, timeout=0.1)
-        batch, self._queued, self._count = self._queued, [], 0
-        _fail(batch, psycopg.OperationalError("the store is closed"))
+        _fail(self._queued.take(), psycopg.OperationalError("the store is closed"))
         for link in self._links:
             await self._drop(link)
 
@@ -482,7 +477,9 @@ def _reset_on_close(fd: int) -> None:
         sock.close()
 
 
+def _overloaded(count: int) -> Overloaded:
+    return Overloaded(f"{count} statements already waiting for the database")
+
+
 def _fail(batch: list[Waiting], exc: BaseException) -> None:
-    for _, answer, _ in batch:
-        if not answer.done():
-            answer.set_exception(exc)
+    fail((answer for _, answer, _ in batch), exc)

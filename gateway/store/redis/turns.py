@@ -40,7 +40,7 @@ reads) to the one pipeline that goes next. What it guarantees:
   timeout), after its other commands, and their callers share the answer. A replica that
   does not acknowledge holds up one pipeline by WAIT's timeout, not one per caller.
 
-How it talks (redis_wire.py): redis-py's own connection connects and does the handshake;
+How it talks (wire.py): redis-py's own connection connects and does the handshake;
 the pipeline's I/O is one write of the packed commands and one hiredis reader for every
 answer, with one timeout a pipeline rather than one a reply.
 
@@ -64,7 +64,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.store.redis_wire import Command, Connection, Link, packed
+from gateway.store.redis.wire import Command, Connection, Link, packed
+from gateway.store.shared import TurnQueue, fail
 
 Waiting = tuple[tuple[Command, ...], asyncio.Future[list[Any]]]
 BOUND = 1024  # commands waiting for their pipeline
@@ -78,10 +79,8 @@ class Turns:
     def __init__(self, client: aioredis.Redis, *, bound: int = BOUND) -> None:
         """``client`` should have a connection pool of one: it is this class's alone."""
         self._client = client
-        self._bound = bound
         self._scripts: dict[str, str] = {}  # sha -> source, for reloading after NOSCRIPT
-        self._queued: list[Waiting] = []
-        self._count = 0  # commands in _queued
+        self._queued: TurnQueue[Waiting] = TurnQueue(bound, _overloaded)  # commands
         self._sender: asyncio.Task[None] | None = None
         self._conn: Connection | None = None  # taken from the pool once, kept
         self._link: Link | None = None  # _conn while open and in step
@@ -99,12 +98,9 @@ class Turns:
     async def call(self, *commands: Command) -> list[Any]:
         """The answers to ``commands``, sent with the rest of this turn's; raises the first
         error among them, or the pipeline's."""
-        if self._count and self._count + len(commands) > self._bound:  # alone, any size
-            raise Overloaded(f"{self._count} commands already waiting for Redis")
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[list[Any]] = loop.create_future()
-        self._queued.append((commands, answer))
-        self._count += len(commands)
+        self._queued.put((commands, answer), len(commands))
         if self._sender is None:
             self._sender = loop.create_task(self._send_all())
         return await answer
@@ -127,8 +123,7 @@ class Turns:
             self._sender = None
 
     def _take(self) -> list[Waiting]:
-        batch, self._queued, self._count = self._queued, [], 0
-        return batch
+        return self._queued.take()
 
     async def _send(self, batch: list[Waiting]) -> None:
         commands = [command for group, _ in batch for command in group]
@@ -246,7 +241,9 @@ class Turns:
         await self._client.aclose(close_connection_pool=True)  # the pool is ours alone
 
 
+def _overloaded(count: int) -> Overloaded:
+    return Overloaded(f"{count} commands already waiting for Redis")
+
+
 def _fail(batch: list[Waiting], exc: BaseException) -> None:
-    for _, future in batch:
-        if not future.done():
-            future.set_exception(exc)
+    fail((answer for _, answer in batch), exc)

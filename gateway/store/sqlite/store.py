@@ -5,12 +5,12 @@ the loop (``BEGIN IMMEDIATE`` at the turn's first write); one callback at the st
 next turn commits them all together, and no write hops to a thread (a hop cost ~190 us even
 idle). SQLite itself never fsyncs at commit (``PRAGMA synchronous=NORMAL``): with
 ``?synchronous=full`` (default) the store has the WAL fsynced by a helper process of its own
-(gateway/store/wal_sync.py: no thread of this process, so no wait for the interpreter lock)
+(gateway/store/sqlite/wal_sync.py: no thread of this process, so no wait for the interpreter lock)
 and answers a durable write only after an fsync that began after its commit, so the loop
 never waits for the disk and one fsync serves every turn committed while the one before ran
 (group commit, as PostgreSQL does; the loop waits for the disk only when the WAL starts
 over, about once per WAL_LIMIT written: the writer's checkpoint of its last few turns and
-SQLite's rewrite of the WAL header). While the loop's thread is busy (gateway/store/loop_share.py),
+SQLite's rewrite of the WAL header). While the loop's thread is busy (loop_share.py),
 the next fsync starts no sooner than ``?group_commit=`` (GROUP_COMMIT) after the last one
 ended, so each fsync serves more writes: an fsync costs the machine far more CPU than a
 write (docs/benchmarks.md); at low load they start at once. A turn of pending answers alone
@@ -51,17 +51,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 
@@ -69,134 +67,43 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
-from gateway.store.cache import Cache
-from gateway.store.loop_share import LoopShare
-from gateway.store.wal_sync import HelperLost, Syncer, WalSyncer
+from gateway.store.sqlite.cache import Cache
+from gateway.store.sqlite.commit import GroupCommit, _Turn
+from gateway.store.sqlite.loop_share import LoopShare
+from gateway.store.sqlite.rows import (
+    INSERT,
+    LAYOUT,
+    OVERDUE,
+    PURGEABLE,
+    _atomic,
+    _cas,
+    _find,
+    _found,
+    _get,
+    _index,
+    _io_error,
+    _migrate,
+    _probe,
+    _put_idem,
+    dump,
+    lock_file,
+)
+from gateway.store.sqlite.wal_sync import Syncer, WalSyncer
 
 log = logging.getLogger("statusgate")
 T = TypeVar("T")
 Job = tuple[str, str, str]
 MIN_FREE = 64 << 10  # below this much free space on the file's disk the store is not ready
-PROBE_KEY = "statusgate readiness probe"
-PROBE_BYTES = 4096  # the readiness probe's write: about one record's pages
 CHECKPOINT_EVERY = 256  # commits between WAL checkpoints (on the reader thread)
 PURGE_CHUNK = 64  # records a turn of the loop deletes
 LAZY_SYNC = 0.01  # seconds a committed pending answer waits at most for an fsync
 GROUP_COMMIT = 0.0005  # seconds from one fsync's end to the next one's start, at least (busy)
 MAX_GROUP_COMMIT = LAZY_SYNC  # the most ``?group_commit=`` may say
 CATCH_UP = 8 << 20  # bytes of WAL the writer's checkpoint may copy at most (on the loop)
-LAST_TURNS = 16_384  # operations remembered with the turn that last wrote them
 WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint resets it
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS operations (
-    operation_id    TEXT PRIMARY KEY,
-    account         TEXT NOT NULL,
-    provider        TEXT NOT NULL,
-    provider_job_id TEXT NOT NULL,
-    outcome         TEXT NOT NULL,
-    started_at      REAL NOT NULL,
-    version         INTEGER NOT NULL,
-    data            TEXT NOT NULL,
-    deadline_at     REAL,
-    ended_at        REAL,
-    escalation_at   REAL,
-    UNIQUE (account, provider, provider_job_id)
-);
-CREATE INDEX IF NOT EXISTS operations_outcome ON operations (outcome, provider);
-CREATE INDEX IF NOT EXISTS operations_started ON operations (started_at, operation_id);
-CREATE INDEX IF NOT EXISTS operations_deadline
-    ON operations (provider, deadline_at) WHERE outcome = 'pending';
-CREATE INDEX IF NOT EXISTS operations_ended
-    ON operations (provider, ended_at) WHERE outcome != 'pending';
-CREATE INDEX IF NOT EXISTS operations_queue
-    ON operations (escalation_at, operation_id) WHERE outcome = 'escalated';
-CREATE TABLE IF NOT EXISTS result_values (
-    account      TEXT NOT NULL,
-    provider     TEXT NOT NULL,
-    value        TEXT NOT NULL,
-    operation_id TEXT NOT NULL,
-    PRIMARY KEY (account, provider, value)
-);
-CREATE INDEX IF NOT EXISTS result_values_operation ON result_values (operation_id);
-CREATE TABLE IF NOT EXISTS idempotency (
-    key        TEXT PRIMARY KEY,
-    expires_at REAL NOT NULL,
-    data       TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-"""
-# Indexes that only make the store faster, created at every start (older files too, no
-# new layout): purge deletes expired idempotency entries on the loop, found by this one.
-INDEXES = "CREATE INDEX IF NOT EXISTS idempotency_expires ON idempotency (expires_at)"
-# The layout SCHEMA creates. Version 0 is the 0.1.0 release's file: no schema_version table.
-# Version 1 added that table. Version 2 keeps the instants the sweeper, the purge and the
-# escalation queue look up in columns of their own (``COLUMNS``), so a poll's write, which
-# changes none of them, updates no index; versions 0 and 1 indexed them as
-# ``json_extract(data, ...)``, evaluated again at every write (``UPGRADE`` moves them).
-LAYOUT = 2
-COLUMNS = ("deadline_at", "ended_at", "escalation_at")
-UPGRADE = (
-    *(f"ALTER TABLE operations ADD COLUMN {column} REAL" for column in COLUMNS),
-    "UPDATE operations SET deadline_at = json_extract(data, '$.deadline_at'),"
-    " ended_at = json_extract(data, '$.ended_at'),"
-    " escalation_at = json_extract(data, '$.escalation.at')",
-    "DROP INDEX IF EXISTS operations_deadline",
-    "DROP INDEX IF EXISTS operations_ended",
-    "DROP INDEX IF EXISTS operations_queue",
-)
-INSERT = (
-    "INSERT INTO operations (operation_id, account, provider, provider_job_id, outcome,"
-    " started_at, version, data, deadline_at, ended_at, escalation_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-# A write that moves none of the indexed columns (every poll that leaves the record pending
-# with its deadline) sets the version and the data alone: SQLite then touches no index.
-WRITE_DATA = "UPDATE operations SET version = ?, data = ? WHERE operation_id = ? AND version = ?"
-WRITE_ALL = (
-    "UPDATE operations SET version = ?, data = ?, outcome = ?, deadline_at = ?, ended_at = ?,"
-    " escalation_at = ? WHERE operation_id = ? AND version = ?"
-)
 
-
-def dump(record: OperationRecord) -> tuple[Any, ...]:
-    """A record as a row of the operations table, in INSERT's order."""
-    return (
-        record.operation_id,
-        record.account,
-        record.provider,
-        record.provider_job_id,
-        record.outcome.value,
-        record.started_at,
-        record.version,
-        orjson.dumps(record.to_dict()).decode(),
-        *_indexed(record),
-    )
-
-
-def _indexed(record: OperationRecord) -> tuple[float, float | None, float | None]:
-    """The record's instants kept in columns of their own (``COLUMNS``)."""
-    escalation = record.escalation
-    return record.deadline_at, record.ended_at, escalation.at if escalation else None
-
-
-def _load(row: tuple[Any, ...] | None) -> OperationRecord | None:
-    return None if row is None else OperationRecord.from_dict(orjson.loads(row[0]))
-
-
-class _Turn:
-    """The transaction of one turn of the event loop: its number, what it wrote (forgotten
-    from the cache if it is rolled back) and who waits for it to be durable."""
-
-    __slots__ = ("number", "waiters", "written")
-
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.written: list[str] = []
-        self.waiters: list[asyncio.Future[None]] = []
-
-
-class SQLiteStore(Store):
+class SQLiteStore(GroupCommit, Store):
     def __init__(
         self,
         path: str,
@@ -262,24 +169,7 @@ class SQLiteStore(Store):
             raise StoreError(self._broken, operation="open")
         if self._lock is not None or self._path == ":memory:":
             return
-        lock_path = self._path + ".lock"
-        try:
-            Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StoreError(
-                f"{lock_path}: cannot open ({exc.strerror})", operation="open"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise StoreError(
-                f"{self._path}: already in use by another statusgate process"
-                f" (one process per SQLite file; it holds {lock_path})",
-                operation="open",
-            ) from None
-        self._lock = fd
+        self._lock = lock_file(self._path)
 
     async def open(self) -> None:
         """Claim the file and check its layout: a newer one refuses to start. The fsync
@@ -444,126 +334,6 @@ class SQLiteStore(Store):
             self._catch_up(conn)
         if self._commits % CHECKPOINT_EVERY == 0 and self._checkpoint is None:
             self._checkpoint = asyncio.ensure_future(self._checkpoint_wal())
-
-    def _abort(self, turn: _Turn, exc: sqlite3.Error) -> None:
-        """The turn's writes are lost (a failed commit, or SQLite rolled back): the cache
-        forgets them and every waiter hears why."""
-        if self._turn is turn:
-            self._turn = None
-        conn = self._connections["write"]
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        for operation_id in turn.written:
-            self._cache.gone(operation_id)
-            if self._last_turn.get(operation_id) == turn.number:
-                # the file's version is an earlier turn's, committed, perhaps not yet durable
-                self._last_turn[operation_id] = self._committed_through
-        for waiter in turn.waiters:
-            if not waiter.done():
-                error = StoreError(f"sqlite commit: {exc}", operation="commit")
-                error.__cause__ = exc
-                waiter.set_exception(error)
-
-    def _lazy_sync(self) -> None:
-        self._lazy = None
-        self._sync_soon()
-
-    def _sync_soon(self) -> None:
-        """Group commit: unless one is running or held back, ask for an fsync of the WAL
-        (the helper process) for every turn committed so far; its waiters are answered
-        when it ends, in the callback that hears it (no Future hop: a turn of the loop less
-        before a reservation's provider call), and turns committed meanwhile share the next
-        one, which starts ``group_commit`` after it ended at the soonest. The loop never
-        waits for the disk."""
-        if self._syncing is not None or self._spaced is not None:
-            return
-        if self._broken is not None:
-            self._break(self._broken, [])
-            return
-        if not self._unsynced and self._durable_through >= self._committed_through:
-            return
-        if self._synced_at is not None and self._loop_share.busy and not self._closed:
-            loop = asyncio.get_running_loop()
-            held = self._synced_at + self._group_commit - loop.time()
-            if held > 0:
-                self._spaced = loop.call_later(held, self._spaced_sync)
-                return
-        waiters, self._unsynced = self._unsynced, []
-        through = self._committed_through
-        if self._syncer is None:  # committed is durable here (only a power cut can cost it)
-            self._synced(waiters, through, None, None)
-            return
-        syncing = self._syncing = asyncio.get_running_loop().create_future()  # for ``close``
-        self._syncer.sync(partial(self._synced, waiters, through, syncing))
-
-    def _spaced_sync(self) -> None:
-        """The held-back fsync, with the durable writes of the turn open now in it."""
-        self._spaced = None
-        if self._turn is not None and self._turn.waiters:
-            self._commit_turn()
-        self._sync_soon()  # also when that commit failed: the turns before it still wait
-
-    def _synced(
-        self,
-        waiters: list[asyncio.Future[None]],
-        through: int,
-        syncing: asyncio.Future[None] | None,
-        failure: BaseException | None,
-    ) -> None:
-        if syncing is not None:
-            syncing.set_result(None)
-            if self._syncing is syncing:
-                self._syncing = None
-        if isinstance(failure, HelperLost):
-            self._helper_lost(failure, waiters)
-            return
-        if failure is not None:
-            reason = failure.strerror if isinstance(failure, OSError) else None
-            self._break(f"sqlite fsync: {self._path}-wal: {reason or failure!r}", waiters)
-            return
-        if syncing is not None:  # an fsync was made: the next one is spaced from now
-            self._synced_at = asyncio.get_running_loop().time()
-            self._loop_share.seen(self._synced_at, self._cpu_clock())
-        self._durable_through = max(self._durable_through, through)
-        if self._lazy is not None and self._durable_through >= self._committed_through:
-            self._lazy.cancel()  # what it was for is durable: no wake-up for nothing
-            self._lazy = None
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        if len(self._last_turn) > LAST_TURNS:
-            durable = self._durable_through
-            self._last_turn = {k: n for k, n in self._last_turn.items() if n > durable}
-        self._sync_soon()
-
-    def _helper_lost(self, lost: HelperLost, waiters: list[asyncio.Future[None]]) -> None:
-        """The fsync process ended with the fsync in flight: its outcome is unknown, and
-        Linux reports a write-back error once per file description, so a new helper might
-        never hear it: the store stops, as after a failed fsync. (One that could not be
-        started or reached was asked nothing: the syncer made that fsync on a thread.)
-        Waiters of a closing store hear that it closed."""
-        if self._closed:
-            self._fail_waiting(waiters, StoreError("sqlite store is closed", operation="commit"))
-        else:
-            self._break(f"sqlite fsync: {self._path}-wal: {lost}", waiters)
-
-    def _break(self, reason: str, waiters: list[asyncio.Future[None]]) -> None:
-        """A failed fsync: what it should have made durable may never reach the disk (Linux
-        may drop the failed pages and report the next fsync clean), while SQLite already
-        counts those frames committed. Nothing more is written or answered from this
-        process: every waiter, now and later, hears ``reason``; a restart recovers the file
-        from what the disk holds."""
-        if self._broken is None:
-            self._broken = f"{reason} (the store refuses every call until the gateway restarts)"
-        self._fail_waiting(waiters, StoreError(self._broken, operation="commit"))
-
-    def _fail_waiting(self, waiters: list[asyncio.Future[None]], error: StoreError) -> None:
-        """``waiters`` and every write waiting for the next fsync hear ``error``."""
-        for waiter in [*waiters, *self._unsynced]:
-            if not waiter.done():
-                waiter.set_exception(error)
-        self._unsynced = []
 
     async def _checkpoint_wal(self) -> None:
         """Copy the WAL into the file on the reader thread (PASSIVE: writers never wait).
@@ -918,146 +688,3 @@ class SQLiteStore(Store):
         if self._lock is not None:
             os.close(self._lock)  # releases the file's lock
             self._lock = None
-
-
-# Both use the partial indexes of SCHEMA (operations_ended, operations_deadline).
-PURGEABLE = (
-    "SELECT operation_id FROM operations WHERE provider = ? AND outcome != 'pending'"
-    " AND ended_at < ? LIMIT ?"
-)
-OVERDUE = (
-    "SELECT operation_id FROM operations WHERE provider = ? AND outcome = 'pending'"
-    " AND deadline_at <= ? ORDER BY deadline_at LIMIT ?"
-)
-
-
-def _probe(conn: sqlite3.Connection) -> None:
-    """A write that needs room, leaving nothing behind (an idempotency key never has this
-    form: theirs are ``account\\nprovider\\nkey``)."""
-    sql = "INSERT OR REPLACE INTO idempotency (key, expires_at, data) VALUES (?, 0, ?)"
-    with _atomic(conn):
-        conn.execute(sql, (PROBE_KEY, "0" * PROBE_BYTES))
-        conn.execute("DELETE FROM idempotency WHERE key = ?", (PROBE_KEY,))
-
-
-def _migrate(conn: sqlite3.Connection) -> tuple[int | None, int]:
-    """The file's layout brought up to LAYOUT in one write transaction: (found, now); found
-    None for a new file, 0 for the previous release's (no schema_version table). A newer
-    layout is refused, both versions named, and nothing is written."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        found = _found(conn)
-        if found is not None and found > LAYOUT:
-            raise newer_layout("sqlite", found, LAYOUT)
-        if found != LAYOUT:
-            if found is not None and found < 2:
-                for statement in UPGRADE:
-                    conn.execute(statement)
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute("DELETE FROM schema_version")
-            conn.execute("INSERT INTO schema_version VALUES (?)", (LAYOUT,))
-        conn.execute(INDEXES)  # not part of the layout: any version reads the file with it
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return found, LAYOUT
-
-
-def _found(conn: sqlite3.Connection) -> int | None:
-    tables = {
-        str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-    }
-    if "schema_version" not in tables:
-        return 0 if "operations" in tables else None
-    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-    return None if row is None or row[0] is None else int(row[0])
-
-
-def _get(conn: sqlite3.Connection, operation_id: str) -> OperationRecord | None:
-    row = conn.execute(
-        "SELECT data FROM operations WHERE operation_id = ?", (operation_id,)
-    ).fetchone()
-    return _load(row)
-
-
-def _find(
-    conn: sqlite3.Connection, account: str, provider: str, job_id: str
-) -> OperationRecord | None:
-    row = conn.execute(
-        "SELECT data FROM operations WHERE account = ? AND provider = ? AND provider_job_id = ?",
-        (account, provider, job_id),
-    ).fetchone()
-    return _load(row)
-
-
-def _cas(
-    conn: sqlite3.Connection, record: OperationRecord, stored: OperationRecord | None
-) -> OperationRecord | None:
-    """Write ``record`` as its next version if the file still holds ``record.version``: the
-    version written, or None. ``stored`` is the record as the file holds it (the cache's
-    copy; None when not known): when the write leaves its indexed columns as they are, it
-    writes the version and the data alone."""
-    written = record.evolve(version=record.version + 1)
-    data = orjson.dumps(written.to_dict()).decode()
-    indexed = _indexed(written)
-    key = (record.operation_id, record.version)
-    with _atomic(conn) if record.result_values else contextlib.nullcontext():
-        if (
-            stored is not None
-            and stored.version == record.version
-            and stored.outcome is written.outcome
-            and _indexed(stored) == indexed
-        ):
-            cursor = conn.execute(WRITE_DATA, (written.version, data, *key))
-        else:
-            values = (written.version, data, written.outcome.value, *indexed, *key)
-            cursor = conn.execute(WRITE_ALL, values)
-        if cursor.rowcount != 1:
-            return None
-        _index(conn, record)
-    return written
-
-
-def _io_error(exc: BaseException | None) -> bool:
-    """An I/O error of SQLite's (a failed write or fsync), or of our own fsync."""
-    code = getattr(exc, "sqlite_errorcode", None)  # absent on one raised by hand
-    if isinstance(exc, sqlite3.Error) and isinstance(code, int):
-        return code & 0xFF == sqlite3.SQLITE_IOERR
-    return isinstance(exc, sqlite3.OperationalError) and isinstance(exc.__cause__, OSError)
-
-
-@contextlib.contextmanager
-def _atomic(conn: sqlite3.Connection) -> Iterator[None]:
-    """The statements inside as one: a failure rolls back these alone, not the turn's other
-    writes (one statement is atomic by itself and needs no savepoint)."""
-    conn.execute("SAVEPOINT one")
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK TO one")
-            conn.execute("RELEASE one")
-        raise
-    conn.execute("RELEASE one")
-
-
-def _index(conn: sqlite3.Connection, record: OperationRecord) -> None:
-    """The record's result values, in the transaction that writes it (SPEC 20)."""
-    if record.result_values:
-        conn.executemany(
-            "INSERT OR REPLACE INTO result_values VALUES (?, ?, ?, ?)",
-            [
-                (record.account, record.provider, v, record.operation_id)
-                for v in record.result_values
-            ],
-        )
-
-
-def _put_idem(conn: sqlite3.Connection, entry: IdempotencyEntry) -> None:
-    conn.execute(
-        "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?)",
-        (entry.key, entry.expires_at, json.dumps(entry.to_dict(), separators=(",", ":"))),
-    )

@@ -13,7 +13,7 @@ until commit. The gateway's clock is the database clock (an offset refreshed in 
 background), the one all replicas share.
 
 The hot statements (a poll's ``sg_start`` and ``sg_finish``, ``sg_cas``, ``get``, the
-turn's finds) go through postgres_turns.Turns: one pipeline per turn of the event loop on
+turn's finds) go through turns.Turns: one pipeline per turn of the event loop on
 connections of their own, the callers of a pipeline grouped into two implicit transactions
 (those that need no WAL flush, then the rest; a failed group sent again one caller a
 transaction). The rest
@@ -31,9 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable
-from importlib import resources
 from typing import Any, ClassVar
 
 import orjson
@@ -45,22 +43,17 @@ from gateway.core.models import IdempotencyEntry, OperationFilter, OperationReco
 from gateway.core.pacing import GUARD, MIN_WAIT
 from gateway.errors import StoreError
 from gateway.store.base import (
-    CLOCK_TRIP,
     PURGE_BATCH,
-    Batch,
-    Copies,
     Ids,
-    Job,
     LeaseLost,
     Mutation,
     Queue,
     Store,
     T,
-    measure_offset,
     newer_layout,
     stop,
 )
-from gateway.store.postgres_rows import (
+from gateway.store.postgres.rows import (
     CASArgs,
     cas_args,
     idem_row,
@@ -68,24 +61,14 @@ from gateway.store.postgres_rows import (
     operation_row,
     written,
 )
-from gateway.store.postgres_turns import LINKS, Call, Rows, Statement, Turns
+from gateway.store.postgres.statements import Statements, describe, found_layout, holds, layout_sql
+from gateway.store.postgres.turns import LINKS, Call, Rows, Turns
+from gateway.store.shared import Batch, Copies, Job, SharedClock
 
 LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
-CLOCK_RESYNC = 10.0
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
-SQL = resources.files("gateway.store") / "sql"
 PROBE_ID = "statusgate readiness probe"  # no operation id or idempotency key has this form
 PROBE_BYTES = 1536  # the probe row's data: about one record
-
-# (wait, written, stored JSON) as sg_start answers; 1 written, 0 stale, -1 gone, -2 refused
-_START = "SELECT * FROM {s}.sg_start(%s, %s, %s, %s, %s, %s, %s, {cas})"
-_CAS = "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s"
-
-
-def layout_sql(schema: str, version: int) -> str:
-    """The DDL of one layout step with the schema filled in (``@`` in the file)."""
-    text = (SQL / f"layout_{version}.sql").read_text(encoding="utf-8")
-    return text.replace("@.", sql.Identifier(schema).as_string(None) + ".")
 
 
 class PostgresStore(Store):
@@ -123,42 +106,14 @@ class PostgresStore(Store):
         self._opened = False
         self._copies = Copies()  # pending records as last written or read here (``known``)
         self._finds: Batch[Job, OperationRecord] = Batch(self._find_many)
-        self._offset = 0.0
-        self._clock_synced = False  # an offset measured yet
-        self._resync: asyncio.Task[None] | None = None
+        self._clock = SharedClock(self._database_time)
         self._checking: asyncio.Task[None] | None = None
-        self._start_sql = _START.format(s=self._s, cas=_CAS)
-        self._finish_sql = f"SELECT {self._s}.sg_finish(%s, %s, {_CAS})"
-        self._cas_sql = f"SELECT {self._s}.sg_cas({_CAS})"
-        self._index_sql = (
-            f"INSERT INTO {self._s}.result_values SELECT %s::text, %s::text, v, %s::text"
-            " FROM unnest(%s::text[]) AS v ON CONFLICT DO NOTHING"
-        )
         self._prepare = prepare
-        self._start_st = Statement.of("sg_start", self._start_sql)
-        self._finish_st = Statement.of("sg_finish", self._finish_sql)
-        self._cas_st = Statement.of("sg_cas", self._cas_sql)
-        self._index_st = Statement.of("sg_index", self._index_sql)
-        self._get_st = Statement.of(
-            "sg_get",
-            f"SELECT data FROM {self._s}.operations WHERE operation_id = %s"
-            " AND outcome <> 'reserved'",  # a submission's reservation is no record
-        )
-        self._find_st = Statement.of(
-            "sg_find",
-            f"SELECT data FROM {self._s}.operations"
-            " WHERE account = %s AND provider = %s AND provider_job_id = %s",
-        )
-        self._finds_st = Statement.of(
-            "sg_finds",
-            f"SELECT o.data FROM {self._s}.operations o JOIN"
-            " unnest(%s::text[], %s::text[], %s::text[]) AS j (a, p, k)"
-            " ON o.account = j.a AND o.provider = j.p AND o.provider_job_id = j.k",
-        )
-        hot = (self._start_st, self._finish_st, self._cas_st, self._index_st)
+        q = self._q = Statements.of(self._s)
+        hot = (q.start, q.finish, q.cas, q.index)
         self._turns = Turns(
             self._turn_connection,
-            (*hot, self._get_st, self._find_st, self._finds_st),
+            (*hot, q.get, q.find, q.finds),
             prepare=prepare,
             timeout=timeout,
             links=pipelines,
@@ -258,13 +213,11 @@ class PostgresStore(Store):
         await self._pool.open(wait=False)
         await self._turns.open()
         self._opened = True
-        with contextlib.suppress(StoreError):
-            await self._sync_clock()
-        self._resync = asyncio.create_task(self._keep_synced())
+        await self._clock.start()
 
     async def close(self) -> None:
-        for task in (self._resync, self._checking):
-            await stop(task)
+        await self._clock.close()
+        await stop(self._checking)
         if self._opened:
             self._opened = False
             await self._turns.aclose()
@@ -299,7 +252,7 @@ class PostgresStore(Store):
         """The layout version the database holds: None when there is none yet."""
         conn = await self._direct()
         try:
-            return await _found(conn, self.schema)
+            return await found_layout(conn, self.schema)
         except psycopg.Error as exc:
             raise StoreError(f"postgresql: {describe(exc)}", operation="open") from exc
         finally:
@@ -325,7 +278,7 @@ class PostgresStore(Store):
             async with conn.transaction():
                 key = f"statusgate-layout:{self.schema}"
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
-                found = await _found(conn, self.schema)
+                found = await found_layout(conn, self.schema)
                 if found is not None and found > LAYOUT:
                     raise newer_layout("postgresql", found, LAYOUT)
                 if found == LAYOUT:  # up to date: no DDL, so any role may ask
@@ -358,23 +311,12 @@ class PostgresStore(Store):
 
     # -- clock --------------------------------------------------------------------------
     def clock(self) -> float:
-        """Database time as seen from here: local time plus the last measured offset."""
-        return time.time() + self._offset
-
-    async def _sync_clock(self) -> None:
-        offset, trip = await measure_offset(self._database_time)
-        if trip <= CLOCK_TRIP or not self._clock_synced:
-            self._offset, self._clock_synced = offset, True
+        """Database time as seen from here (shared.SharedClock)."""
+        return self._clock.now()
 
     async def _database_time(self) -> float:
         row = await self._one("time", f"SELECT {self._s}.sg_now()")
         return float(row[0])
-
-    async def _keep_synced(self) -> None:
-        while True:
-            await asyncio.sleep(CLOCK_RESYNC)
-            with contextlib.suppress(StoreError):
-                await self._sync_clock()
 
     # -- operations ---------------------------------------------------------------------
     async def create(
@@ -417,7 +359,7 @@ class PostgresStore(Store):
         return existing
 
     async def get(self, operation_id: str) -> OperationRecord | None:
-        [rows] = await self._turn("get", (self._get_st, (operation_id,)), flush=False)
+        [rows] = await self._turn("get", (self._q.get, (operation_id,)), flush=False)
         return self._seen(load(rows[0]) if rows else None)
 
     def _seen(self, record: OperationRecord | None) -> OperationRecord | None:
@@ -436,16 +378,16 @@ class PostgresStore(Store):
 
     async def _find_many(self, jobs: list[Job]) -> dict[Job, OperationRecord]:
         if len(jobs) == 1:
-            [rows] = await self._turn("find", (self._find_st, jobs[0]), flush=False)
+            [rows] = await self._turn("find", (self._q.find, jobs[0]), flush=False)
         else:
             columns = tuple(list(column) for column in zip(*jobs, strict=True))
-            [rows] = await self._turn("find", (self._finds_st, columns), flush=False)
+            [rows] = await self._turn("find", (self._q.finds, columns), flush=False)
         records = [record for row in rows if (record := load(row)) is not None]
         return {(r.account, r.provider, r.provider_job_id): r for r in records}
 
     async def save(self, record: OperationRecord) -> bool:
         # the index in the write's own transaction: a write that returned is always findable
-        answers = await self._turn("save", *self._indexed(record), (self._cas_st, cas_args(record)))
+        answers = await self._turn("save", *self._indexed(record), (self._q.cas, cas_args(record)))
         return self._wrote(record, _integer(answers[-1]))
 
     def _indexed(self, record: OperationRecord) -> list[Call]:
@@ -455,7 +397,7 @@ class PostgresStore(Store):
         if not values:
             return []
         args = (record.account, record.provider, record.operation_id, list(values))
-        return [(self._index_st, args)]
+        return [(self._q.index, args)]
 
     async def _index(
         self, record: OperationRecord, conn: psycopg.AsyncConnection[Any] | None = None
@@ -468,7 +410,7 @@ class PostgresStore(Store):
         values = record.result_values
         if not values:
             return
-        query = self._index_sql.encode()
+        query = self._q.index_sql.encode()
         args = (record.account, record.provider, record.operation_id, list(values))
         if conn is not None:
             await conn.execute(query, args)
@@ -511,7 +453,7 @@ class PostgresStore(Store):
     ) -> T:
         s = self._s
         async with self._connection(operation) as conn, conn.transaction():
-            held = fence is None or await _holds(conn, s, *fence)
+            held = fence is None or await holds(conn, s, *fence)
             lock = " FOR UPDATE" if held else ""
             cursor = await conn.execute(
                 f"SELECT data FROM {s}.operations WHERE operation_id = %s{lock}".encode(),
@@ -526,7 +468,7 @@ class PostgresStore(Store):
                     return result
                 raise LeaseLost(f"postgresql {operation}: the poll lease was lost; not written")
             if new is not None:
-                cursor = await conn.execute(self._cas_sql.encode(), cas_args(new))
+                cursor = await conn.execute(self._q.cas_sql.encode(), cas_args(new))
                 row = await cursor.fetchone()
                 if row is None or not self._wrote(new, row[0]):  # locked: only the clock refuses
                     raise StoreError(f"{operation_id}: version moved", operation=operation)
@@ -733,7 +675,7 @@ class PostgresStore(Store):
     ) -> tuple[float | None, bool, OperationRecord | None]:
         cas = cas_args(reserve) if reserve is not None else (None,) * 11
         args = (lease, token, ttl, provider, rate or 0.0, GUARD, MIN_WAIT, *cas)
-        [rows] = await self._turn("acquire_lease", (self._start_st, args))
+        [rows] = await self._turn("acquire_lease", (self._q.start, args))
         wait, written, moved = float(rows[0][0] or 0), int(rows[0][1] or 0), rows[0][2]
         if wait < 0:
             return None, False, None
@@ -774,7 +716,7 @@ class PostgresStore(Store):
             answers = await self._turn(
                 "save",
                 *self._indexed(new),
-                (self._finish_st, (lease, token, *cas_args(new))),
+                (self._q.finish, (lease, token, *cas_args(new))),
                 flush=durable is None or durable(result),
             )
             answer = _integer(answers[-1])
@@ -835,42 +777,3 @@ Fence = tuple[str, str] | None  # (lease name, token) a write must still hold
 def _integer(rows: Rows) -> int:
     """A function's integer answer: the first column of the one row."""
     return int(rows[0][0] or 0)
-
-
-async def _holds(conn: psycopg.AsyncConnection[Any], s: str, name: str, token: str) -> bool:
-    """Whether ``token`` holds lease ``name`` by the database clock; the row stays locked
-    until the transaction ends, so no one takes the lease meanwhile."""
-    cursor = await conn.execute(
-        f"SELECT 1 FROM {s}.leases WHERE name = %s AND token = %s"
-        f" AND expires_at > {s}.sg_now() FOR UPDATE".encode(),
-        (name, token),
-    )
-    return await cursor.fetchone() is not None
-
-
-async def _found(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:
-    """The recorded layout version; None when the schema holds no Statusgate tables."""
-    cursor = await conn.execute(
-        "SELECT to_regclass(%s), to_regclass(%s)",
-        (_qualified(schema, "schema_version"), _qualified(schema, "operations")),
-    )
-    versions, operations = await cursor.fetchone() or (None, None)
-    if versions is None:
-        return None if operations is None else 0
-    cursor = await conn.execute(
-        sql.SQL("SELECT max(version) FROM {}.schema_version").format(sql.Identifier(schema))
-    )
-    row = await cursor.fetchone()
-    return None if row is None or row[0] is None else int(row[0])
-
-
-def _qualified(schema: str, table: str) -> str:
-    return f"{sql.Identifier(schema).as_string(None)}.{table}"
-
-
-def describe(exc: BaseException) -> str:
-    """A driver error in one line, without the connection string (never a password)."""
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
-    return lines[0].removeprefix("connection failed: ") if lines else type(exc).__name__
