@@ -298,8 +298,10 @@ def open_operation(
     answer: ProviderAnswer,
     now: float,
     u: float,
+    route_values: tuple[tuple[str, str], ...] = (),
 ) -> Decision:
-    """The record written before the submit answer goes back; first poll per SPEC 4.4."""
+    """The record written before the submit answer goes back; first poll per SPEC 4.4.
+    ``route_values``: the submit path's named segments the job's routes name too."""
     polling = policy.polling
     record = OperationRecord(
         operation_id=operation_id,
@@ -319,6 +321,7 @@ def open_operation(
         policy_fingerprint=policy.fingerprint,
         last_http_status=answer.status,
         result_values=job_aliases(policy, job_id),
+        route_values=route_values,
     )
     body = _json(answer.body)
     hint = _hint(policy, answer, body if isinstance(body, dict) else None, now)

@@ -7,11 +7,12 @@ and from a provider path that may be filled from the stored final answer.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.core.models import OperationRecord, Outcome
-from gateway.core.routing import final_values
-from gateway.settings.policy import ProviderPolicy
+from gateway.core.routing import final_values, job_values
+from gateway.settings.policy import ProviderPolicy, placeholders
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,11 +21,23 @@ class Refusal:
     detail: str
 
 
-def provider_values(template: str, record: OperationRecord) -> dict[str, str] | Refusal:
-    """The values the result route's provider path needs, or why there is no result yet."""
+def provider_values(
+    template: str, record: OperationRecord, given: Mapping[str, str]
+) -> dict[str, str] | Refusal:
+    """The values the result route's provider path needs, or why there is no result yet:
+    the job's own (its id, the values its submit was sent to), then the ``given`` segments
+    of the agent's call (ElevenLabs' ``{language_code}``)."""
     if record.outcome is not Outcome.SUCCEEDED:
         return _not_succeeded(record)
-    values = {"job_id": record.provider_job_id}
+    values = {**given, **job_values(record)}
+    missing = [
+        name
+        for name in placeholders(template)
+        if not name.startswith("final.") and name.rstrip("*") not in values
+    ]
+    if missing:
+        detail = f"The result route needs {{{missing[0]}}}: call it with its full path."
+        return Refusal("invalid-request", detail)
     if "{final." not in template:
         return values
     final = record.final_response

@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.core import arns
 from gateway.core.decide import lookup
+from gateway.core.models import OperationRecord
 from gateway.core.values import parse_json
 from gateway.settings.policy import (
     PLACEHOLDER,
@@ -150,6 +151,18 @@ def fill(template: str, values: Mapping[str, str], agent_query: str = "") -> str
     if agent_query:
         path += ("&" if "?" in path else "?") + agent_query
     return path
+
+
+def kept_values(params: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """A submit match's named segments besides the job (fal's owner and app), kept on the
+    operation as (name, value) pairs: its status and cancel routes are filled from them."""
+    return tuple(sorted((k, v) for k, v in params.items() if k not in ("job_id", "job_id*")))
+
+
+def job_values(record: OperationRecord) -> dict[str, str]:
+    """What a tracked route of the record's job is filled from: the job id and the values
+    its submit was sent to."""
+    return {**dict(record.route_values), "job_id": record.provider_job_id}
 
 
 def final_values(template: str, final_body: Any) -> dict[str, str] | str:

@@ -281,7 +281,7 @@ async def fetch_result(
     runtime, policy = call.runtime, call.policy
     route = policy.routes.result
     assert route is not None
-    values = results.provider_values(route.path, record)
+    values = results.provider_values(route.path, record, call.match.params)
     if isinstance(values, results.Refusal):
         return _refused(call, record, values)
     fetched = await runtime.records.mutate(

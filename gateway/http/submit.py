@@ -28,7 +28,7 @@ from gateway.core.models import (
     ProviderAnswer,
     StoredResponse,
 )
-from gateway.core.routing import fill, job_id_from_body, valid_job
+from gateway.core.routing import fill, job_id_from_body, kept_values, valid_job
 from gateway.errors import StoreError
 from gateway.flow.polls import gone, held, record_asker
 from gateway.http.answers import (
@@ -187,6 +187,7 @@ async def _open(
         answer=answer,
         now=now,
         u=runtime.rng.random(),
+        route_values=kept_values(call.match.params),
     )
     kept = _answer_headers(call, response, job_id)
     stored = StoredResponse(
@@ -256,7 +257,8 @@ def _answer_headers(
     has_location = any(name.lower() == "location" for name, _ in kept)
     if status.job_id is None and not has_location:  # a status URL exists to point at
         base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
-        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
+        values = {**call.match.params, "job_id": job_id}
+        kept = (*kept, ("Location", base + fill(status.path, values)))
     return kept
 
 

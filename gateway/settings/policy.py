@@ -509,10 +509,11 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
     no two routes could match the same request."""
     problems: list[tuple[str, str]] = []
     job_forms: set[str] = set()
+    submitted = set(placeholders(routes.submit.path))
     for name in ("status", "result", "cancel"):
         route = getattr(routes, name)
         if route is not None:
-            problems += _tracked_route_problems(name, route, job_forms)
+            problems += _tracked_route_problems(name, route, job_forms, submitted)
     if len(job_forms) > 1:
         problems.append(("routes", "use {job_id} or {job_id*} in every route, not both"))
     submit = routes.submit
@@ -533,12 +534,20 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
     return problems + _overlap_problems(routes)
 
 
-def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> list[tuple[str, str]]:
+def _tracked_route_problems(
+    name: str, route: Route, job_forms: set[str], submitted: set[str]
+) -> list[tuple[str, str]]:
+    """A tracked route names its job once (or reads it from the body); besides, it may
+    name further segments (fal's ``{owner}/{app}``), matched like ids but not identifying
+    the job. On status and cancel routes those must be the submit path's too: the gateway
+    polls and cancels on its own with the values the submit was sent to. A result route's
+    may be the agent's alone (ElevenLabs' ``{language_code}``)."""
     where = f"routes.{name}"
     names = placeholders(route.path)
     jobs = [n for n in names if n in JOB_PLACEHOLDERS]
     job_forms.update(jobs)
     finals = [n for n in names if n.startswith("final.")]
+    extras = [n for n in names if n not in JOB_PLACEHOLDERS and n not in finals]
     source = route.job_id
     if source is not None:
         if source.source != "request" or not source.path:
@@ -552,7 +561,7 @@ def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> lis
         if len(names) != 1:
             return [(f"{where}.path", "may hold one {final.<field>} and no other placeholder")]
         return []
-    if len(jobs) != 1 or len(names) != 1:
+    if len(jobs) != 1 or finals:
         return [
             (
                 f"{where}.path",
@@ -560,7 +569,17 @@ def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> lis
                 "the job id from the request body (job_id: {from: request, path: P})",
             )
         ]
-    return []
+    if len(set(names)) != len(names):
+        return [(f"{where}.path", "names a placeholder twice")]
+    return [
+        (
+            f"{where}.path",
+            f"{{{extra}}} must also be in routes.submit.path: the gateway polls the job "
+            "with the values its submit was sent to",
+        )
+        for extra in extras
+        if name != "result" and extra not in submitted
+    ]
 
 
 def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:
