@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.core import arns
 from gateway.core.decide import lookup
@@ -165,20 +166,70 @@ def job_values(record: OperationRecord) -> dict[str, str]:
     return {**dict(record.route_values), "job_id": record.provider_job_id}
 
 
-def final_values(template: str, final_body: Any) -> dict[str, str] | str:
+FINAL_SEGMENT = re.compile(r"[A-Za-z0-9._~:-]{1,200}")  # a job id's, and ":" (files/a:download)
+FINAL_QUERY = re.compile(r"[A-Za-z0-9._~-]+=[A-Za-z0-9._~-]*(&[A-Za-z0-9._~-]+=[A-Za-z0-9._~-]*)*")
+
+
+@dataclass(frozen=True, slots=True)
+class Finals:
+    """The ``{final.<field>}`` values of a result path, and the query their URLs carried."""
+
+    values: dict[str, str]
+    query: str = ""
+
+
+def final_values(template: str, final_body: Any, upstream: str) -> Finals | str:
     """Values of the template's ``{final.<field>}`` placeholders read from the stored final
-    answer, or the name of the first one that is missing (or not a valid id)."""
+    answer, or why one cannot be used (it is missing, or unsafe).
+
+    A value may be one segment, a resource name of up to 8 (``files/abc``,
+    ``accounts/a/datasets/d``), or a URL on the policy's ``upstream`` origin and under its
+    path (Veo's video ``uri``), which gives its path below the upstream and its query.
+    Every segment is checked as a job id's (plus ``:``): never empty, ``.`` or ``..``, no
+    ``%``, ``?``, ``#`` or ``\\``, so no value can climb out of the route's path, smuggle a
+    query, or reach another host."""
     values: dict[str, str] = {}
+    queries: list[str] = []
     for name in placeholders(template):
         if not name.startswith("final."):
             continue
-        value = lookup(final_body, name.removeprefix("final."))
+        field = name.removeprefix("final.")
+        value = lookup(final_body, field)
         if isinstance(value, bool) or not isinstance(value, str | int):
-            return name.removeprefix("final.")
-        if not valid_job_id(str(value)):
-            return name.removeprefix("final.")
-        values[name] = str(value)
-    return values
+            return f"its final answer has no usable {field!r}"
+        found = _final_path(str(value), upstream)
+        if isinstance(found, str):
+            return f"{field!r} is {found}"
+        values[name], query = found
+        if query:
+            queries.append(query)
+    return Finals(values, "&".join(queries))
+
+
+def _final_path(value: str, upstream: str) -> tuple[str, str] | str:
+    """(path, query) of one final value, or what is wrong with it."""
+    query = ""
+    if value.lower().startswith(("http://", "https://")):
+        try:
+            url, base = urlsplit(value), urlsplit(upstream)
+            origin = f"{url.scheme}://{url.netloc}".lower()
+            same = origin == f"{base.scheme}://{base.netloc}".lower() and url.port == base.port
+        except ValueError:
+            return "not a valid URL"
+        if not same:
+            return f"a URL on another origin ({origin}), which the gateway never contacts"
+        prefix = base.path.rstrip("/") + "/"
+        if not url.path.startswith(prefix) or url.fragment:
+            return f"a URL outside the provider's API ({prefix})"
+        value, query = url.path.removeprefix(prefix), url.query
+        if query and FINAL_QUERY.fullmatch(query) is None:
+            return "a URL whose query the gateway does not forward"
+    segments = value.split("/")
+    if len(segments) > MAX_SEGMENTS or not all(
+        FINAL_SEGMENT.fullmatch(s) and s not in (".", "..") for s in segments
+    ):
+        return "not a safe path (1 to 8 segments of [A-Za-z0-9._~:-], no . or ..)"
+    return value, query
 
 
 def job_id_value(value: Any) -> str | None:
