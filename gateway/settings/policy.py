@@ -144,6 +144,9 @@ class Passthrough(Strict):
     """More than method and path that a request must carry to be this route."""
     also: list[RoutePath] = []
     """Further path forms agents may send; each is forwarded as the agent sent it."""
+    public: bool = False
+    """A GET of data every account may read (Replicate's model versions): forwarded with
+    the credential like any passthrough, without check's warning about reads by id."""
 
 
 class Routes(Strict):
@@ -420,6 +423,9 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
     ]:
         if route is not None and not route["also"]:
             del route["also"]
+    for route in routes["passthrough"]:
+        if not route["public"]:
+            del route["public"]
     if routes["cancel"] is not None and routes["cancel"]["by"] == "operator":
         del routes["cancel"]["by"]
     return data
@@ -482,7 +488,7 @@ def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     listing = policy.routes.submit.path.partition("?")[0]
     for i, route in enumerate(policy.routes.passthrough):
-        if route.method != "GET":
+        if route.method != "GET" or route.public:
             continue
         where, path = f"routes.passthrough[{i}]", route.path.partition("?")[0]
         if placeholders(path):
@@ -531,6 +537,11 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
             problems.append((where, "{final.*} and {job_id*} are only for tracked routes"))
         if len(set(names)) != len(names):
             problems.append((where, "names a placeholder twice"))
+    problems += [
+        (f"routes.passthrough[{i}].public", "only a GET may be public")
+        for i, r in enumerate(routes.passthrough)
+        if r.public and r.method != "GET"
+    ]
     return problems + _overlap_problems(routes)
 
 
