@@ -59,6 +59,7 @@ class Match:
     job_id: str | None
     params: Mapping[str, str] = field(default_factory=dict)  # every placeholder's segment
     arn_ids: bool = False  # {job_id} holds a decoded ARN or plain id (aws-arn)
+    sent: str | None = None  # the provider path of the form that matched, when not the route's
 
     @property
     def valid(self) -> bool:
@@ -83,6 +84,7 @@ class _Route:
     pattern: re.Pattern[str]
     names: tuple[str, ...]
     match: RouteMatch | None
+    sent: str | None = None  # a submit's more_paths form: sent as it is written
 
 
 class RouteTable:
@@ -117,14 +119,15 @@ class RouteTable:
             job_id = params.get("job_id") or params.get("job_id*")
             if job_id is None and route.kind == "result":
                 job_id = next(iter(params.values()), None)
-            return Match(route.kind, job_id, params, self._arn_ids)
+            return Match(route.kind, job_id, params, self._arn_ids, route.sent)
         return None
 
 
 def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> list[_Route]:
     """The route's path and each of its ``also`` forms, as patterns of one kind."""
     compiled = []
-    for form in (route.path, *route.also):
+    more = tuple(route.more_paths) if isinstance(route, SubmitRoute) else ()
+    for form in (route.path, *route.also, *more):
         path = form.partition("?")[0]
         names = tuple(placeholders(path))
         parts = PLACEHOLDER.split(path)  # literal, name, literal, name, ..., literal
@@ -132,7 +135,8 @@ def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> list[_Route
             re.escape(part) if i % 2 == 0 else ("([^?#]+)" if part == "job_id*" else "([^/?#]+)")
             for i, part in enumerate(parts)
         )
-        compiled.append(_Route(kind, route.method, re.compile(regex), names, route.match))
+        sent = form if form in more else None
+        compiled.append(_Route(kind, route.method, re.compile(regex), names, route.match, sent))
     return compiled
 
 

@@ -112,7 +112,8 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
         if seen is not None:
             return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
-    url = policy.upstream + fill(route.path, call.match.params, sent.query)
+    template = call.match.sent or route.path  # a more_paths form is sent as called
+    url = policy.upstream + fill(template, call.match.params, sent.query)
     forwarded = None if key is None else idempotency.forwarded_key(call.account.id, key)
     headers = to_provider(sent.headers, policy, forwarded)
     answer, response = await send_upstream(

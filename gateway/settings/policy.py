@@ -109,6 +109,9 @@ class SubmitRoute(Strict):
     also: list[RoutePath] = []
     """Further path forms agents may send for this route (another API version); the
     provider is always sent ``path``."""
+    more_paths: list[RoutePath] = []
+    """The provider's further create endpoints for the same kind of job (Runway's
+    per-model ones, fal's apps with a sub-path): each is sent as the agent called it."""
 
 
 class Route(Strict):
@@ -423,6 +426,8 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
     ]:
         if route is not None and not route["also"]:
             del route["also"]
+    if not routes["submit"]["more_paths"]:
+        del routes["submit"]["more_paths"]
     for route in routes["passthrough"]:
         if not route["public"]:
             del route["public"]
@@ -515,7 +520,9 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
     no two routes could match the same request."""
     problems: list[tuple[str, str]] = []
     job_forms: set[str] = set()
-    submitted = set(placeholders(routes.submit.path))
+    submitted = set(placeholders(routes.submit.path)).intersection(
+        *(placeholders(p) for p in routes.submit.more_paths)
+    )
     for name in ("status", "result", "cancel"):
         route = getattr(routes, name)
         if route is not None:
@@ -530,6 +537,7 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
         problems.append(("routes.submit.job_id.name", "is required when from is header"))
     for where, path in [
         ("routes.submit.path", submit.path),
+        *((f"routes.submit.more_paths[{i}]", p) for i, p in enumerate(submit.more_paths)),
         *((f"routes.passthrough[{i}].path", r.path) for i, r in enumerate(routes.passthrough)),
     ]:
         names = placeholders(path)

@@ -86,3 +86,19 @@ async def test_fal_subscribe_at_default_settings(
     table("fal-client 1.0.3", "subscribe", agent, len(times))
     assert output["images"][0]["url"].startswith("https://v3.fal.media/")
     assert_paced(times, started, shipped_polling(PROVIDER))
+
+
+async def test_fal_app_with_a_sub_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app's endpoint (``fal-ai/flux/dev``, a submit of the policy's ``more_paths``) is
+    submitted there; its URLs name ``fal-ai/flux/requests/...``, where the gateway polls,
+    and ``subscribe`` returns the output with no exception."""
+    async with gateway(tmp_path) as setup:
+        setup.demo.default_scripts["fal-queue"] = SCRIPT
+        fal, agent = client(setup, monkeypatch), setup.agent
+        started = agent.clock.now
+        output = await agent.run(lambda: fal.subscribe("fal-ai/flux/dev", {"prompt": "a fox"}))
+        (job,) = {e["job_id"] for e in setup.demo.log if e["kind"] == "status"}
+        times = polls_at(setup.demo, job)
+    table("fal-client 1.0.3", "subscribe, app with a sub-path", agent, len(times))
+    assert output["images"][0]["url"].startswith("https://v3.fal.media/")
+    assert_paced(times, started, shipped_polling(PROVIDER))

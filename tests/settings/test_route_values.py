@@ -151,3 +151,45 @@ def test_extra_placeholders_load(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(app_policy("http://x.test")))
     assert load_policy(path, "p.yaml", {}).routes.result is not None
+
+
+async def test_more_submit_paths_are_each_sent_as_called(
+    provider: tuple[Provider, str], gateway: Callable[..., Any]
+) -> None:
+    """``routes.submit.more_paths``: a provider's further create endpoints (fal's apps with
+    a sub-path, Runway's per-model ones) are submits too, each sent to the provider at the
+    path the agent called; the job is then polled with the values all forms share."""
+    fake, upstream = provider
+    fake.answers["/acme/voice/requests/r3/status"] = lambda r, b: web.json_response(
+        {"status": "COMPLETED"}
+    )
+    fake.answers["/acme/voice"] = lambda r, b: web.json_response({"request_id": "r3"})
+    policy = app_policy(upstream)
+    policy["routes"]["submit"]["more_paths"] = ["/{owner}/{app}/{path}"]
+    clock = FakeClock(NOW)
+    client = await gateway(policy, clock)
+    submitted = await client.post("/p/p/acme/voice/dev", json={}, headers=AUTH)
+    assert submitted.status == 200, await submitted.text()
+    assert submitted.headers["Location"].endswith("/p/p/acme/voice/requests/r3/status")
+    clock.advance(5.0)
+    done = await client.get("/p/p/acme/voice/requests/r3/status", headers=AUTH)
+    assert done.headers["Statusgate-Outcome"] == "succeeded", await done.text()
+    assert [s["path"] for s in fake.seen] == ["/acme/voice/dev", "/acme/voice/requests/r3/status"]
+
+
+def test_a_status_extra_must_be_in_every_submit_path(tmp_path: Path) -> None:
+    """A status route's extra placeholder must be named by every submit path, or the
+    gateway could not poll a job submitted through the path that lacks it."""
+    path = tmp_path / "p.yaml"
+    policy = app_policy("http://x.test")
+    policy["routes"]["submit"]["more_paths"] = ["/v2/{owner}/run"]
+    path.write_text(yaml.safe_dump(policy))
+    with pytest.raises(ConfigError) as failed:
+        load_policy(path, "p.yaml", {})
+    assert any(
+        line.endswith(
+            "routes.status.path: {app} must also be in routes.submit.path: the "
+            "gateway polls the job with the values its submit was sent to"
+        )
+        for line in failed.value.problems
+    ), failed.value.problems

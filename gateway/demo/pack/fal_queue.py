@@ -160,5 +160,5 @@ DOUBLE = Double(
     reference="https://fal.ai/docs/model-endpoints/queue",
     family=FAMILY,
     routes=routes,
-    example=Example("/fal-ai/fast-sdxl", {"prompt": "a lighthouse at dusk"}),
+    example=Example("/fal-ai/flux/dev", {"prompt": "a lighthouse at dusk"}),
 )
