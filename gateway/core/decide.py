@@ -55,6 +55,7 @@ class Decision:
     plan: Plan | None = None
     detail: str | None = None  # why, for the agent, when the record does not say it
     cut_at: float | None = None  # an earlier request reserved then, its answer never recorded
+    shown: bytes | None = None  # the body agents get instead of the provider's (still pending)
 
     def evolve(self, **changes: Any) -> Decision:
         """``dataclasses.replace`` at about a quarter of its cost (a poll makes several)."""
@@ -298,8 +299,10 @@ def open_operation(
     answer: ProviderAnswer,
     now: float,
     u: float,
+    route_values: tuple[tuple[str, str], ...] = (),
 ) -> Decision:
-    """The record written before the submit answer goes back; first poll per SPEC 4.4."""
+    """The record written before the submit answer goes back; first poll per SPEC 4.4.
+    ``route_values``: the submit path's named segments the job's routes name too."""
     polling = policy.polling
     record = OperationRecord(
         operation_id=operation_id,
@@ -319,6 +322,7 @@ def open_operation(
         policy_fingerprint=policy.fingerprint,
         last_http_status=answer.status,
         result_values=job_aliases(policy, job_id),
+        route_values=route_values,
     )
     body = _json(answer.body)
     hint = _hint(policy, answer, body if isinstance(body, dict) else None, now)
@@ -349,6 +353,8 @@ def classify(
         decision = superseded(record, now)
     else:
         decision = _classify(policy, record, answer, now, u)
+        if decision.shown is not None:  # replays show the still-pending answer too
+            answer = dataclasses.replace(answer, body=decision.shown)
         decision = _remember(decision, answer, now, keep=policy.polling.early_calls == "replay")
     if decision.record.inflight_at is None:
         return decision
@@ -478,13 +484,29 @@ def _classify_body(
             return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
         hint = _hint(policy, answer, body, now)
         return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint, seen)
-    if kind == "success":
-        missing = [field.path for field in states.required() if not _present(body, field)]
-        if missing:
-            detail = f"success without the required field(s) {', '.join(missing)}"
-            return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
+    if kind == "success" and not all(_present(body, f) for f in states.required()):
+        # not done yet: Gemini says SUCCEEDED before its output file exists. Polling goes
+        # on under the same budget and deadline until the answer carries it, and agents
+        # (and replays) are shown the answer with a pending state: an SDK that read the
+        # success would stop without its result
+        masked = _as_pending(policy, body)
+        hint = _hint(policy, answer, body, now)
+        decision = _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint, seen)
+        return decision.evolve(shown=masked)
     values = result_values(policy, body) if kind == "success" else ()
     return _finish(record, answer, _OUTCOMES[kind], now, values, seen)
+
+
+def _as_pending(policy: ProviderPolicy, body: dict[str, Any]) -> bytes:
+    """The answer with its state field set to the policy's first pending value."""
+    shown = json.loads(json.dumps(body))
+    node, *path = [shown, *policy.states.field.split(".")]
+    for part in path[:-1]:
+        node = node.setdefault(part, {}) if isinstance(node, dict) else {}
+    pending = policy.states.pending[0] if policy.states.pending else None
+    if isinstance(node, dict):
+        node[path[-1]] = pending
+    return json.dumps(shown).encode()
 
 
 _OUTCOMES = {

@@ -164,6 +164,9 @@ class OperationRecord:
     # the final answer's {final.<field>} values of the result route: the result is addressed
     # by them too (SPEC 20); stores index them (Records.find_result)
     result_values: tuple[str, ...] = ()
+    # the submit path's named segments besides the job (fal's owner and app): the gateway's
+    # own polls and cancels are sent there; (name, value) pairs, sorted
+    route_values: tuple[tuple[str, str], ...] = ()
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:
@@ -187,6 +190,10 @@ class OperationRecord:
                 "at": last.at,
             }
         data["result_values"] = list(self.result_values)
+        if self.route_values:
+            data["route_values"] = dict(self.route_values)
+        else:  # records written before them, and most, have none
+            del data["route_values"]
         if final is not None:
             data["final_response"] = {
                 "status": final.status,
@@ -225,6 +232,7 @@ class OperationRecord:
                 at=last["at"],
             )
         data["result_values"] = tuple(data.get("result_values", ()))
+        data["route_values"] = tuple(sorted(data.get("route_values", {}).items()))
         esc = data.get("escalation")
         if esc is not None:
             data["escalation"] = Escalation(

@@ -7,11 +7,12 @@ and from a provider path that may be filled from the stored final answer.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.core.models import OperationRecord, Outcome
-from gateway.core.routing import final_values
-from gateway.settings.policy import ProviderPolicy
+from gateway.core.routing import Finals, final_values, job_values
+from gateway.settings.policy import ProviderPolicy, placeholders
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,26 +21,37 @@ class Refusal:
     detail: str
 
 
-def provider_values(template: str, record: OperationRecord) -> dict[str, str] | Refusal:
-    """The values the result route's provider path needs, or why there is no result yet."""
+def provider_values(
+    policy: ProviderPolicy, record: OperationRecord, given: Mapping[str, str]
+) -> Finals | Refusal:
+    """The values the result route's provider path needs (and the query a final URL value
+    carried), or why there is no result: the job's own (its id, the values its submit was
+    sent to), the ``given`` segments of the agent's call (ElevenLabs' ``{language_code}``),
+    and the final answer's fields (``{final.<field>}``)."""
+    route = policy.routes.result
+    assert route is not None
     if record.outcome is not Outcome.SUCCEEDED:
         return _not_succeeded(record)
-    values = {"job_id": record.provider_job_id}
-    if "{final." not in template:
-        return values
+    values = {**given, **job_values(record)}
+    missing = [
+        name
+        for name in placeholders(route.path)
+        if not name.startswith("final.") and name.rstrip("*") not in values
+    ]
+    if missing:
+        detail = f"The result route needs {{{missing[0]}}}: call it with its full path."
+        return Refusal("invalid-request", detail)
+    if "{final." not in route.path:
+        return Finals(values)
     final = record.final_response
     try:
         body = json.loads(final.body) if final is not None else None
     except (ValueError, RecursionError):
         body = None
-    found = final_values(template, body)
+    found = final_values(route.path, body, policy.upstream)
     if isinstance(found, str):
-        return Refusal(
-            "not-ready",
-            f"The job succeeded but its final answer has no usable {found!r}: "
-            "there is no result to fetch.",
-        )
-    return {**values, **found}
+        return Refusal("not-ready", f"The job succeeded but {found}: there is no result to fetch.")
+    return Finals({**values, **found.values}, found.query)
 
 
 def fetch(

@@ -19,9 +19,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.core import arns
 from gateway.core.decide import lookup
+from gateway.core.models import OperationRecord
 from gateway.core.values import parse_json
 from gateway.settings.policy import (
     PLACEHOLDER,
@@ -57,6 +59,7 @@ class Match:
     job_id: str | None
     params: Mapping[str, str] = field(default_factory=dict)  # every placeholder's segment
     arn_ids: bool = False  # {job_id} holds a decoded ARN or plain id (aws-arn)
+    sent: str | None = None  # the provider path of the form that matched, when not the route's
 
     @property
     def valid(self) -> bool:
@@ -81,6 +84,7 @@ class _Route:
     pattern: re.Pattern[str]
     names: tuple[str, ...]
     match: RouteMatch | None
+    sent: str | None = None  # a submit's more_paths form: sent as it is written
 
 
 class RouteTable:
@@ -115,14 +119,15 @@ class RouteTable:
             job_id = params.get("job_id") or params.get("job_id*")
             if job_id is None and route.kind == "result":
                 job_id = next(iter(params.values()), None)
-            return Match(route.kind, job_id, params, self._arn_ids)
+            return Match(route.kind, job_id, params, self._arn_ids, route.sent)
         return None
 
 
 def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> list[_Route]:
     """The route's path and each of its ``also`` forms, as patterns of one kind."""
     compiled = []
-    for form in (route.path, *route.also):
+    more = tuple(route.more_paths) if isinstance(route, SubmitRoute) else ()
+    for form in (route.path, *route.also, *more):
         path = form.partition("?")[0]
         names = tuple(placeholders(path))
         parts = PLACEHOLDER.split(path)  # literal, name, literal, name, ..., literal
@@ -130,7 +135,8 @@ def _compile(kind: str, route: Route | SubmitRoute | Passthrough) -> list[_Route
             re.escape(part) if i % 2 == 0 else ("([^?#]+)" if part == "job_id*" else "([^/?#]+)")
             for i, part in enumerate(parts)
         )
-        compiled.append(_Route(kind, route.method, re.compile(regex), names, route.match))
+        sent = form if form in more else None
+        compiled.append(_Route(kind, route.method, re.compile(regex), names, route.match, sent))
     return compiled
 
 
@@ -152,20 +158,82 @@ def fill(template: str, values: Mapping[str, str], agent_query: str = "") -> str
     return path
 
 
-def final_values(template: str, final_body: Any) -> dict[str, str] | str:
+def kept_values(params: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """A submit match's named segments besides the job (fal's owner and app), kept on the
+    operation as (name, value) pairs: its status and cancel routes are filled from them."""
+    return tuple(sorted((k, v) for k, v in params.items() if k not in ("job_id", "job_id*")))
+
+
+def job_values(record: OperationRecord) -> dict[str, str]:
+    """What a tracked route of the record's job is filled from: the job id and the values
+    its submit was sent to."""
+    return {**dict(record.route_values), "job_id": record.provider_job_id}
+
+
+FINAL_SEGMENT = re.compile(r"[A-Za-z0-9._~:-]{1,200}")  # a job id's, and ":" (files/a:download)
+FINAL_QUERY = re.compile(r"[A-Za-z0-9._~-]+=[A-Za-z0-9._~-]*(&[A-Za-z0-9._~-]+=[A-Za-z0-9._~-]*)*")
+
+
+@dataclass(frozen=True, slots=True)
+class Finals:
+    """The ``{final.<field>}`` values of a result path, and the query their URLs carried."""
+
+    values: dict[str, str]
+    query: str = ""
+
+
+def final_values(template: str, final_body: Any, upstream: str) -> Finals | str:
     """Values of the template's ``{final.<field>}`` placeholders read from the stored final
-    answer, or the name of the first one that is missing (or not a valid id)."""
+    answer, or why one cannot be used (it is missing, or unsafe).
+
+    A value may be one segment, a resource name of up to 8 (``files/abc``,
+    ``accounts/a/datasets/d``), or a URL on the policy's ``upstream`` origin and under its
+    path (Veo's video ``uri``), which gives its path below the upstream and its query.
+    Every segment is checked as a job id's (plus ``:``): never empty, ``.`` or ``..``, no
+    ``%``, ``?``, ``#`` or ``\\``, so no value can climb out of the route's path, smuggle a
+    query, or reach another host."""
     values: dict[str, str] = {}
+    queries: list[str] = []
     for name in placeholders(template):
         if not name.startswith("final."):
             continue
-        value = lookup(final_body, name.removeprefix("final."))
+        field = name.removeprefix("final.")
+        value = lookup(final_body, field)
         if isinstance(value, bool) or not isinstance(value, str | int):
-            return name.removeprefix("final.")
-        if not valid_job_id(str(value)):
-            return name.removeprefix("final.")
-        values[name] = str(value)
-    return values
+            return f"its final answer has no usable {field!r}"
+        found = _final_path(str(value), upstream)
+        if isinstance(found, str):
+            return f"{field!r} is {found}"
+        values[name], query = found
+        if query:
+            queries.append(query)
+    return Finals(values, "&".join(queries))
+
+
+def _final_path(value: str, upstream: str) -> tuple[str, str] | str:
+    """(path, query) of one final value, or what is wrong with it."""
+    query = ""
+    if value.lower().startswith(("http://", "https://")):
+        try:
+            url, base = urlsplit(value), urlsplit(upstream)
+            origin = f"{url.scheme}://{url.netloc}".lower()
+            same = origin == f"{base.scheme}://{base.netloc}".lower() and url.port == base.port
+        except ValueError:
+            return "not a valid URL"
+        if not same:
+            return f"a URL on another origin ({origin}), which the gateway never contacts"
+        prefix = base.path.rstrip("/") + "/"
+        if not url.path.startswith(prefix) or url.fragment:
+            return f"a URL outside the provider's API ({prefix})"
+        value, query = url.path.removeprefix(prefix), url.query
+        if query and FINAL_QUERY.fullmatch(query) is None:
+            return "a URL whose query the gateway does not forward"
+    segments = value.split("/")
+    if len(segments) > MAX_SEGMENTS or not all(
+        FINAL_SEGMENT.fullmatch(s) and s not in (".", "..") for s in segments
+    ):
+        return "not a safe path (1 to 8 segments of [A-Za-z0-9._~:-], no . or ..)"
+    return value, query
 
 
 def job_id_value(value: Any) -> str | None:

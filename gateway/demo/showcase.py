@@ -26,7 +26,8 @@ import aiohttp
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.core.routing import fill
+from gateway.core.models import OperationRecord
+from gateway.core.routing import fill, job_values
 from gateway.core.story import story
 from gateway.demo.env import demo_env
 from gateway.demo.jobs import Family
@@ -168,19 +169,26 @@ async def _submit(
         return r.status, r.headers.get("Statusgate-Operation", "")
 
 
-def _status_call(policy: ProviderPolicy, job_id: str) -> tuple[str, str, dict[str, Any] | None]:
-    route = policy.routes.status
+def _status_call(
+    policy: ProviderPolicy, record: OperationRecord
+) -> tuple[str, str, dict[str, Any] | None]:
+    route, job_id = policy.routes.status, record.provider_job_id
     if route.job_id is not None:  # the job id goes in the request body (JSON-RPC style)
         return route.method, route.path, {route.job_id.path or "id": job_id}
-    # fill encodes a {job_id} into its one segment (an ARN as boto3 sends it)
-    return route.method, fill(route.path, {"job_id": job_id}), None
+    # fill encodes a {job_id} into its one segment (an ARN as boto3 sends it); fal's app
+    # segments are the submit's
+    return route.method, fill(route.path, job_values(record)), None
 
 
 async def _agents(
-    http: aiohttp.ClientSession, base: str, policy: ProviderPolicy, job_id: str, clock: Any
+    http: aiohttp.ClientSession,
+    base: str,
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    clock: Any,
 ) -> tuple[Counter[str], str]:
     """Naive agents taking turns: each calls every AGENT_EVERY seconds until the job ends."""
-    method, path, body = _status_call(policy, job_id)
+    method, path, body = _status_call(policy, record)
     headers = {"Statusgate-Token": TOKEN, **route_match(policy)}
     seen: Counter[str] = Counter()
     outcome = "pending"
@@ -225,7 +233,7 @@ async def show(name: str, folder: Path) -> list[str]:
                 return [f"demo --provider {name}: the submit was answered {status}, no job"]
             record = await app[RUNTIME].store.get(operation_id)
             assert record is not None
-            seen, outcome = await _agents(http, base, policy, record.provider_job_id, clock)
+            seen, outcome = await _agents(http, base, policy, record, clock)
         job_calls = [e for e in provider.log if e["job_id"] == record.provider_job_id]
         audit = list(records(audit_dir / "audit.jsonl"))
     minutes = (clock.now - started) / 60

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gateway.core import actions
 from gateway.core.models import OperationRecord, ProviderAnswer, poll_lease
-from gateway.core.routing import body_with_job_id, fill
+from gateway.core.routing import body_with_job_id, fill, job_values
 from gateway.flow.leases import new_token
 from gateway.flow.polls import lease_ttl
 from gateway.flow.runtime import Runtime
@@ -107,7 +107,7 @@ async def _send(
 ) -> tuple[ProviderAnswer, UpstreamResponse | None]:
     route = policy.routes.cancel
     assert route is not None
-    url = policy.upstream + fill(route.path, {"job_id": record.provider_job_id}, request.query)
+    url = policy.upstream + fill(route.path, job_values(record), request.query)
     return await send_upstream(
         runtime.channel(policy),
         policy,

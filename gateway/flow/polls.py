@@ -350,7 +350,7 @@ async def _steps(
         decision = await _reserve(poll, moved or poll.record)
     if not decision.forward:
         return decision, None
-    answer, response = await _send(asker, poll.record.operation_id)
+    answer, response = await _send(asker, poll.record)
     poll.lease_held = False  # the answer's write releases the lease with it
     return await _record(asker, decision.record, answer, poll.lease), response
 
@@ -438,12 +438,16 @@ def _reserved(asker: Asker, decision: Decision, window: Window | None) -> Effect
     return found
 
 
-async def _send(asker: Asker, operation_id: str) -> tuple[ProviderAnswer, UpstreamResponse | None]:
-    """The one status request, spaced under the provider's ceiling; a 429 or RateLimit
-    answer tightens the ceiling for everyone."""
+async def _send(
+    asker: Asker, record: OperationRecord
+) -> tuple[ProviderAnswer, UpstreamResponse | None]:
+    """The one status request, to where the job was submitted (its route values), spaced
+    under the provider's ceiling; a 429 or RateLimit answer tightens the ceiling for
+    everyone."""
     runtime, policy = asker.runtime, asker.policy
     route = policy.routes.status
-    url = policy.upstream + fill(route.path, {"job_id": asker.job_id}, asker.query)
+    values = {**dict(record.route_values), "job_id": asker.job_id}
+    url = policy.upstream + fill(route.path, values, asker.query)
     if policy.polling.provider_rate is not None:
         await runtime.space_sends(policy.provider, policy.polling.provider_rate)
     answer, response = await send_upstream(
@@ -454,7 +458,7 @@ async def _send(asker: Asker, operation_id: str) -> tuple[ProviderAnswer, Upstre
         url,
         dict(asker.headers),
         asker.body,
-        operation_id=operation_id,
+        operation_id=record.operation_id,
     )
     limit = provider_limit(answer.status, response.headers if response else {}, runtime.clock())
     if limit is not None:

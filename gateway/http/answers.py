@@ -3,6 +3,7 @@ passed through with URLs rewritten, and the matched call every agent-route handl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -105,6 +106,8 @@ def render(
         body = rewrite_body(call, final.body, final.content_type)
         return _raw(200, headers, body, final.content_type)
     if decision.reply is Reply.PROVIDER and upstream is not None:
+        if decision.shown is not None:  # a success still pending (success_requires)
+            upstream = dataclasses.replace(upstream, body=decision.shown)
         return passthrough(call, upstream, headers)
     if decision.reply is Reply.REPLAY and record.last_answer is not None:
         return replay(call, decision, now, headers)

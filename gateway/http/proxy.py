@@ -281,7 +281,7 @@ async def fetch_result(
     runtime, policy = call.runtime, call.policy
     route = policy.routes.result
     assert route is not None
-    values = results.provider_values(route.path, record)
+    values = results.provider_values(policy, record, call.match.params)
     if isinstance(values, results.Refusal):
         return _refused(call, record, values)
     fetched = await runtime.records.mutate(
@@ -291,7 +291,8 @@ async def fetch_result(
     )
     if isinstance(fetched, results.Refusal):
         return _refused(call, record, fetched)
-    url = policy.upstream + fill(route.path, values, query)
+    query = "&".join(q for q in (values.query, query) if q)
+    url = policy.upstream + fill(route.path, values.values, query)
     answer, response = await send_upstream(
         runtime.channel(policy),
         policy,

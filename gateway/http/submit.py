@@ -28,7 +28,7 @@ from gateway.core.models import (
     ProviderAnswer,
     StoredResponse,
 )
-from gateway.core.routing import fill, job_id_from_body, valid_job
+from gateway.core.routing import fill, job_id_from_body, kept_values, valid_job
 from gateway.errors import StoreError
 from gateway.flow.polls import gone, held, record_asker
 from gateway.http.answers import (
@@ -114,7 +114,8 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
     if seen is not None:
         return await _replay(call, seen, fingerprint, now)
     route = policy.routes.submit
-    url = policy.upstream + fill(route.path, call.match.params, sent.query)
+    template = call.match.sent or route.path  # a more_paths form is sent as called
+    url = policy.upstream + fill(template, call.match.params, sent.query)
     forwarded = None if key is None else idempotency.forwarded_key(call.account.id, key)
     headers = to_provider(sent.headers, policy, forwarded)
     answer, response = await send_upstream(
@@ -209,6 +210,7 @@ async def _open(
         answer=answer,
         now=now,
         u=runtime.rng.random(),
+        route_values=kept_values(call.match.params),
     )
     kept = _answer_headers(call, response, job_id)
     stored = StoredResponse(
@@ -278,7 +280,8 @@ def _answer_headers(
     has_location = any(name.lower() == "location" for name, _ in kept)
     if status.job_id is None and not has_location:  # a status URL exists to point at
         base = f"{runtime.settings.file.public_base_url}/p/{policy.provider}"
-        kept = (*kept, ("Location", base + fill(status.path, {"job_id": job_id})))
+        values = {**call.match.params, "job_id": job_id}
+        kept = (*kept, ("Location", base + fill(status.path, values)))
     return kept
 
 

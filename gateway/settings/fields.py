@@ -122,6 +122,8 @@ def _overlaps(routes: _Routes) -> list[tuple[str, str]]:
     for where, route in _named(routes):
         forms.append((f"{where}.path", route, route.path, False))
         forms += [(f"{where}.also[{i}]", route, p, True) for i, p in enumerate(route.also)]
+        more: Sequence[str] = getattr(route, "more_paths", ())  # a submit's other endpoints
+        forms += [(f"{where}.more_paths[{i}]", route, p, True) for i, p in enumerate(more)]
     for where, route, path, extra in forms:
         headers = route.match.headers if route.match is not None else {}
         key = (

@@ -109,6 +109,9 @@ class SubmitRoute(Strict):
     also: list[RoutePath] = []
     """Further path forms agents may send for this route (another API version); the
     provider is always sent ``path``."""
+    more_paths: list[RoutePath] = []
+    """The provider's further create endpoints for the same kind of job (Runway's
+    per-model ones, fal's apps with a sub-path): each is sent as the agent called it."""
 
 
 class Route(Strict):
@@ -144,6 +147,9 @@ class Passthrough(Strict):
     """More than method and path that a request must carry to be this route."""
     also: list[RoutePath] = []
     """Further path forms agents may send; each is forwarded as the agent sent it."""
+    public: bool = False
+    """A GET of data every account may read (Replicate's model versions): forwarded with
+    the credential like any passthrough, without check's warning about reads by id."""
 
 
 class Routes(Strict):
@@ -420,6 +426,11 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
     ]:
         if route is not None and not route["also"]:
             del route["also"]
+    if not routes["submit"]["more_paths"]:
+        del routes["submit"]["more_paths"]
+    for route in routes["passthrough"]:
+        if not route["public"]:
+            del route["public"]
     if routes["cancel"] is not None and routes["cancel"]["by"] == "operator":
         del routes["cancel"]["by"]
     return data
@@ -482,7 +493,7 @@ def warnings(policy: ProviderPolicy) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     listing = policy.routes.submit.path.partition("?")[0]
     for i, route in enumerate(policy.routes.passthrough):
-        if route.method != "GET":
+        if route.method != "GET" or route.public:
             continue
         where, path = f"routes.passthrough[{i}]", route.path.partition("?")[0]
         if placeholders(path):
@@ -509,10 +520,13 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
     no two routes could match the same request."""
     problems: list[tuple[str, str]] = []
     job_forms: set[str] = set()
+    submitted = set(placeholders(routes.submit.path)).intersection(
+        *(placeholders(p) for p in routes.submit.more_paths)
+    )
     for name in ("status", "result", "cancel"):
         route = getattr(routes, name)
         if route is not None:
-            problems += _tracked_route_problems(name, route, job_forms)
+            problems += _tracked_route_problems(name, route, job_forms, submitted)
     if len(job_forms) > 1:
         problems.append(("routes", "use {job_id} or {job_id*} in every route, not both"))
     submit = routes.submit
@@ -523,6 +537,7 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
         problems.append(("routes.submit.job_id.name", "is required when from is header"))
     for where, path in [
         ("routes.submit.path", submit.path),
+        *((f"routes.submit.more_paths[{i}]", p) for i, p in enumerate(submit.more_paths)),
         *((f"routes.passthrough[{i}].path", r.path) for i, r in enumerate(routes.passthrough)),
     ]:
         names = placeholders(path)
@@ -530,15 +545,28 @@ def _route_problems(routes: Routes) -> list[tuple[str, str]]:
             problems.append((where, "{final.*} and {job_id*} are only for tracked routes"))
         if len(set(names)) != len(names):
             problems.append((where, "names a placeholder twice"))
+    problems += [
+        (f"routes.passthrough[{i}].public", "only a GET may be public")
+        for i, r in enumerate(routes.passthrough)
+        if r.public and r.method != "GET"
+    ]
     return problems + _overlap_problems(routes)
 
 
-def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> list[tuple[str, str]]:
+def _tracked_route_problems(
+    name: str, route: Route, job_forms: set[str], submitted: set[str]
+) -> list[tuple[str, str]]:
+    """A tracked route names its job once (or reads it from the body); besides, it may
+    name further segments (fal's ``{owner}/{app}``), matched like ids but not identifying
+    the job. On status and cancel routes those must be the submit path's too: the gateway
+    polls and cancels on its own with the values the submit was sent to. A result route's
+    may be the agent's alone (ElevenLabs' ``{language_code}``)."""
     where = f"routes.{name}"
     names = placeholders(route.path)
     jobs = [n for n in names if n in JOB_PLACEHOLDERS]
     job_forms.update(jobs)
     finals = [n for n in names if n.startswith("final.")]
+    extras = [n for n in names if n not in JOB_PLACEHOLDERS and n not in finals]
     source = route.job_id
     if source is not None:
         if source.source != "request" or not source.path:
@@ -552,7 +580,7 @@ def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> lis
         if len(names) != 1:
             return [(f"{where}.path", "may hold one {final.<field>} and no other placeholder")]
         return []
-    if len(jobs) != 1 or len(names) != 1:
+    if len(jobs) != 1 or finals:
         return [
             (
                 f"{where}.path",
@@ -560,7 +588,17 @@ def _tracked_route_problems(name: str, route: Route, job_forms: set[str]) -> lis
                 "the job id from the request body (job_id: {from: request, path: P})",
             )
         ]
-    return []
+    if len(set(names)) != len(names):
+        return [(f"{where}.path", "names a placeholder twice")]
+    return [
+        (
+            f"{where}.path",
+            f"{{{extra}}} must also be in routes.submit.path: the gateway polls the job "
+            "with the values its submit was sent to",
+        )
+        for extra in extras
+        if name != "result" and extra not in submitted
+    ]
 
 
 def _overlap_problems(routes: Routes) -> list[tuple[str, str]]:

@@ -73,3 +73,14 @@ def test_a_decision_evolves_as_dataclasses_replace_does(
     assert decision.evolve() == decision
     with pytest.raises(TypeError, match="unknown fields"):
         decision.evolve(forwarded=True)
+
+
+def test_route_values_round_trip_and_are_left_out_when_empty() -> None:
+    """A record's route values survive to_dict/from_dict; a record without any writes no
+    key, so records stay as they were written before route values existed."""
+    plain = pending_record()
+    assert "route_values" not in plain.to_dict()
+    assert OperationRecord.from_dict(plain.to_dict()) == plain
+    kept = plain.evolve(route_values=(("app", "fast-sdxl"), ("owner", "fal-ai")))
+    assert kept.to_dict()["route_values"] == {"app": "fast-sdxl", "owner": "fal-ai"}
+    assert OperationRecord.from_dict(kept.to_dict()) == kept

@@ -98,10 +98,18 @@ async def test_success_with_required_field_is_terminal(harness: Harness) -> None
     assert (await harness.record(job)).final_response is not None
 
 
-async def test_success_without_required_field_escalates(harness: Harness) -> None:
-    """A success missing a success_requires field escalates integration_failure."""
-    _, response = await run_until_answer(harness, [{"state": "succeeded", "omit": ["result"]}], 1)
-    assert (await escalation_of(response))["reason"] == "integration_failure"
+async def test_success_without_required_field_stays_pending(harness: Harness) -> None:
+    """A success missing a success_requires field is still pending (Gemini reports
+    SUCCEEDED before its output exists): polling goes on, and the answer that carries the
+    field ends the operation succeeded."""
+    script = [{"state": "succeeded", "omit": ["result"]}, {"state": "succeeded"}]
+    job, response = await run_until_answer(harness, script, 1)
+    assert response.status == 200
+    assert response.headers["Statusgate-Outcome"] == "pending"
+    assert "Retry-After" in response.headers
+    done = await harness.poll_when_due(job)
+    assert done.headers["Statusgate-Outcome"] == "succeeded"
+    assert len(harness.provider_calls(job)) == 2
 
 
 async def test_failure_cancelled_expired_are_terminal_with_provider_body(harness: Harness) -> None:

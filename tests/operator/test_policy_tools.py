@@ -36,7 +36,7 @@ def statusgate(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[by
         ({"state": "running"}, 200, "pending"),
         ({"state": "succeeded", "result": {"pages": 1}}, 200, "succeeded"),
         ({"state": "failed"}, 200, "failed"),
-        ({"state": "succeeded"}, 200, "escalate integration_failure: success without"),
+        ({"state": "succeeded"}, 200, "pending"),  # no result yet: still pending
         ({"state": "paused"}, 200, 'escalate unknown_state: state "paused" is not in'),
         ({}, 403, "escalate authorization_denied: the provider answered 403"),
     ],

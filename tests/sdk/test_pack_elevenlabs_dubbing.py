@@ -11,10 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from elevenlabs.client import ElevenLabs
 from elevenlabs.core import ApiError
-from elevenlabs.errors import NotFoundError
 from paced import assert_paced, shipped_polling
 from test_sdk_agents import MAX_CALLS, Setup, gateway, polls_at, table
 
@@ -84,12 +82,6 @@ async def test_elevenlabs_failed_dub_ends_the_operation_failed(tmp_path: Path) -
     assert record.outcome.value == "failed" and len(polls) == record.status_requests_used
 
 
-@pytest.mark.xfail(
-    raises=NotFoundError,
-    strict=True,
-    reason="gateway gap: the dubbed file is GET /v1/dubbing/{dubbing_id}/audio/{language_code}"
-    " and a tracked (result) route may hold no placeholder besides {job_id}",
-)
 async def test_elevenlabs_dubbed_audio_comes_through_the_result_route(tmp_path: Path) -> None:
     """``dubbing.audio.get(dubbing_id, "es")`` downloads the dubbed file through the
     gateway once the dub is done."""

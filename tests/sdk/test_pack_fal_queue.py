@@ -1,8 +1,7 @@
-"""fal's queue (tests/sdk/proposed/fal-queue.yaml) driven by the official ``fal-client`` at
-its defaults, on virtual time, against the demo provider's fal double
-(gateway/demo/pack/fal_queue.py): ``submit`` + ``status`` / ``get``, and ``subscribe``, which
-polls every 0.1 s. Every test is marked xfail: the gateway cannot load that policy yet (its
-tracked routes name the app besides the job id; see the policy's header).
+"""policies/fal-queue.yaml driven by the official ``fal-client`` at its defaults, on virtual
+time, against the demo provider's fal double (gateway/demo/pack/fal_queue.py): ``submit`` +
+``status`` / ``get``, and ``subscribe``, which polls every 0.1 s. The routes name the app
+(``/{owner}/{app}/requests/{id}``) besides the job id.
 
 How fal-client is pointed at the gateway: it reads no base URL setting; its queue URL is the
 module constant ``fal_client.client.QUEUE_URL_FORMAT``, built at import from the
@@ -20,63 +19,29 @@ from typing import Any
 import fal_client
 import fal_client.client
 import pytest
-import test_sdk_agents
-import yaml
-from paced import assert_paced
+from paced import assert_paced, shipped_polling
 from test_sdk_agents import MAX_CALLS, Setup, gateway, polls_at, table
 
-from gateway.demo import provider as demo_provider
-from gateway.demo.pack import doubles
-from gateway.demo.pack.fal_queue import DOUBLE
-from gateway.errors import ConfigError
-from gateway.settings.policy import Polling, load_policy
-
-import conftest
-from conftest import AGENT_TOKEN, PROVIDER_ENV, PROVIDER_KEY
+from conftest import AGENT_TOKEN
 
 PROVIDER = "fal-queue"
 APP = "fal-ai/fast-sdxl"
-POLICY = Path(__file__).parent / "proposed" / "fal-queue.yaml"
 SCRIPT = [
     {"state": "IN_QUEUE", "position": 3, "until": 20},
     {"state": "IN_PROGRESS", "until": 60},
     {"state": "COMPLETED"},
 ]
-GAP = (
-    "gateway gap: fal's status, result and cancel routes name the app ({owner}/{app}) "
-    "besides {job_id}, which a tracked route may not (tests/sdk/proposed/fal-queue.yaml)"
-)
-pytestmark = pytest.mark.xfail(raises=ConfigError, strict=True, reason=GAP)
 
 
 @pytest.fixture(autouse=True)
-def fal_setup(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The double mounted under /fal-queue, the proposed policy beside the shipped ones
-    (its key the provider's), and fal-client's key set to the agent's gateway token."""
-    with_fal = {**doubles(), PROVIDER: DOUBLE}
-    monkeypatch.setattr(demo_provider, "doubles", lambda: with_fal)
-    monkeypatch.setattr(conftest, "doubles", lambda: with_fal)
-    monkeypatch.setitem(PROVIDER_ENV, "FAL_KEY", PROVIDER_KEY)
+def fal_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fal-client's key is the agent's gateway token."""
     monkeypatch.setenv("FAL_KEY", AGENT_TOKEN)
-    original = test_sdk_agents.write_config
-
-    def write_config(folder: Path, upstream: str, **kw: Any) -> Path:
-        path = original(folder, upstream, **kw)
-        data = yaml.safe_load(POLICY.read_text())
-        data["upstream"] = f"{upstream}/{PROVIDER}"
-        (folder / "policies" / POLICY.name).write_text(yaml.safe_dump(data))
-        return path
-
-    monkeypatch.setattr(test_sdk_agents, "write_config", write_config)
 
 
 def client(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> fal_client.SyncClient:
     monkeypatch.setattr(fal_client.client, "QUEUE_URL_FORMAT", f"{setup.base}/p/{PROVIDER}/")
     return fal_client.SyncClient()
-
-
-def polling() -> Polling:
-    return load_policy(POLICY, POLICY.name, {"FAL_KEY": "k"}).polling
 
 
 async def test_fal_submit_status_loop_and_result(
@@ -103,7 +68,7 @@ async def test_fal_submit_status_loop_and_result(
     assert handle.status_url.startswith(f"{setup.base}/p/{PROVIDER}/{APP}/requests/")
     assert any(isinstance(s, fal_client.Queued) and s.position == 3 for s in seen)
     assert output["images"][0]["url"].startswith("https://v3.fal.media/")
-    assert_paced(times, started, polling())
+    assert_paced(times, started, shipped_polling(PROVIDER))
 
 
 async def test_fal_subscribe_at_default_settings(
@@ -120,4 +85,20 @@ async def test_fal_subscribe_at_default_settings(
         times = polls_at(setup.demo, job)
     table("fal-client 1.0.3", "subscribe", agent, len(times))
     assert output["images"][0]["url"].startswith("https://v3.fal.media/")
-    assert_paced(times, started, polling())
+    assert_paced(times, started, shipped_polling(PROVIDER))
+
+
+async def test_fal_app_with_a_sub_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app's endpoint (``fal-ai/flux/dev``, a submit of the policy's ``more_paths``) is
+    submitted there; its URLs name ``fal-ai/flux/requests/...``, where the gateway polls,
+    and ``subscribe`` returns the output with no exception."""
+    async with gateway(tmp_path) as setup:
+        setup.demo.default_scripts["fal-queue"] = SCRIPT
+        fal, agent = client(setup, monkeypatch), setup.agent
+        started = agent.clock.now
+        output = await agent.run(lambda: fal.subscribe("fal-ai/flux/dev", {"prompt": "a fox"}))
+        (job,) = {e["job_id"] for e in setup.demo.log if e["kind"] == "status"}
+        times = polls_at(setup.demo, job)
+    table("fal-client 1.0.3", "subscribe, app with a sub-path", agent, len(times))
+    assert output["images"][0]["url"].startswith("https://v3.fal.media/")
+    assert_paced(times, started, shipped_polling(PROVIDER))

@@ -89,17 +89,18 @@ async def test_guide_loop_through_an_hour_long_batch(tmp_path: Path, api_version
 
 async def test_succeeded_before_the_output_exists_is_not_a_success(tmp_path: Path) -> None:
     """A batch the API reports SUCCEEDED with no output yet is never recorded, nor shown to
-    the agent, as a success: it escalates as an integration failure (the agent's get
-    raises), and no answer the agent got says SUCCEEDED without its responses."""
+    the agent, as a success: it stays pending (the agent sees a pending state) and polling
+    goes on until the output is attached; then the agent's loop ends with its responses."""
     script = [
         {"state": "BATCH_STATE_RUNNING", "until": 600},
-        {"state": "BATCH_STATE_SUCCEEDED", "output": False},
+        {"state": "BATCH_STATE_SUCCEEDED", "output": False, "until": 900},
+        {"state": "BATCH_STATE_SUCCEEDED"},
     ]
     async with gateway(tmp_path, scripts={FAMILY.name: script}) as setup:
         client, agent = gemini(setup), setup.agent
         seen: list[types.BatchJob] = []
 
-        def loop() -> str:
+        def loop() -> types.BatchJob:
             job = client.batches.create(model="gemini-2.5-flash", src=REQUESTS)
             while not job.done and not agent.exceptions and not agent.busy:
                 try:
@@ -107,13 +108,11 @@ async def test_succeeded_before_the_output_exists_is_not_a_success(tmp_path: Pat
                     seen.append(job)
                 except errors.APIError as error:
                     agent.caught(error)
-            return str(job.name)
+            return job
 
-        name = await agent.run(loop)
-        record = await setup.record(PROVIDER, name)
-    assert record.outcome.value == "escalated"
-    assert record.escalation is not None
-    assert record.escalation.reason.value == "integration_failure"
-    assert [e.split(":")[0] for e in agent.exceptions] == ["ClientError"]
-    assert "409" in agent.exceptions[0]
-    assert all(job.state != types.JobState.JOB_STATE_SUCCEEDED for job in seen)
+        job = await agent.run(loop)
+        record = await setup.record(PROVIDER, str(job.name))
+    assert record.outcome.value == "succeeded"
+    assert agent.exceptions == []
+    assert job.state == types.JobState.JOB_STATE_SUCCEEDED and job.dest is not None
+    assert all(j.dest is not None for j in seen if j.state == types.JobState.JOB_STATE_SUCCEEDED)

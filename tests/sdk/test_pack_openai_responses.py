@@ -64,14 +64,15 @@ async def test_openai_sdk_waits_for_a_background_response(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("last", "outcome"),
-    [("failed", "failed"), ("incomplete", "failed"), ("cancelled", "cancelled")],
+    [("failed", "failed"), ("incomplete", "succeeded"), ("cancelled", "cancelled")],
 )
 async def test_every_terminal_status_of_a_response_ends_the_wait(
     tmp_path: Path, last: str, outcome: str
 ) -> None:
-    """failed, incomplete (cut short at max_output_tokens: the response did not finish)
-    and cancelled end the SDK's loop and the operation with an outcome, no escalation;
-    the agent gets the provider's Response with its error or incomplete_details."""
+    """failed, incomplete (cut short at max_output_tokens: finished, with its partial
+    output and no error, so a success as OpenAI's reference has it) and cancelled end the
+    SDK's loop and the operation with an outcome, no escalation; the agent gets the
+    provider's Response with its error or incomplete_details."""
     script = [held("in_progress", 60), {"state": last}]
     async with pack_gateway(tmp_path) as setup:
         sdk, agent = client(setup), setup.agent

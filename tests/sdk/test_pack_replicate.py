@@ -99,22 +99,22 @@ async def test_replicate_naive_get_loop_at_default_settings(tmp_path: Path) -> N
     assert_paced(times, started, shipped_polling(PROVIDER))
 
 
-@pytest.mark.xfail(
-    raises=ReplicateError,
-    strict=True,
-    reason="gateway gap: replicate.run('owner/name:version') first GETs "
-    "/v1/models/{owner}/{name}/versions/{id}, which no route of the policy serves (a "
-    "passthrough GET by id is what `check` warns about)",
-)
 async def test_replicate_run_at_default_settings(tmp_path: Path) -> None:
-    """``replicate.run("owner/name:version", input)``, which sends ``Prefer: wait`` on the
-    create and then polls every 0.5 s, returns the output with no exception."""
+    """``replicate.run("owner/name:version", input)``, which first reads the version
+    through the public passthrough, sends ``Prefer: wait`` on the create and then polls
+    every 0.5 s, returns the output with no exception; the provider polled on schedule."""
     async with gateway(tmp_path) as setup:
         setup.demo.default_scripts["replicate"] = SCRIPT
         rc, agent = client(setup), setup.agent
+        started = agent.clock.now
         output = await agent.run(
             lambda: rc.run(f"demo/flux-schnell:{VERSION}", input={"prompt": "a horse"})
         )
+        (job,) = {e["job_id"] for e in setup.demo.log if e["kind"] == "status"}
+        times = polls_at(setup.demo, job)
+    table("replicate 1.0.7", "replicate.run (version lookup, Prefer: wait)", agent, len(times))
+    assert agent.exceptions == []
+    assert_paced(times, started, shipped_polling(PROVIDER))
     urls = [str(item) for item in output]
     assert len(urls) == 1 and urls[0].startswith("https://replicate.delivery/xezq/")
 

@@ -35,14 +35,17 @@ async def test_batch_api_lifecycle(harness: Harness) -> None:
     assert record.next_poll_at - record.started_at > 60
 
 
-async def test_batch_api_completed_without_output_escalates(harness: Harness) -> None:
-    """A completed batch without its output file id escalates integration_failure."""
-    script = [{"state": "completed", "omit": ["output_file_id"]}]
+async def test_batch_api_completed_without_output_stays_pending(harness: Harness) -> None:
+    """A completed batch without its output file id is still pending, shown to the agent
+    with a pending state; the answer that carries the file id ends it succeeded."""
+    script = [{"state": "completed", "omit": ["output_file_id"]}, {"state": "completed"}]
     response = await harness.submit(script, provider="batch-api", path="/v1/batches", key=None)
     job = (await response.json())["id"]
     polled = await harness.poll_when_due(job, provider="batch-api", path="/v1/batches/{job_id}")
-    assert polled.status == 409
-    assert (await polled.json())["reason"] == "integration_failure"
+    assert polled.status == 200 and polled.headers["Statusgate-Outcome"] == "pending"
+    assert (await polled.json())["status"] != "completed"
+    done = await harness.poll_when_due(job, provider="batch-api", path="/v1/batches/{job_id}")
+    assert done.headers["Statusgate-Outcome"] == "succeeded"
 
 
 async def test_batch_api_cancelling_is_pending_then_cancelled(harness: Harness) -> None:

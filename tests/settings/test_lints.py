@@ -5,6 +5,7 @@ pointer a success answer need not carry; and about none of the shipped policies.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import yaml
 
 from gateway.cli import main
 from gateway.demo.env import demo_env
+from gateway.errors import ConfigError
 from gateway.settings.lints import check_warnings, lint
 from gateway.settings.policy import ProviderPolicy, load_policy
 
@@ -176,3 +178,29 @@ def test_check_prints_one_line_a_warning_and_exits_0(
         "Operation done, documented as pending) is in no class: an answer with it escalates "
         "as unknown_state"
     ]
+
+
+def test_a_public_passthrough_get_is_not_warned_about() -> None:
+    """A passthrough GET by id of public provider data (Replicate's model versions) marked
+    ``public: true`` gets no warning; the same route unmarked does; ``public`` on a call
+    that is not a GET fails check."""
+    route = {"method": "GET", "path": "/v1/models/{owner}/{name}/versions/{version_id}"}
+    marked = policy(routes={"passthrough": [{**route, "public": True}]})
+    assert check_warnings(marked) == []
+    unmarked = policy(routes={"passthrough": [route]})
+    assert fields_warned(check_warnings(unmarked)) == ["routes.passthrough[0]"]
+    path = ROOT / "policies" / "replicate.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["routes"]["passthrough"] = [{"method": "POST", "path": "/v1/files", "public": True}]
+    with pytest.raises(ConfigError) as failed:
+        _load_file(data)
+    assert any(
+        "routes.passthrough[0].public: only a GET may be public" in p for p in failed.value.problems
+    ), failed.value.problems
+
+
+def _load_file(data: dict[str, Any]) -> ProviderPolicy:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "p.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return load_policy(path, "p.yaml", ENV)

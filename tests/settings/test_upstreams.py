@@ -44,3 +44,21 @@ def test_an_unknown_provider_or_a_bad_url_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(path, env=PROVIDER_ENV)
     assert any(": upstreams:" in p and "http" in p for p in caught.value.problems), caught.value
+
+
+def test_shipped_policies_name_their_providers_public_origin() -> None:
+    """Every shipped policy but the demo's own names its provider's public origin (or a
+    ``${VAR:-...}`` for a per-customer host), never the demo provider: the demo reaches
+    them through config/gateway.yaml's ``upstreams`` redirect."""
+    from urllib.parse import urlsplit
+
+    from conftest import ROOT
+
+    for path in sorted((ROOT / "policies").glob("*.yaml")):
+        upstream = yaml.safe_load(path.read_text())["upstream"]
+        if path.stem == "demo-jobs":
+            continue
+        url = upstream.split(":-", 1)[1].rstrip("}") if upstream.startswith("${") else upstream
+        host = urlsplit(url).hostname or ""
+        assert host not in ("127.0.0.1", "localhost"), (path.name, upstream)
+        assert url.startswith("https://") or path.stem == "celery-flower", (path.name, upstream)

@@ -102,6 +102,7 @@ async def test_records_round_trip_every_field(store: Store) -> None:
         extended_requests=2,
         last_answer=LastAnswer(200, "application/json", b'{"s": "\\u00e9"}\xff', now + 1.5),
         result_values=("file-1", "42"),
+        route_values=(("app", "fast-sdxl"), ("owner", "fal-ai")),
     )
     await store.create(full)
     assert await store.get("op_1") == full

@@ -33,6 +33,7 @@ MODULES: tuple[str, ...] = (
     "replicate",
     "assemblyai",
     "elevenlabs_dubbing",
+    "fal_queue",
     "aws_transcribe",
     "bedrock_async_invoke",
     "bedrock_batch",

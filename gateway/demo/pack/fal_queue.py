@@ -20,10 +20,6 @@ from our policy.
   "CANCELLATION_REQUESTED"}``, or 400 ``{"status": "ALREADY_COMPLETED"}``.
 - Every call needs ``Authorization: Key <key>`` (401 otherwise); an unknown request is 404.
 
-Not in ``MODULES`` yet: the demo provider mounts a double per shipped policy, and the
-fal-queue policy cannot ship until the gateway takes routes that name the app besides the
-job id (tests/sdk/proposed/fal-queue.yaml says what it needs); tests/sdk/test_pack_fal_queue.py
-mounts it itself.
 """
 
 from __future__ import annotations

@@ -128,7 +128,23 @@ def routes(jobs: Jobs) -> Iterable[web.AbstractRouteDef]:
         jobs.cancel_job(job)
         return web.json_response(jobs.status_body(request, job, {"state": "canceled"}))
 
+    async def version(request: web.Request) -> web.Response:
+        """``GET /v1/models/{owner}/{name}/versions/{id}`` (models.versions.get): the
+        version's id, created_at, cog_version and openapi_schema."""
+        if not _authorised(request, jobs.api_key):
+            return _problem(401, "Unauthenticated", "You did not pass a valid token")
+        output = {"type": "array", "items": {"type": "string", "format": "uri"}}
+        schema = {"components": {"schemas": {"Output": output}}}
+        body = {
+            "id": request.match_info["version_id"],
+            "created_at": jobs.instant(0),
+            "cog_version": "0.9.4",
+            "openapi_schema": schema,
+        }
+        return web.json_response(body)
+
     return [
+        web.get("/v1/models/{owner}/{name}/versions/{version_id}", version),
         web.post("/v1/predictions", create),
         web.get("/v1/predictions/{job_id}", get),
         web.post("/v1/predictions/{job_id}/cancel", cancel),
