@@ -62,9 +62,10 @@ def _json(response: web.StreamResponse) -> Any:
 def _task_of(value: Any) -> dict[str, Any] | None:
     """The Task in a SendMessage answer (``{"task": ...}``) or a bare Task."""
     if isinstance(value, dict) and isinstance(value.get("task"), dict):
-        return value["task"]
+        value = value["task"]
     if isinstance(value, dict) and isinstance(value.get("status"), dict) and "id" in value:
-        return value
+        task: dict[str, Any] = value
+        return task
     return None
 
 
@@ -129,7 +130,7 @@ async def send(call: Call, params: dict[str, Any]) -> Answer:
 
 async def _pushes(call: Call) -> bool:
     """The remote agent's card says it sends push notifications."""
-    from gateway.http.a2a.card import remote_card  # noqa: PLC0415: the card needs calls' PUSH_PATH
+    from gateway.http.a2a.card import remote_card
 
     card = await remote_card(call.runtime, call.policy)
     capabilities = card.get("capabilities") if isinstance(card, dict) else None
