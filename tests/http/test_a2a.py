@@ -220,3 +220,91 @@ async def test_cancel_by_agent_and_by_operator(tmp_path: Path, binding: str) -> 
         assert setup.agent.calls[f"POST /tasks/{task.id}:cancel"] == 1
         done = await naive_loop(agent, task.id, DONE)
         assert "CANCEL" in str(done.status) or done.status.state == 5
+
+
+async def test_agent_gone_mid_task_escalates_provider_failure(tmp_path: Path) -> None:
+    """When the remote agent stops answering mid-task, the transport failures are counted
+    and the task escalates provider_failure, its problem carried in the JSON-RPC error."""
+    async with started(tmp_path, work=60, polling={"max_transport_failures": 1}) as setup:
+        agent = await client(setup, "JSONRPC")
+        task = await send(agent, message("hello"))
+        setup.agent.app = _gone  # the agent's process answers nothing but 503 from now on
+        seen = ""
+        for _ in range(3000):
+            try:
+                await agent.get_task(GetTaskRequest(id=task.id))
+            except Exception as exc:
+                seen = repr(exc)
+                if "OPERATION_ESCALATED" in seen or "operation-escalated" in seen:
+                    break
+            await asyncio.sleep(0.02)
+        assert "provider_failure" in seen
+        escalated = [line for line in setup.audit() if line["event"] == "escalated"]
+        assert escalated and escalated[0]["reason"] == "provider_failure"
+
+
+async def _gone(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 503, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def test_input_required_escalates_to_operators(tmp_path: Path) -> None:
+    """Under on_input_required: escalate the task goes to operators with reason
+    input_required, and the escalation names the remote agent's question."""
+    async with started(tmp_path, a2a={"on_input_required": "escalate"}) as setup:
+        agent = await client(setup, "HTTP+JSON")
+        task = await send(agent, message("ask me"))
+        seen = ""
+        for _ in range(400):
+            try:
+                await agent.get_task(GetTaskRequest(id=task.id))
+            except Exception as exc:
+                seen = repr(exc)
+                break
+            await asyncio.sleep(0.02)
+        assert "operation-escalated" in seen or "409" in seen
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as op:
+            listed = (await op.get(f"{setup.gateway}/admin/operations")).json()
+            record = listed["operations"][0]
+        assert record["outcome"] == "escalated"
+        assert record["escalation"]["reason"] == "input_required"
+        assert "Which city?" in record["escalation"]["detail"]
+        assert "cancel_at_provider" in record["escalation"]["permitted_actions"]
+
+
+async def test_v03_method_names_answer_in_v03_shape(tmp_path: Path) -> None:
+    """A caller speaking 0.3 (message/send, tasks/get) gets 0.3-shaped tasks; an unknown
+    task is -32001 with the problem as an ErrorInfo in data."""
+    async with started(tmp_path, work=0.2) as setup:
+        url = f"{setup.gateway}/a2a/demo-agent"
+        headers = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+        sent = {
+            "message": {
+                "kind": "message",
+                "messageId": "m-03",
+                "role": "user",
+                "parts": [{"kind": "text", "text": "hello"}],
+            },
+            "configuration": {"blocking": False},
+        }
+        async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": sent}
+            task = (await http.post(url, json=body)).json()["result"]
+            assert task["kind"] == "task" and task["status"]["state"] in ("submitted", "working")
+            for _ in range(500):
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tasks/get",
+                    "params": {"id": task["id"]},
+                }
+                got = (await http.post(url, json=body)).json()["result"]
+                if got["status"]["state"] == "completed":
+                    break
+                await asyncio.sleep(0.02)
+            assert got["artifacts"][0]["parts"][0]["text"] == "done: hello"
+            body = {"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"id": "nope"}}
+            error = (await http.post(url, json=body)).json()["error"]
+        assert error["code"] == -32001
+        assert error["data"][0]["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
+        assert error["data"][0]["reason"] == "UNKNOWN_OPERATION"
