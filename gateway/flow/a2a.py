@@ -18,6 +18,7 @@ import orjson
 from gateway.core import decide, effects
 from gateway.core.decide import Decision
 from gateway.core.models import Event, OperationRecord, Outcome, ProviderAnswer
+from gateway.flow.polls import record_asker, shared_poll
 from gateway.flow.runtime import Runtime
 from gateway.settings.policy import ProviderPolicy
 
@@ -49,3 +50,34 @@ async def note_task(
         found += effects.of_decision(policy, decision, now)
     await runtime.effects.carry_out(found)
     return decision.record
+
+
+async def poll_now(
+    runtime: Runtime, policy: ProviderPolicy, record: OperationRecord, state: str
+) -> None:
+    """A thin push (a status update naming a state the record does not have yet): the
+    operation is made due now and polled, within its budget (SPEC 23), so the record gets
+    the whole task (its artifacts) from the remote agent. A poll in flight meanwhile may
+    have been sent before the push's state: then one more."""
+    for _ in range(2):
+        await _poll_once(runtime, policy, record)
+        current = await runtime.records.get(record.operation_id)
+        if current is None or current.outcome is not Outcome.PENDING:
+            return
+        if current.last_known_state == state:
+            return
+        record = current
+
+
+async def _poll_once(runtime: Runtime, policy: ProviderPolicy, record: OperationRecord) -> None:
+    now = runtime.clock()
+
+    def due(current: OperationRecord) -> tuple[OperationRecord | None, OperationRecord]:
+        if current.outcome is not Outcome.PENDING or current.next_poll_at <= now:
+            return None, current
+        moved = current.evolve(next_poll_at=now)
+        return moved, moved
+
+    current = await runtime.records.mutate(record.operation_id, due, known=record)
+    if decide.admit(policy, current, now).forward:
+        await shared_poll(record_asker(runtime, policy, current), current, pace=True)

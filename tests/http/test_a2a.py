@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 import yaml
 from a2a.client import ClientConfig, create_client
+from a2a.server.tasks import BasePushNotificationSender, InMemoryPushNotificationConfigStore
 from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest
 from aiohttp.test_utils import TestServer
 
@@ -47,10 +48,18 @@ class Setup:
 
 
 @contextlib.asynccontextmanager
-async def started(folder: Path, work: float = 2.0, **policy: Any) -> AsyncIterator[Setup]:
-    """The demo agent on uvicorn and a gateway before it, with an a2a policy."""
+async def started(
+    folder: Path, work: float = 2.0, *, push: bool = False, **policy: Any
+) -> AsyncIterator[Setup]:
+    """The demo agent on uvicorn and a gateway before it, with an a2a policy; ``push``:
+    the agent sends push notifications (a2a-sdk's sender)."""
     agent_port, gateway_port = free_port(), free_port()
-    agent = a2a_agent.app(f"http://127.0.0.1:{agent_port}", work_seconds=work)
+    handler: dict[str, Any] = {}
+    if push:
+        store = InMemoryPushNotificationConfigStore()
+        sender = BasePushNotificationSender(httpx.AsyncClient(timeout=10), store)
+        handler = {"push_config_store": store, "push_sender": sender}
+    agent = a2a_agent.app(f"http://127.0.0.1:{agent_port}", work_seconds=work, **handler)
     server = uvicorn.Server(
         uvicorn.Config(agent, host="127.0.0.1", port=agent_port, log_level="warning")
     )
@@ -308,3 +317,31 @@ async def test_v03_method_names_answer_in_v03_shape(tmp_path: Path) -> None:
         assert error["code"] == -32001
         assert error["data"][0]["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
         assert error["data"][0]["reason"] == "UNKNOWN_OPERATION"
+
+
+async def test_pushes_update_the_record_without_polls(tmp_path: Path) -> None:
+    """Where the remote agent's card offers push notifications the gateway registers itself
+    (token checked): with no caller polling at all, the agent's pushes end the operation
+    (a status-update push makes one poll at once, within the budget), and a GetTask is then
+    answered from the record; a push with a wrong token is refused and changes nothing."""
+    async with started(tmp_path, work=0.3, push=True) as setup:
+        agent = await client(setup, "HTTP+JSON")
+        task = await send(agent, message("hello"))
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as op:
+            forged = await op.post(
+                f"{setup.gateway}/a2a/demo-agent/push",
+                headers={"X-A2A-Notification-Token": "team-a.0000"},
+                json={"task": {"id": task.id, "status": {"state": "TASK_STATE_FAILED"}}},
+            )
+            assert forged.status_code == 401
+            for _ in range(500):
+                record = (await op.get(f"{setup.gateway}/admin/operations")).json()["operations"][0]
+                if record["outcome"] != "pending":
+                    break
+                await asyncio.sleep(0.02)
+        assert record["outcome"] == "succeeded"
+        polls = setup.polls()
+        assert polls <= MAX_REQUESTS
+        done = await agent.get_task(GetTaskRequest(id=task.id))
+        assert done.artifacts[0].parts[0].text == "done: hello"
+        assert setup.polls() == polls

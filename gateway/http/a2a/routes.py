@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.core import a2a
 from gateway.core.models import Event
 from gateway.core.routing import Match
-from gateway.flow.a2a import note_task
+from gateway.flow.a2a import note_task, poll_now
 from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME
 from gateway.http import auth
@@ -234,12 +234,21 @@ async def push(request: AgentRequest) -> web.StreamResponse:
     except orjson.JSONDecodeError:
         return problem("invalid-request", "A push must be JSON.")
     task = event.get("task") if isinstance(event, dict) else None
-    if not isinstance(task, dict) or not isinstance(task.get("id"), str):
-        request[OUTCOME] = "ignored"
-        return web.Response(status=202)
-    record = await runtime.records.find(account, policy.provider, task["id"])
+    update = event.get("statusUpdate") if isinstance(event, dict) else None
+    task_id = (task or {}).get("id") if isinstance(task, dict) else None
+    if task_id is None and isinstance(update, dict):
+        task_id = update.get("taskId")
+    record = None
+    if isinstance(task_id, str):
+        record = await runtime.records.find(account, policy.provider, task_id)
     if record is None:
         request[OUTCOME] = "ignored"
         return web.Response(status=202)
-    await note_task(runtime, policy, record, task, Event.PUSHED, "push")
+    if isinstance(task, dict):
+        await note_task(runtime, policy, record, task, Event.PUSHED, "push")
+        return web.Response(status=200)
+    status = update.get("status") if isinstance(update, dict) else None
+    state = status.get("state") if isinstance(status, dict) else None
+    if isinstance(state, str) and state != record.last_known_state:
+        await poll_now(runtime, policy, record, state)  # thin: the task itself comes from a poll
     return web.Response(status=200)
