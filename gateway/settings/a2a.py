@@ -51,6 +51,7 @@ FILLS: dict[str, Any] = {
             "method": "POST",
             "path": "/message:send",
             "job_id": {"from": "body", "path": "task.id"},
+            "match": {"headers": {"A2A-Version": VERSION}},
             "idempotency": {"required": False, "retention": "24h"},
         },
         "status": {

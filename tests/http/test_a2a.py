@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -345,3 +346,51 @@ async def test_pushes_update_the_record_without_polls(tmp_path: Path) -> None:
         done = await agent.get_task(GetTaskRequest(id=task.id))
         assert done.artifacts[0].parts[0].text == "done: hello"
         assert setup.polls() == polls
+
+
+async def test_mcp_start_job_and_wait_for_operation(tmp_path: Path) -> None:
+    """An MCP-native agent delegates to the A2A agent: start_job submits a SendMessage for
+    its account and wait_for_operation waits, within the schedule, until the task completes
+    with its artifact."""
+    async with started(tmp_path, work=0.5) as setup:
+        headers = {
+            "Authorization": f"Bearer {AGENT_TOKEN}",
+            "Accept": "application/json, text/event-stream",
+        }
+        async with httpx.AsyncClient(base_url=setup.gateway, headers=headers, timeout=30) as http:
+            init = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"},
+            }
+            answer = await http.post(
+                "/mcp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}
+            )
+            http.headers["Mcp-Session-Id"] = answer.headers["Mcp-Session-Id"]
+            http.headers["MCP-Protocol-Version"] = "2025-11-25"
+            await http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+            async def tool(name: str, **arguments: Any) -> Any:
+                params = {"name": name, "arguments": arguments}
+                body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+                return (await http.post("/mcp", json=body)).json()["result"]
+
+            sent = {
+                "message": {"role": "ROLE_USER", "messageId": "mcp-1", "parts": [{"text": "hi"}]},
+                "configuration": {"returnImmediately": True},
+            }
+            started_job = await tool(
+                "start_job", provider="demo-agent", body=sent, idempotency_key="mcp-1"
+            )
+            assert "structuredContent" in started_job, started_job
+            operation = started_job["structuredContent"]["operation_id"]
+            for _ in range(100):
+                waited = await tool(
+                    "wait_for_operation", operation_id=operation, max_wait_seconds=1
+                )
+                view = waited["structuredContent"]
+                if view["outcome"] != "pending":
+                    break
+        assert view["outcome"] == "succeeded", view
+        assert "done: hi" in json.dumps(view)
+        assert 1 <= setup.polls() <= MAX_REQUESTS
