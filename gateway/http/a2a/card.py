@@ -16,12 +16,16 @@ from gateway.settings.a2a import VERSION
 from gateway.settings.policy import ProviderPolicy
 
 CARD_PATH = "/.well-known/agent-card.json"
-_CARDS: dict[str, tuple[float, dict[str, Any]]] = {}  # provider -> (fetched at, card)
+# (provider, upstream, credential) -> (fetched at, card): a reload that moves the agent
+# or changes the credential fetches again
+_CARDS: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
+MAX_CARDS = 256
 
 
 async def remote_card(runtime: Runtime, policy: ProviderPolicy) -> dict[str, Any] | None:
     """The remote agent's card, or None when it cannot be had."""
-    kept = _CARDS.get(policy.provider)
+    key = (policy.provider, policy.upstream, policy.credential_fingerprint)
+    kept = _CARDS.get(key)
     now = runtime.clock()
     if kept is not None and now - kept[0] < a2a.settings(policy).card_ttl:
         return kept[1]
@@ -38,7 +42,9 @@ async def remote_card(runtime: Runtime, policy: ProviderPolicy) -> dict[str, Any
         return None
     if not isinstance(card, dict):
         return None
-    _CARDS[policy.provider] = (now, card)
+    if len(_CARDS) >= MAX_CARDS:
+        _CARDS.clear()
+    _CARDS[key] = (now, card)
     return card
 
 
