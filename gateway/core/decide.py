@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core import arns
+from gateway.core import a2a, arns
 from gateway.core.models import (
     DelaySource,
     Escalation,
@@ -85,6 +85,8 @@ def permitted_actions(
     extend = ("extend",) if extension_left(policy, record) is not None else ()
     if reason is Reason.RATE_LIMITED:
         return (*extend, "abandon")
+    if reason is Reason.INPUT_REQUIRED:  # only the caller can answer; polling changes nothing
+        extend = ()
     can_cancel = policy.routes.cancel is not None and record.cancel_requested_at is None
     return (*extend, *(("cancel_at_provider",) if can_cancel else ()), "abandon")
 
@@ -134,6 +136,8 @@ def admit(policy: ProviderPolicy, record: OperationRecord, now: float) -> Decisi
         return Decision(record, Reply.PROBLEM, problem="operation-escalated")
     if now >= record.deadline_at:
         return escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, "the deadline has passed")
+    if a2a.awaits_caller(policy, record):  # SPEC 24: the caller's reply resumes pacing
+        return early(policy, record, max(1.0, record.next_poll_at - now))
     if record.status_requests_used >= record.max_status_requests:
         detail = f"all {record.max_status_requests} status requests have been used"
         return escalate(policy, record, Reason.REQUEST_BUDGET_EXHAUSTED, now, detail)
@@ -472,6 +476,9 @@ def _classify_body(
         return escalate(policy, record, Reason.UNKNOWN_STATE, now, detail, **seen)
     if kind == "success" and any(lookup(body, p) is not None for p in states.failure_if_present):
         kind = "failure"  # Google's done: true with an error
+    if kind == "pending" and a2a.escalates_input(policy, state):
+        detail = a2a.input_detail(state_text(state), body)
+        return escalate(policy, record, Reason.INPUT_REQUIRED, now, detail, **seen)
     if kind == "pending":
         expires = (
             parse_instant(lookup(body, states.expires_at_field))

@@ -42,6 +42,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_STATE = "unknown_state"
     INTEGRATION_FAILURE = "integration_failure"
     AUTHORIZATION_DENIED = "authorization_denied"
+    INPUT_REQUIRED = "input_required"  # an A2A task asks for input (on_input_required: escalate)
 
 
 class Event(enum.StrEnum):
@@ -63,6 +64,8 @@ class Event(enum.StrEnum):
     RESULT_FETCHED = "result_fetched"
     PASSTHROUGH = "passthrough"
     NOTIFIED = "notified"
+    MESSAGE_SENT = "message_sent"  # an A2A caller's follow-up message, its task recorded
+    PUSHED = "pushed"  # a remote agent's push, its task recorded
 
 
 class Failure(enum.Enum):

@@ -60,6 +60,7 @@ created. Every request is logged (``kind`` says ``submit``, ``status``, ``result
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -462,6 +463,29 @@ _SHAPES: dict[str, Body] = {
 
 
 def run(host: str, port: int) -> None:
+    """The demo provider on ``port`` and, when a2a-sdk and uvicorn are installed, the demo
+    A2A agent (gateway/demo/a2a_agent.py) on ``port + 1``, which policies/demo-agent.yaml
+    fronts."""
     provider = DemoProvider(api_key=os.environ.get("DEMO_API_KEY", DEFAULT_KEY))
     print(f"demo provider listening on http://{host}:{port}", flush=True)
-    web.run_app(provider.app(), host=host, port=port, print=None, access_log=None)
+    try:
+        import uvicorn
+
+        from gateway.demo import a2a_agent
+    except ImportError:
+        web.run_app(provider.app(), host=host, port=port, print=None, access_log=None)
+        return
+    url = f"http://{host}:{port + 1}"
+    config = uvicorn.Config(a2a_agent.app(url), host=host, port=port + 1, log_level="warning")
+    print(f"demo A2A agent listening on {url}", flush=True)
+    asyncio.run(_both(provider, host, port, uvicorn.Server(config)))
+
+
+async def _both(provider: DemoProvider, host: str, port: int, agent: Any) -> None:
+    runner = web.AppRunner(provider.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    try:
+        await agent.serve()  # until SIGINT / SIGTERM (uvicorn's own handlers)
+    finally:
+        await runner.cleanup()

@@ -54,6 +54,9 @@ async def handle(request: AgentRequest) -> web.StreamResponse:
         return problem("unknown-provider", f"No provider named {name!r} is configured.")
     if not account.allows(name):
         return problem("forbidden", f"This account may not use provider {name!r}.")
+    if policy.protocol == "a2a":
+        detail = f"{name!r} is an A2A agent: it is served at /a2a/{name} (docs/a2a.md)."
+        return problem("route-not-allowed", detail)
     request[PROVIDER] = name
     raw_path = request.rel_url.raw_path.removeprefix(f"/p/{name}") or "/"  # the API's root
     match = runtime.routes[name].match(request.method, raw_path, request.headers)

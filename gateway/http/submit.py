@@ -35,6 +35,7 @@ from gateway.http.answers import (
     Call,
     dialect_headers,
     operation_headers,
+    passthrough,
     render,
     rewrite_body,
     upstream_problem,
@@ -62,6 +63,7 @@ class Submission:
     query: str  # the raw query string, appended to the provider path
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    answers_untracked: bool = False  # a 2xx without a job id is an answer, not a job (A2A)
 
 
 async def submit(call: Call) -> web.StreamResponse:
@@ -138,6 +140,8 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
         for name, value in rewriter.response_headers(response.headers.items(), policy):
             passed.headers.add(name, value)
         return passed
+    if sent.answers_untracked and _job_id(call, response, body) is None:
+        return await _untracked(call, entry, response)
     wait = prefer_wait(
         (v for k, v in sent.headers if k.lower() == "prefer"), bare=policy.polling.max_hold
     )
@@ -160,6 +164,18 @@ async def _release(call: Call, operation_id: str) -> None:
     behind, the store failing, is purged after the retention)."""
     with contextlib.suppress(StoreError):
         await call.runtime.records.release_submission(operation_id)
+
+
+async def _untracked(
+    call: Call, entry: IdempotencyEntry | None, response: UpstreamResponse
+) -> web.StreamResponse:
+    """A 2xx that names no job where the protocol allows it (an A2A agent's Message reply
+    instead of a Task): the provider's answer itself, no operation opened; a retry with the
+    key asks again (nothing to track was started)."""
+    if entry is not None:
+        await call.runtime.records.drop_idempotency(entry.key)
+    await _audit(call, Event.PASSTHROUGH, response.status, "answered without a job to track")
+    return passthrough(call, response, {})
 
 
 async def _credential_rejected(call: Call, status: int) -> web.Response:

@@ -480,7 +480,50 @@ OPERATION_HEADERS = (
 
 
 def agent_paths() -> dict[str, Any]:
-    return {"/p/{provider}/{path}": {"get": _provider_route()}, "/mcp": {"post": _mcp()}}
+    return {
+        "/p/{provider}/{path}": {"get": _provider_route()},
+        "/mcp": {"post": _mcp()},
+        **_a2a_paths(),
+    }
+
+
+def _a2a_paths() -> dict[str, Any]:
+    """SPEC 24: an A2A agent behind the gateway (docs/a2a.md)."""
+    provider = {"name": "provider", "in": "path", "required": True, "schema": STRING}
+    task = {"name": "task", "in": "path", "required": True, "schema": STRING}
+    problem = {"application/problem+json": {"schema": ref("Problem")}}
+    a2a_json = {"application/json": {"schema": {"type": "object"}}}
+
+    def route(summary: str, *params: dict[str, Any], secured: bool = True) -> dict[str, Any]:
+        return {
+            "tags": ["agent"],
+            "summary": summary,
+            **({"security": AGENT_SECURITY} if secured else {}),
+            "parameters": [provider, *params],
+            "responses": {
+                "200": {
+                    "description": "A2A 1.0 JSON (a Task, a SendMessageResponse, a card).",
+                    "content": a2a_json,
+                },
+                "default": {"description": "A problem.", "content": problem},
+            },
+        }
+
+    return {
+        "/a2a/{provider}/.well-known/agent-card.json": {
+            "get": route("The remote agent's card, interfaces at the gateway", secured=False)
+        },
+        "/a2a/{provider}": {
+            "post": route(
+                "A2A JSON-RPC: SendMessage, GetTask, CancelTask (and the 0.3 names); "
+                "errors carry a google.rpc.ErrorInfo and the problem in data"
+            )
+        },
+        "/a2a/{provider}/message:send": {"post": route("A2A HTTP+JSON SendMessage")},
+        "/a2a/{provider}/tasks/{task}": {
+            "get": route("A2A HTTP+JSON GetTask (paced; ``{task}:cancel`` by POST cancels)", task)
+        },
+    }
 
 
 def _provider_route() -> dict[str, Any]:

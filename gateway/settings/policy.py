@@ -16,6 +16,7 @@ import pydantic
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from gateway.errors import ConfigError
+from gateway.settings.a2a import A2ASettings, Protocol
 from gateway.settings.credential import (  # re-exported: the policy's credential
     AwsSigV4,
     Credential,
@@ -336,6 +337,10 @@ class ProviderPolicy(Strict):
     """How long finished and escalated records are kept."""
     answers: Answers = Answers()
     """Extra pacing headers for a client's own poll helper."""
+    protocol: Protocol = "http"
+    """``a2a``: the upstream is a remote A2A agent, reached at /a2a/NAME (docs/a2a.md)."""
+    a2a: A2ASettings | None = None
+    """An A2A policy's own settings (``protocol: a2a`` only)."""
 
     @pydantic.field_validator("provider")
     @classmethod
@@ -433,12 +438,17 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
             del route["public"]
     if routes["cancel"] is not None and routes["cancel"]["by"] == "operator":
         del routes["cancel"]["by"]
+    if data.get("protocol") == "http" and data.get("a2a") is None:  # added with SPEC 24
+        del data["protocol"], data["a2a"]
     return data
 
 
 def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     """Rules that span fields, as (field path, message) pairs."""
-    return [found for name, _, rule in SECTION_RULES for found in rule(getattr(policy, name))]
+    found = [found for name, _, rule in SECTION_RULES for found in rule(getattr(policy, name))]
+    if policy.a2a is not None and policy.protocol != "a2a":
+        found.append(("a2a", "is only for policies with protocol: a2a"))
+    return found
 
 
 def _state_problems(states: States) -> list[tuple[str, str]]:

@@ -20,6 +20,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from gateway.settings import a2a
+
 ShapeName = Literal["openai-job", "google-operation", "google-job", "aws-job", "queue"]
 SHAPE_NAMES: tuple[str, ...] = get_args(ShapeName)
 REPLACED_WHOLE = frozenset({"job_id"})  # a job id source is one thing, never a blend
@@ -170,13 +172,14 @@ SHAPES: dict[str, Shape] = {
 
 
 def with_shape(raw: dict[str, Any]) -> dict[str, Any]:
-    """The policy file ``raw`` with its shape's defaults filled in under it; ``raw`` itself
-    when it names no shape, or one that does not exist (validation reports that)."""
+    """The policy file ``raw`` with its shape's defaults filled in under it, and under those
+    what its protocol fixes (``protocol: a2a``, settings/a2a.py); ``raw`` itself when it
+    names neither, or ones that do not exist (validation reports that)."""
     name = raw.get("shape")
     shape = SHAPES.get(name) if isinstance(name, str) else None
-    if shape is None:
-        return raw
-    merged = merge_under(shape.fills, raw)
+    merged = raw if shape is None else merge_under(shape.fills, raw)
+    if raw.get("protocol") == "a2a":
+        merged = merge_under(a2a.FILLS, merged)
     assert isinstance(merged, dict)
     return merged
 
@@ -196,7 +199,7 @@ def filled_paths(
 ) -> set[tuple[str, ...]]:
     """Every field path some shape fills (for the JSON Schema: a shaped file may omit it)."""
     found: set[tuple[str, ...]] = set()
-    trees = [s.fills for s in SHAPES.values()] if tree is None else [tree]
+    trees = [s.fills for s in SHAPES.values()] + [a2a.FILLS] if tree is None else [tree]
     for node in trees:
         for key, value in node.items():
             path = (*prefix, key)

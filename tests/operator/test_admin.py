@@ -38,6 +38,7 @@ def test_each_reason_offers_exactly_its_permitted_actions() -> None:
         Reason.UNKNOWN_STATE: ("resume", "abandon"),
         Reason.INTEGRATION_FAILURE: ("resume", "abandon"),
         Reason.AUTHORIZATION_DENIED: ("resume", "abandon"),
+        Reason.INPUT_REQUIRED: ("cancel_at_provider", "abandon"),  # only the caller can answer
     }
     assert set(expected) == set(Reason)
     fresh = pending_record()
