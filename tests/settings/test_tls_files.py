@@ -1,0 +1,118 @@
+"""`statusgate check` on listen.tls and admin_listen.tls (SPEC 25): every file that cannot
+serve is one line naming the field, never a traceback or a key; good files make contexts of
+TLS 1.2 or later, with client certificates required or optional as configured."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+from certs import TestCA
+
+from gateway.cli import main
+from gateway.settings.config import load_settings
+
+from conftest import PROVIDER_ENV, write_config
+
+
+@pytest.fixture(autouse=True)
+def provider_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in PROVIDER_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+def config_with(folder: Path, listen_tls: dict[str, Any], admin_tls: dict[str, Any]) -> Path:
+    changes = {
+        "listen": {"tls": listen_tls},
+        "admin_listen": {"host": "127.0.0.1", "port": 0, "tls": admin_tls},
+    }
+    return write_config(folder, "http://127.0.0.1:9", config_changes=changes)
+
+
+def test_good_files_make_tls_12_contexts_with_client_certificates_as_configured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files relative to the config's folder load: both listeners get a context refusing
+    anything older than TLS 1.2; the admin one asks for client certificates of the CA,
+    optional when so configured, and `check` passes."""
+    ca = TestCA(tmp_path / "ca")
+    server = ca.issue("server")
+    listen = {"cert_file": "ca/server.pem", "key_file": "ca/server.key"}
+    admin = {**listen, "client_ca_file": str(ca.cert), "client_cert": "optional"}
+    config = config_with(tmp_path, listen, admin)
+    assert server.cert == tmp_path / "ca" / "server.pem"
+    settings = load_settings(config)
+    assert set(settings.tls) == {"listen", "admin_listen"}
+    assert all(c.minimum_version == ssl.TLSVersion.TLSv1_2 for c in settings.tls.values())
+    assert settings.tls["listen"].verify_mode == ssl.CERT_NONE
+    assert settings.tls["admin_listen"].verify_mode == ssl.CERT_OPTIONAL
+    required = config_with(tmp_path, listen, {**admin, "client_cert": "required"})
+    assert load_settings(required).tls["admin_listen"].verify_mode == ssl.CERT_REQUIRED
+    assert main(["check", "--config", str(config)]) == 0
+    assert ": ok: " in capsys.readouterr().out
+
+
+def test_check_names_the_field_of_every_file_that_cannot_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing certificate, a file that is no PEM certificate, a key of another
+    certificate, an encrypted key, a CA file without certificates and client_cert without a
+    CA: `check` exits 1 with one line for each, naming file and field, and no key."""
+    ca = TestCA(tmp_path / "ca")
+    server, other = ca.issue("server"), ca.issue("other")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_text(
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n"
+    )
+    good = {"cert_file": str(server.cert), "key_file": str(server.key)}
+    cases = [
+        (
+            {"cert_file": "absent.pem", "key_file": str(server.key)},
+            "listen.tls.cert_file: cannot read",
+        ),
+        (
+            {"cert_file": str(garbage), "key_file": str(server.key)},
+            "listen.tls.cert_file: no PEM certificate",
+        ),
+        (
+            {"cert_file": str(server.cert), "key_file": str(other.key)},
+            f"listen.tls.key_file: {other.key} is not the private key of the certificate in"
+            " cert_file",
+        ),
+        (
+            {"cert_file": str(server.cert), "key_file": str(encrypted)},
+            "listen.tls.key_file: the key in",
+        ),
+        (
+            {"cert_file": str(server.cert), "key_file": str(server.cert)},
+            "listen.tls.key_file: no PEM private key",
+        ),
+    ]
+    admin_cases = [
+        (
+            {**good, "client_ca_file": str(garbage)},
+            "admin_listen.tls.client_ca_file: no PEM certificate",
+        ),
+        (
+            {**good, "client_cert": "required"},
+            "admin_listen.tls.client_cert: needs client_ca_file",
+        ),
+    ]
+    secret = server.key.read_text().splitlines()[1]
+    for listen, admin, expected in [
+        *[(tls, good, text) for tls, text in cases],
+        *[(good, tls, text) for tls, text in admin_cases],
+    ]:
+        folder = tmp_path / f"case{len(list(tmp_path.glob('case*')))}"
+        config = config_with(folder, listen, admin)
+        assert main(["check", "--config", str(config)]) == 1
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"{config}: {expected}"), err
+        assert "Traceback" not in err and secret not in err + out
+    shutil.rmtree(tmp_path / "ca")
