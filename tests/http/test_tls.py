@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from gateway.demo.provider import DemoProvider, output_file
 from conftest import (
     AGENT_TOKEN,
     OPERATOR_TOKEN,
+    PROVIDER_ENV,
+    ROOT,
     Served,
     fast_polling,
     free_port,
@@ -213,6 +217,44 @@ async def test_requests_and_curl_submit_and_poll_over_https(
         curl, "--cacert", str(ca.cert), f"https://localhost:{served.port}/healthz"
     )
     assert json.loads(healthz.stdout) == {"status": "ok"}  # aiohttp's routes, relayed
+    assert (await asyncio.to_thread(healthcheck, served.config, {})).returncode == 0
+    assert "Traceback" not in served.stop()
+
+
+def healthcheck(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The image's HEALTHCHECK script run against ``config``."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "docker" / "healthcheck.py")],
+        env={**os.environ, **PROVIDER_ENV, "STATUSGATE_CONFIG": str(config), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_image_healthcheck_speaks_tls_and_presents_a_client_certificate(
+    tmp_path: Path, upstream: tuple[DemoProvider, str], gateways: list[Served]
+) -> None:
+    """Against an agent listener that requires client certificates, the image's
+    HEALTHCHECK says which variables to set, and passes once they name a certificate of
+    the client CA."""
+    ca = TestCA(tmp_path / "ca")
+    served = https_gateway(tmp_path / "gw", upstream[1], ca.issue("server"))
+    data = yaml.safe_load(served.config.read_text())
+    data["listen"]["tls"]["client_ca_file"] = str(ca.cert)
+    served.config.write_text(yaml.safe_dump(data))
+    gateways.append(served)
+    await started(served)
+    bare = await asyncio.to_thread(healthcheck, served.config, {})
+    assert bare.returncode == 1
+    assert "set STATUSGATE_HEALTHCHECK_CERT and STATUSGATE_HEALTHCHECK_KEY" in bare.stderr
+    probe = ca.issue("probe", client=True)
+    env = {
+        "STATUSGATE_HEALTHCHECK_CERT": str(probe.cert),
+        "STATUSGATE_HEALTHCHECK_KEY": str(probe.key),
+    }
+    passed = await asyncio.to_thread(healthcheck, served.config, env)
+    assert passed.returncode == 0, passed.stderr
     assert "Traceback" not in served.stop()
 
 
