@@ -4,6 +4,7 @@ TLS 1.2 or later, with client certificates required or optional as configured.""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import ssl
 from pathlib import Path
@@ -116,3 +117,49 @@ def test_check_names_the_field_of_every_file_that_cannot_serve(
         assert len(lines) == 1 and lines[0].startswith(f"{config}: {expected}"), err
         assert "Traceback" not in err and secret not in err + out
     shutil.rmtree(tmp_path / "ca")
+
+
+async def handshake(context: ssl.SSLContext, ca: TestCA, cert: Any) -> bytes:
+    """What a client presenting ``cert`` reads from a server with ``context`` that answers
+    b"served" (b"" when the server ended the connection in the handshake)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"served")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    client = ssl.create_default_context(cafile=str(ca.cert))
+    if cert is not None:
+        client.load_cert_chain(cert.cert, cert.key)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        try:
+            return await asyncio.wait_for(reader.read(), 30)
+        except (ssl.SSLError, ConnectionError):
+            return b""
+        finally:
+            writer.close()
+    finally:
+        server.close()
+
+
+async def test_optional_client_certificates_serve_clients_without_one(tmp_path: Path) -> None:
+    """client_cert: optional serves a client without a certificate and one with a
+    certificate of the CA, and refuses one whose certificate is of another CA; required
+    refuses the client without one."""
+    ca, other = TestCA(tmp_path / "ca"), TestCA(tmp_path / "other", name="Other CA")
+    server = ca.issue("server")
+    listen = {"cert_file": str(server.cert), "key_file": str(server.key)}
+    admin = {**listen, "client_ca_file": str(ca.cert), "client_cert": "optional"}
+    optional = load_settings(config_with(tmp_path / "a", listen, admin)).tls["admin_listen"]
+    required = load_settings(
+        config_with(tmp_path / "b", listen, {**admin, "client_cert": "required"})
+    ).tls["admin_listen"]
+    alice, mallory = ca.issue("alice", client=True), other.issue("mallory", client=True)
+    assert await handshake(optional, ca, None) == b"served"
+    assert await handshake(optional, ca, alice) == b"served"
+    assert await handshake(optional, ca, mallory) == b""
+    assert await handshake(required, ca, None) == b""
+    assert await handshake(required, ca, alice) == b"served"
