@@ -273,6 +273,20 @@ class GatewayFile(Strict):
         return http_url(value)
 
 
+def tls_warnings(gateway: GatewayFile) -> list[tuple[str, str]]:
+    """What ``check`` warns about in a valid config's TLS: an agent listener speaking TLS
+    whose public_base_url hands agents http:// URLs."""
+    if gateway.listen.tls is not None and gateway.public_base_url.startswith("http://"):
+        return [
+            (
+                "public_base_url",
+                "listen.tls is set but this URL is http://: the status URLs and Locations"
+                " agents are handed would not reach the TLS listener (write https://)",
+            )
+        ]
+    return []
+
+
 H = TypeVar("H", Account, Operator)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from certs import TestCA
 
 from gateway.cli import main
@@ -38,7 +39,8 @@ def test_good_files_make_tls_12_contexts_with_client_certificates_as_configured(
 ) -> None:
     """Files relative to the config's folder load: both listeners get a context refusing
     anything older than TLS 1.2; the admin one asks for client certificates of the CA,
-    optional when so configured, and `check` passes."""
+    optional when so configured, and `check` passes, warning while public_base_url is
+    http:// on a TLS agent listener."""
     ca = TestCA(tmp_path / "ca")
     server = ca.issue("server")
     listen = {"cert_file": "ca/server.pem", "key_file": "ca/server.key"}
@@ -53,7 +55,18 @@ def test_good_files_make_tls_12_contexts_with_client_certificates_as_configured(
     required = config_with(tmp_path, listen, {**admin, "client_cert": "required"})
     assert load_settings(required).tls["admin_listen"].verify_mode == ssl.CERT_REQUIRED
     assert main(["check", "--config", str(config)]) == 0
-    assert ": ok: " in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert ": ok: " in out
+    assert err.strip().splitlines() == [
+        f"{config}: public_base_url: warning: listen.tls is set but this URL is http://: the"
+        " status URLs and Locations agents are handed would not reach the TLS listener"
+        " (write https://)"
+    ]
+    https = config_with(tmp_path, listen, admin)
+    data = yaml.safe_load(https.read_text())
+    https.write_text(yaml.safe_dump({**data, "public_base_url": "https://gateway.test"}))
+    assert main(["check", "--config", str(https)]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_check_names_the_field_of_every_file_that_cannot_serve(
