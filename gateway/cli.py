@@ -179,7 +179,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gateway.settings.config import load_settings, written_store_url
+    from gateway.settings.config import load_settings, tls_warnings, written_store_url
     from gateway.settings.lints import check_warnings
     from gateway.store import store_from_url
 
@@ -197,6 +197,8 @@ def _check(args: argparse.Namespace) -> int:
         problems += [f"{args.config}: {line}" for line in exc.problems]
     if problems or settings is None or store is None:
         raise ConfigError(problems)
+    for where, message in tls_warnings(settings.file):
+        print(f"{args.config}: {where}: warning: {message}", file=sys.stderr)
     for name, policy in sorted(settings.policies.items()):  # valid, but unsafe: stderr
         for where, message in check_warnings(policy):
             print(f"{args.config}: policy {name}: {where}: warning: {message}", file=sys.stderr)

@@ -13,6 +13,8 @@ import gc
 import logging
 import resource
 import signal
+import ssl
+from collections.abc import Callable
 
 import uvloop
 from aiohttp import web
@@ -24,6 +26,7 @@ from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http import middleware, proxy
 from gateway.http.lane import LaneSite
 from gateway.http.middleware import ParserNoise
+from gateway.http.site import ListenerSite
 from gateway.observe import logs, tracing
 from gateway.settings.config import Settings
 
@@ -70,7 +73,7 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     runtime = app[RUNTIME]
     runtime.admin_port = bound.get("admin")
     for role, port in bound.items():  # a log line: JSON like every other when logs are
-        url = f"http://{_host(settings, role)}:{port}"
+        url = f"{_scheme(settings, role)}://{_host(settings, role)}:{port}"
         log.info("statusgate %s listener on %s", role, url, extra={"listener": role, "url": url})
     log_connection_limits(files, before, limits.max_connections)
     log.info(traces)
@@ -152,8 +155,13 @@ async def _listen(
                 runner, listen.host, listen.port, reuse_port=reuse_port, connection_cap=cap
             )
         else:
-            site = web.TCPSite(
-                runner, listen.host, listen.port, reuse_port=reuse_port or None, backlog=BACKLOG
+            site = ListenerSite(
+                runner,
+                listen.host,
+                listen.port,
+                reuse_port=reuse_port,
+                backlog=BACKLOG,
+                tls=tls_in_force(runner, "admin_listen") if listen.tls is not None else None,
             )
         try:
             await site.start()
@@ -178,6 +186,7 @@ def agent_site(
     reload applies to connections opened after it), a connection refused past
     ``limits.max_connections`` counted as an overloaded request."""
     runtime = runner.app[RUNTIME]
+    tls = runtime.settings.file.listen.tls is not None
     return LaneSite(
         runner,
         host,
@@ -189,7 +198,22 @@ def agent_site(
         limits=lambda: runtime.settings.file.limits,
         connection_cap=connection_cap,
         on_refused=lambda: runtime.effects.metrics.overloaded.inc(),
+        tls=tls_in_force(runner, "listen") if tls else None,
     )
+
+
+def tls_in_force(runner: web.AppRunner, key: str) -> Callable[[], ssl.SSLContext | None]:
+    """The listener's TLS context of the running set (``listen`` or ``admin_listen``),
+    asked as each connection is accepted: a reload's re-read files serve the next ones."""
+    runtime = runner.app[RUNTIME]
+    if key not in runtime.settings.tls:  # Settings not made by load_settings: never plain
+        raise OSError(f"{key}.tls: the TLS files were not read (load the config to serve)")
+    return lambda: runtime.settings.tls.get(key)
+
+
+def _scheme(settings: Settings, role: str) -> str:
+    listen = settings.file.admin_listen if role == "admin" else settings.file.listen
+    return "https" if listen is not None and listen.tls is not None else "http"
 
 
 def _host(settings: Settings, role: str) -> str:

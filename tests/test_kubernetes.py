@@ -50,6 +50,8 @@ OVERLAYS = ("sqlite", "redis", "postgres")
 REPLICATED = ("redis", "postgres")
 COMPONENTS = ("servicemonitor", "networkpolicy", "ingress")  # production, tried together
 DEMO = ("demo",)  # a first try only: demo provider, example policies, demo account
+TLS = (*COMPONENTS, "tls")  # production with the gateway speaking TLS behind the Ingress
+LISTENER_TLS = "statusgate-listener-tls"  # the Secret components/tls mounts
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 CRD_GROUP = "monitoring.coreos.com"
 MIGRATE = "statusgate migrate --config /etc/statusgate-migrate/gateway.yaml"
@@ -201,6 +203,7 @@ VARIANTS: list[tuple[str, tuple[str, ...]]] = [
     *[(overlay, COMPONENTS) for overlay in OVERLAYS],
     ("sqlite", DEMO),
     ("postgres", DEMO),
+    ("redis", TLS),
 ]
 
 
@@ -739,6 +742,38 @@ def test_ingress_terminates_tls_for_the_agent_routes_only(monitored: Rendered) -
     assert not [p for p in paths if p in {"/", "/admin", "/console", "/metrics"}]
 
 
+def test_tls_component_makes_the_gateway_speak_tls_behind_the_ingress(
+    renders: dict[Any, Rendered],
+) -> None:
+    """components/tls changes the gateway config only in listen.tls (the files of the Secret
+    statusgate-listener-tls, mounted whole so a renewal lands in place, readable through
+    the pod's fsGroup) and an https public_base_url; the probes speak HTTPS on the same
+    ports and paths; the Ingress re-encrypts to the gateway (backend-protocol HTTPS)."""
+    plain, tls = renders["redis", COMPONENTS], renders["redis", TLS]
+    assert [o["kind"] for o in plain.objects] == [o["kind"] for o in tls.objects]
+    base, changed = plain.mounted_config(), tls.mounted_config()
+    listen = changed["listen"]
+    config_dir = PurePosixPath(tls.config_path(tls.gateway)).parent
+    files = {os.path.normpath(config_dir / listen["tls"][k]) for k in ("cert_file", "key_file")}
+    assert listen.pop("tls") and listen == base["listen"]
+    assert changed.pop("public_base_url").startswith("https://")
+    base.pop("public_base_url")
+    assert base == changed
+    volumes = {v["name"]: v for v in tls.pod["volumes"]}
+    (mount,) = [m for m in tls.gateway["volumeMounts"] if m["name"] == "listener-tls"]
+    secret = volumes[mount["name"]]["secret"]
+    assert secret["secretName"] == LISTENER_TLS and "items" not in secret
+    assert secret["defaultMode"] & 0o040 and tls.pod["securityContext"]["fsGroup"]
+    assert "subPath" not in mount and mount["readOnly"] is True
+    assert files == {f"{mount['mountPath']}/tls.crt", f"{mount['mountPath']}/tls.key"}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = tls.gateway[probe]["httpGet"]
+        assert get.pop("scheme") == "HTTPS" and get == plain.gateway[probe]["httpGet"]
+    annotations = tls.one("Ingress")["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/backend-protocol"] == "HTTPS"
+    assert "scheme" not in plain.gateway["readinessProbe"]["httpGet"]
+
+
 def test_demo_provider_is_a_loopback_sidecar_for_a_first_try(renders: dict[Any, Rendered]) -> None:
     """components/demo adds a sidecar serving the demo provider on the loopback address
     and port where the shipped policies point (as written, or as the demo's config
@@ -971,6 +1006,16 @@ def lay_out(rendered: Rendered, container: dict[str, Any], root: Path) -> Path:
         target = root / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
+    for mount in container.get("volumeMounts", []):  # components/tls: a certificate of a test CA
+        secret = volumes.get(mount["name"], {}).get("secret", {})
+        if secret.get("secretName") == LISTENER_TLS:
+            from certs import TestCA
+
+            folder = root / mount["mountPath"].lstrip("/")
+            issued = TestCA(root / "test-ca").issue("listener")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "tls.crt").write_bytes(issued.cert.read_bytes())
+            (folder / "tls.key").write_bytes(issued.key.read_bytes())
     return root / rendered.config_path(container).lstrip("/")
 
 

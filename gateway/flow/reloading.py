@@ -3,7 +3,9 @@
 A valid set replaces the running one at once (calls in flight keep the policy they started
 with); an invalid set is refused whole with the same messages as ``statusgate check``, and
 the running set stays. Settings bound to sockets, files or the store cannot change live and
-are refused by name.
+are refused by name; a listener's TLS files are not among them (they are re-read at every
+reload, and the connections accepted after it are served with them), but turning TLS on
+or off is.
 """
 
 from __future__ import annotations
@@ -16,21 +18,32 @@ from gateway.errors import ConfigError
 from gateway.flow.pausing import bound_pauses
 from gateway.flow.runtime import Runtime
 from gateway.observe import logs
-from gateway.settings.config import GatewayFile, Settings, load_settings
+from gateway.settings.config import GatewayFile, Listen, Settings, load_settings
 
 log = logging.getLogger("statusgate")
-FIXED = ("listen", "admin_listen", "store", "audit")  # need a restart
+FIXED = ("store", "audit")  # need a restart
+LISTENERS = ("listen", "admin_listen")  # their sockets need a restart, their TLS files not
 
 
 def fixed_changes(running: GatewayFile, loaded: GatewayFile, shown: str) -> list[str]:
     """One message per setting that differs but cannot change while running."""
-    changed = [name for name in FIXED if getattr(running, name) != getattr(loaded, name)]
+    changed = [
+        name
+        for name in LISTENERS
+        if _socket(getattr(running, name)) != _socket(getattr(loaded, name))
+    ]
+    changed += [name for name in FIXED if getattr(running, name) != getattr(loaded, name)]
     if running.limits.cache_bytes != loaded.limits.cache_bytes:
         changed.append("limits.cache_bytes")  # the store's cache is sized at start
     return [
         f"{shown}: {name}: cannot change while the gateway runs; restart it to apply"
         for name in changed
     ]
+
+
+def _socket(listen: Listen | None) -> tuple[str, int, bool] | None:
+    """What of a listener a reload cannot change: its address and whether it speaks TLS."""
+    return None if listen is None else (listen.host, listen.port, listen.tls is not None)
 
 
 async def reload(runtime: Runtime) -> list[str]:
@@ -60,6 +73,11 @@ async def reload(runtime: Runtime) -> list[str]:
     metrics.last_reload_ok.set(1)
     names = ", ".join(sorted(settings.policies)) or "none"
     log.info("config reloaded: %d policies (%s)", len(settings.policies), names)
+    if settings.tls:
+        log.info(
+            "TLS files re-read (%s): new connections get the certificates now in them",
+            ", ".join(f"{key}.tls" for key in sorted(settings.tls)),
+        )
     return []
 
 

@@ -23,6 +23,13 @@ does, rather than spin on a socket that stays readable; the kernel keeps the wai
 connections meanwhile. A connection that failed before it was accepted (the network errors
 ``accept`` reports for it, ECONNABORTED among them) is skipped.
 
+With TLS (``tls``, asked for the context in force as each connection is accepted, so a
+reload's new certificate is served to the connections accepted after it) the handshake is
+the transport's, within HANDSHAKE seconds; a connection whose handshake fails (no client
+certificate where one is required, a client that does not trust the certificate) is closed
+and logged at debug level. At ``handed_over`` a handshake still in progress is cut: no
+request was read on it.
+
 What it never does: read or write a byte of a connection.
 """
 
@@ -32,11 +39,13 @@ import asyncio
 import errno
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 
 log = logging.getLogger("statusgate")
 PER_TURN = 512  # connections accepted at most per readiness of one socket
 RETRY = 1.0  # seconds accepting pauses when the process is out of descriptors or memory
+HANDSHAKE = 10.0  # seconds a TLS handshake may take (a stalled client holds only its socket)
 EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # accept(2) on Linux: a pending network error of the new connection, "treat like EAGAIN"
 GONE = frozenset(
@@ -103,9 +112,12 @@ class Listener:
         protocol: Callable[[], asyncio.Protocol],
         *,
         backlog: int,
+        tls: Callable[[], ssl.SSLContext | None] = lambda: None,
     ) -> None:
         self._sockets = sockets
         self._protocol = protocol
+        self._tls = tls
+        self._handshaking: set[asyncio.Task[None]] = set()  # of _starting: TLS ones
         self._loop = asyncio.get_running_loop()
         self._closed = False
         self._starting: set[asyncio.Task[None]] = set()  # transports being made (held here:
@@ -149,16 +161,25 @@ class Listener:
                 return
             self._exhausted = False
             conn.setblocking(False)
-            task = self._loop.create_task(self._start(conn))
+            context = self._tls()
+            task = self._loop.create_task(self._start(conn, context))
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
+            if context is not None:
+                self._handshaking.add(task)
+                task.add_done_callback(self._handshaking.discard)
 
-    async def _start(self, conn: socket.socket) -> None:
-        """The accepted connection on a transport of its own, its protocol told
-        (``connection_made``) by the time this returns."""
+    async def _start(self, conn: socket.socket, context: ssl.SSLContext | None) -> None:
+        """The accepted connection on a transport of its own (after the TLS handshake, with
+        ``context``), its protocol told (``connection_made``) by the time this returns."""
         try:
-            await self._loop.connect_accepted_socket(self._protocol, conn)
-        except OSError as exc:  # reset before its transport was made: nothing to answer
+            if context is None:
+                await self._loop.connect_accepted_socket(self._protocol, conn)
+            else:
+                await self._loop.connect_accepted_socket(
+                    self._protocol, conn, ssl=context, ssl_handshake_timeout=HANDSHAKE
+                )
+        except (OSError, TimeoutError) as exc:  # reset, or a failed TLS handshake: no request
             log.debug("an accepted connection ended before it was served: %s", exc)
             conn.close()
         except BaseException:
@@ -195,7 +216,10 @@ class Listener:
 
     async def handed_over(self) -> None:
         """Every connection accepted so far has its transport and its protocol has been
-        told: the server it registered with stops it from here on."""
+        told: the server it registered with stops it from here on. A TLS handshake still
+        in progress is cut (no request was read on it)."""
+        for task in self._handshaking:
+            task.cancel()
         while self._starting:
             await asyncio.gather(*self._starting, return_exceptions=True)
 

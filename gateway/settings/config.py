@@ -11,6 +11,7 @@ import binascii
 import hmac
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from gateway.settings.loading import (
     validate_all,
 )
 from gateway.settings.policy import ProviderPolicy, read_policies
+from gateway.settings.tls import ListenTls, listener_contexts
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -76,6 +78,9 @@ class Listen(Strict):
     """The address to listen on."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     """The TCP port (0: any free port)."""
+    tls: ListenTls | None = None
+    """Serve HTTPS with these files (TLS 1.2 or later; client certificates with
+    client_ca_file); unset: plain HTTP."""
 
 
 class AuditSettings(Strict):
@@ -268,6 +273,20 @@ class GatewayFile(Strict):
         return http_url(value)
 
 
+def tls_warnings(gateway: GatewayFile) -> list[tuple[str, str]]:
+    """What ``check`` warns about in a valid config's TLS: an agent listener speaking TLS
+    whose public_base_url hands agents http:// URLs."""
+    if gateway.listen.tls is not None and gateway.public_base_url.startswith("http://"):
+        return [
+            (
+                "public_base_url",
+                "listen.tls is set but this URL is http://: the status URLs and Locations"
+                " agents are handed would not reach the TLS listener (write https://)",
+            )
+        ]
+    return []
+
+
 H = TypeVar("H", Account, Operator)
 
 
@@ -281,6 +300,9 @@ class Settings:
     audit_key: bytes | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
     path: Path | None = None  # the config file, for reloads
+    # the listeners' TLS contexts, by config key (listen, admin_listen), read at load: a
+    # reload makes new ones from the files as they are then
+    tls: Mapping[str, ssl.SSLContext] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def audit_path(self) -> Path | None:
@@ -368,6 +390,11 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
     problems += _account_problems(gateway, {*policies, *claimed}, shown)
     problems += _upstream_problems(gateway, {*policies, *claimed}, shown)
     policies = redirected(policies, gateway.upstreams)
+    listeners = {"listen": gateway.listen.tls}
+    if gateway.admin_listen is not None:
+        listeners["admin_listen"] = gateway.admin_listen.tls
+    contexts, invalid = listener_contexts(listeners, base_dir, shown)
+    problems += invalid
     key_env = gateway.audit.hmac_key_env
     if key_env is not None and not env.get(key_env):
         problems.append(f"{shown}: audit.hmac_key_env: environment variable {key_env} is not set")
@@ -390,6 +417,7 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
         audit_key=env[key_env].encode() if key_env is not None else None,
         webhook_secret=env[secret_env] if secret_env is not None else None,
         path=path,
+        tls=contexts,
     )
 
 

@@ -1,7 +1,8 @@
 """The agent listener (gateway/http/listener.py) on real sockets: a burst of connections is
 accepted within a few turns of a busy loop (uvloop's own servers take one a turn), binding
 says which address failed, and running out of descriptors pauses accepting instead of
-spinning. Counted in turns of the loop, never timed."""
+spinning; with TLS a stalled handshake does not hold a stop. Counted in turns of the loop,
+never timed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import asyncio
 import errno
 import logging
 import socket
+import ssl
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import uvloop
@@ -301,3 +305,33 @@ def test_an_address_family_the_machine_lacks_is_skipped(monkeypatch: pytest.Monk
     )
     with pytest.raises(OSError, match="not supported"):
         bind("", 0)
+
+
+def test_a_tls_handshake_in_progress_is_cut_when_the_listener_hands_over() -> None:
+    """With TLS, a client that connected but never sends its ClientHello holds no stop:
+    ``handed_over`` cuts its handshake (no request was read on it; the client reads the
+    end of the connection) instead of waiting out HANDSHAKE; no protocol is ever made."""
+    pytest.importorskip("cryptography")
+    from certs import TestCA
+
+    async def run(folder: Path) -> None:
+        issued = TestCA(folder).issue("server")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(issued.cert, issued.key)
+        made: list[asyncio.Transport] = []
+        sockets = bind("127.0.0.1", 0)
+        server = Listener(sockets, lambda: Counted(made), backlog=16, tls=lambda: context)
+        reader, writer = await asyncio.open_connection(*sockets[0].getsockname()[:2])
+        for _ in range(200):  # accepted: its handshake waits for a ClientHello
+            await asyncio.sleep(0)
+            if server._handshaking:
+                break
+        assert server._handshaking
+        server.close()
+        await asyncio.wait_for(server.handed_over(), listener.HANDSHAKE / 2)
+        assert not server._starting and not made
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+        writer.close()
+
+    with tempfile.TemporaryDirectory() as folder:
+        on_uvloop(lambda: run(Path(folder)))

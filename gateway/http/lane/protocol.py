@@ -97,6 +97,7 @@ class Lane(asyncio.Protocol):
         self._free_at = 0.0  # loop time it last had nothing in hand: its start, an answer
         self._head_at: float | None = None  # loop time the head being read began
         self._served = False  # a request was answered: keepalive_timeout, not header_timeout
+        self._half_open = True  # a FIN keeps the transport open to write (not over TLS)
         self._header_timeout = self._keepalive_timeout = self._step = 0.0
         # the request being parsed
         self._url: list[bytes] = []
@@ -115,6 +116,7 @@ class Lane(asyncio.Protocol):
         if not site.admit(self):
             return  # answered 503 and handed to a Refused protocol
         tcp_nodelay(self.transport, True)
+        self._half_open = transport.get_extra_info("sslcontext") is None
         site.manager.connection_made(cast(RequestHandler, self), self.transport)
         limits = site.limits()
         self._header_timeout = limits.header_timeout
@@ -209,7 +211,8 @@ class Lane(asyncio.Protocol):
         handler polling the provider (``Uncancelled``) is let finish first, and what it
         answers without waiting further is written before the connection closes: the
         provider call is made and paid for, and a client that only half-closed
-        (``shutdown(SHUT_WR)``) is still reading."""
+        (``shutdown(SHUT_WR)``) is still reading. Over TLS a client's close_notify ends
+        the connection as the transport closes it (TLS has no half-close)."""
         relay = self.relay
         if relay is not None and relay.handler is not None:
             relay.handler.eof_received()
@@ -219,7 +222,7 @@ class Lane(asyncio.Protocol):
             self.cycle.cancel()  # at the poll's end: the answer, or the cancel of a wait
         else:
             self.loop.call_soon(self.end)
-        return True
+        return True if self._half_open else None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.site.manager.connection_lost(cast(RequestHandler, self), exc)

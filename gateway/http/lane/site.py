@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import cast
 
@@ -48,6 +49,7 @@ class LaneSite(web.BaseSite):
         "_port",
         "_refusing",
         "_reuse_port",
+        "_tls",
         "app",
         "connections",
         "handler",
@@ -69,11 +71,13 @@ class LaneSite(web.BaseSite):
         limits: Callable[[], Limits] = Limits,
         connection_cap: int | None = None,
         on_refused: Callable[[], None] = lambda: None,
+        tls: Callable[[], ssl.SSLContext | None] | None = None,
     ) -> None:
         """``limits``: the running limits (header and keep-alive timeouts, read as each
         connection starts; ``max_connections``); ``connection_cap``: connections the
         process's open-files limit leaves room for, whatever max_connections says;
-        ``on_refused``: told of each connection refused past the bound."""
+        ``on_refused``: told of each connection refused past the bound; ``tls``: the TLS
+        context in force, asked as each connection is accepted (None: plain HTTP)."""
         super().__init__(runner, backlog=backlog)
         assert runner.server is not None
         self._host, self._port, self._reuse_port = host, port, reuse_port
@@ -86,10 +90,12 @@ class LaneSite(web.BaseSite):
         self._limits, self._cap, self._on_refused = limits, connection_cap, on_refused
         self.connections = Connections()
         self._refusing = False  # a warning was logged for this spell of refusals
+        self._tls = tls
 
     @property
     def name(self) -> str:
-        return str(URL.build(scheme="http", host=self._host, port=self._port))
+        scheme = "https" if self._tls is not None else "http"
+        return str(URL.build(scheme=scheme, host=self._host, port=self._port))
 
     @property
     def port(self) -> int:
@@ -131,7 +137,9 @@ class LaneSite(web.BaseSite):
         self.outbox = Outbox(loop)
         # at start, before anything is served: a name's lookup may hold the loop briefly
         sockets = bind(self._host, self._port, reuse_port=bool(self._reuse_port))
-        listener = self._listener = Listener(sockets, lambda: Lane(self), backlog=self._backlog)
+        listener = self._listener = Listener(
+            sockets, lambda: Lane(self), backlog=self._backlog, tls=self._tls or (lambda: None)
+        )
         self._server = cast(asyncio.AbstractServer, listener)  # what the runner reads of it
         if listener.sockets:
             self._port = listener.sockets[0].getsockname()[1]
