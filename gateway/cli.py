@@ -52,6 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--config", type=Path, required=True)
     check.set_defaults(run=_check)
 
+    init = commands.add_parser(
+        "init",
+        help="write a starter config and the shipped policies into a folder",
+        description="Write DIR/gateway.yaml (a starter config: SQLite in DIR, every provider's "
+        "calls sent to the demo provider, a new agent token and operator token) and the "
+        "shipped policies into DIR/policies. Existing files are left alone unless --force.",
+    )
+    init.add_argument("dir", type=Path, metavar="DIR")
+    init.add_argument(
+        "--policy",
+        action="append",
+        metavar="NAME",
+        help="a shipped policy to write (repeatable; default: every shipped policy)",
+    )
+    init.add_argument("--force", action="store_true", help="replace files that exist")
+    init.set_defaults(run=_init)
+
     migrate = commands.add_parser("migrate", help="create or upgrade the store's layout")
     migrate.add_argument("--config", type=Path, required=True)
     migrate.set_defaults(run=_migrate)
@@ -211,6 +228,39 @@ def _check(args: argparse.Namespace) -> int:
         f"{len(settings.file.accounts)} accounts, {len(settings.file.operators)} operators, "
         f"store {settings.file.store.split(':', 1)[0]}{found}"
     )
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    import secrets
+    import shlex
+
+    from gateway.shipped import CONFIG_NAME, POLICIES, starter_files, write
+
+    agent, operator = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    written = write(args.dir, starter_files(args.policy, agent, operator), args.force)
+    for path in written:
+        print(f"wrote {path}")
+    config = shlex.quote(str(args.dir / CONFIG_NAME))
+    policies = shlex.quote(str(args.dir / POLICIES))
+    python = shlex.quote(sys.executable)
+    print(
+        f"\nAgent token (shown once; {CONFIG_NAME} keeps its sha256): {agent}\n"
+        f"Operator token (shown once): {operator}\n"
+        "\nNext (the demo provider stands in for every provider):\n"
+        "  statusgate demo-provider &\n"
+        f'  eval "$({python} -m gateway.demo.env --export {policies})"'
+        "  # the keys the policies read, set to the demo provider's\n"
+        f"  statusgate check --config {config}\n"
+        f"  statusgate serve --config {config}"
+    )
+    if args.dir / POLICIES / "demo-jobs.yaml" in written:
+        print(
+            "Then a job through it (README.md walks on from here):\n"
+            "  curl -s -X POST http://127.0.0.1:8080/p/demo-jobs/v1/jobs "
+            f"-H 'Authorization: Bearer {agent}' -H 'Idempotency-Key: try-1' "
+            """-H 'Content-Type: application/json' -d '{"input": "report.pdf"}'"""
+        )
     return 0
 
 
