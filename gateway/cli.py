@@ -256,7 +256,7 @@ def _init(args: argparse.Namespace) -> int:
     )
     if args.dir / POLICIES / "demo-jobs.yaml" in written:
         print(
-            "Then a job through it (README.md walks on from here):\n"
+            "\nThen a job through it (poll the status_url it answers with the same header):\n"
             "  curl -s -X POST http://127.0.0.1:8080/p/demo-jobs/v1/jobs "
             f"-H 'Authorization: Bearer {agent}' -H 'Idempotency-Key: try-1' "
             """-H 'Content-Type: application/json' -d '{"input": "report.pdf"}'"""
