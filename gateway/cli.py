@@ -106,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
         "--provider", help="show one shipped policy against the demo provider's double of it"
     )
     demo.add_argument(
-        "--policies", default="policies", help="the folder of shipped policies (--provider)"
+        "--policies",
+        type=Path,
+        help="the folder of policies for --provider (default: the shipped policies)",
     )
     demo.set_defaults(run=_demo)
     return parser
@@ -333,8 +335,9 @@ def _demo_provider(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     if args.provider is not None:
         from gateway.demo.showcase import run as run_one
+        from gateway.shipped import policies_folder
 
-        return run_one(args.provider, Path(args.policies))
+        return run_one(args.provider, args.policies or policies_folder())
     from gateway.demo.walkthrough import run
 
     return run(max(1, min(args.agents, 500)))

@@ -288,3 +288,11 @@ def test_the_wheel_alone_inits_checks_serves_and_paces_a_job(
     assert verify.returncode == 0 and "chain intact" in verify.stdout, verify
     story = venv.run("statusgate", "audit", "story", "--config", str(config), operation)
     assert "finished: succeeded" in story.stdout, story
+
+
+def test_the_wheel_alone_runs_the_demo_of_a_shipped_policy(venv: Venv) -> None:
+    """`statusgate demo --provider replicate` from the virtualenv, outside the checkout, finds
+    the wheel's copy of the policy and shows its job to the end."""
+    demo = venv.run("statusgate", "demo", "--provider", "replicate")
+    assert demo.returncode == 0, demo.stderr
+    assert "finished: succeeded" in demo.stdout

@@ -111,3 +111,13 @@ def test_init_refuses_an_unknown_policy_and_writes_nothing(
     assert err.startswith("--policy acme: no shipped policy of that name (anthropic-batches, ")
     assert "demo-jobs" in err and err.count("\n") == 1
     assert not folder.exists()
+
+
+def test_demo_of_one_provider_reads_the_shipped_policies_from_anywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`statusgate demo --provider NAME` without --policies, run from a folder with no
+    policies/, shows that shipped policy's job to its end."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--provider", "demo-jobs"]) == 0
+    assert "finished: succeeded" in capsys.readouterr().out
