@@ -13,7 +13,7 @@ export DEMO_API_KEY ?= demo-provider-key
 # provider's key (config/gateway.yaml sends every provider's calls to the demo provider)
 DEMO_ENV = env $$($(PY) -m gateway.demo.env policies)
 
-.PHONY: install run test lint rules lock lint-docker image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
+.PHONY: install run test lint rules lock lint-docker dist image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
 
 $(RUN_STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,15 @@ lock: $(STAMP)
 lint-docker: $(STAMP)
 	$(VENV)/bin/hadolint Dockerfile
 
+# The sdist and the wheel, into dist/ (python -m build: the wheel is built from the sdist).
+# The wheel carries the shipped policies (policies/, copied by setup.py) and a starter config
+# as package data: `pip install dist/statusgate-*.whl`, then `statusgate init DIR`
+# (docs/install.md). tests/test_dist.py installs it alone into a fresh virtualenv.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	@ls -l dist
+
 # The image the Kubernetes manifests name: the tag is pyproject.toml's version (the manifests'
 # tag is checked against it by tests/test_kubernetes.py). With a Docker engine, docker build;
 # without one, buildah (apt-get install buildah debootstrap), on a base made from Debian's
@@ -124,4 +133,4 @@ bench-instructions: $(STAMP)
 	$(PY) bench/instructions.py
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) var dist build .pytest_cache .mypy_cache .ruff_cache .hypothesis

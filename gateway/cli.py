@@ -52,6 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--config", type=Path, required=True)
     check.set_defaults(run=_check)
 
+    init = commands.add_parser(
+        "init",
+        help="write a starter config and the shipped policies into a folder",
+        description="Write DIR/gateway.yaml (a starter config: SQLite in DIR, every provider's "
+        "calls sent to the demo provider, a new agent token and operator token) and the "
+        "shipped policies into DIR/policies. Existing files are left alone unless --force.",
+    )
+    init.add_argument("dir", type=Path, metavar="DIR")
+    init.add_argument(
+        "--policy",
+        action="append",
+        metavar="NAME",
+        help="a shipped policy to write (repeatable; default: every shipped policy)",
+    )
+    init.add_argument("--force", action="store_true", help="replace files that exist")
+    init.set_defaults(run=_init)
+
     migrate = commands.add_parser("migrate", help="create or upgrade the store's layout")
     migrate.add_argument("--config", type=Path, required=True)
     migrate.set_defaults(run=_migrate)
@@ -89,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
         "--provider", help="show one shipped policy against the demo provider's double of it"
     )
     demo.add_argument(
-        "--policies", default="policies", help="the folder of shipped policies (--provider)"
+        "--policies",
+        type=Path,
+        help="the folder of policies for --provider (default: the shipped policies)",
     )
     demo.set_defaults(run=_demo)
     return parser
@@ -216,6 +235,39 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init(args: argparse.Namespace) -> int:
+    import secrets
+    import shlex
+
+    from gateway.shipped import CONFIG_NAME, POLICIES, starter_files, write
+
+    agent, operator = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    written = write(args.dir, starter_files(args.policy, agent, operator), args.force)
+    for path in written:
+        print(f"wrote {path}")
+    config = shlex.quote(str(args.dir / CONFIG_NAME))
+    policies = shlex.quote(str(args.dir / POLICIES))
+    python = shlex.quote(sys.executable)
+    print(
+        f"\nAgent token (shown once; {CONFIG_NAME} keeps its sha256): {agent}\n"
+        f"Operator token (shown once): {operator}\n"
+        "\nNext (the demo provider stands in for every provider):\n"
+        "  statusgate demo-provider &\n"
+        f'  eval "$({python} -m gateway.demo.env --export {policies})"'
+        "  # the keys the policies read, set to the demo provider's\n"
+        f"  statusgate check --config {config}\n"
+        f"  statusgate serve --config {config}"
+    )
+    if args.dir / POLICIES / "demo-jobs.yaml" in written:
+        print(
+            "\nThen a job through it (poll the status_url it answers with the same header):\n"
+            "  curl -s -X POST http://127.0.0.1:8080/p/demo-jobs/v1/jobs "
+            f"-H 'Authorization: Bearer {agent}' -H 'Idempotency-Key: try-1' "
+            """-H 'Content-Type: application/json' -d '{"input": "report.pdf"}'"""
+        )
+    return 0
+
+
 def _migrate(args: argparse.Namespace) -> int:
     """The store's layout created or upgraded to the one this release writes (SPEC 18)."""
     from gateway.settings.config import Settings, load_gateway_file
@@ -285,8 +337,9 @@ def _demo_provider(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     if args.provider is not None:
         from gateway.demo.showcase import run as run_one
+        from gateway.shipped import policies_folder
 
-        return run_one(args.provider, Path(args.policies))
+        return run_one(args.provider, args.policies or policies_folder())
     from gateway.demo.walkthrough import run
 
     return run(max(1, min(args.agents, 500)))

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("operator", ("gateway.operator",)),  # operator API, console, OpenAPI, policy tools
     ("mcp", ("gateway.mcp",)),  # agents' MCP interface
     ("wiring", ("gateway.app", "gateway.server", "gateway.workers")),  # the process
+    ("shipped", ("gateway.shipped",)),  # the files `statusgate init` writes
     ("demo", ("gateway.demo",)),  # the shipped fake provider and walk-through
     ("entry", ("gateway.cli", "gateway.__main__")),  # the command line
 ]
