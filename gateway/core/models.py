@@ -63,6 +63,7 @@ class Event(enum.StrEnum):
     RESULT_FETCHED = "result_fetched"
     PASSTHROUGH = "passthrough"
     NOTIFIED = "notified"
+    PUSHED = "pushed"  # a provider's push (SPEC 23), verified or refused
 
 
 class Failure(enum.Enum):
