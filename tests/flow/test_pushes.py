@@ -62,8 +62,8 @@ async def push(
     return response.status, (await response.json())["result"]
 
 
-async def submitted(h: Harness, script: list[dict[str, Any]]) -> str:
-    response = await h.submit(script)
+async def submitted(h: Harness, script: list[dict[str, Any]], key: str = "key-1") -> str:
+    response = await h.submit(script, key=key)
     assert response.status == 202, await response.text()
     return str((await response.json())["id"])
 
@@ -185,3 +185,69 @@ async def test_hooks_of_a_provider_without_pushes_are_not_served(harness: Harnes
     """A provider whose policy declares no pushes (or whose secret is unset) has no hook."""
     response = await harness.client.post("/hooks/demo-jobs", data=b"{}")
     assert response.status == 404
+
+
+LONG = {"polling": {"deadline": "40m", "max_status_requests": 200, "max_hold": "60s"}}
+
+
+async def naive_job(h: Harness, *, pushing: bool) -> dict[str, int]:
+    """One 30-minute job, 10 agents each polling every 5 s until it ends, one agent then
+    fetching the result; with ``pushing`` the provider sends a thin push when it ends.
+    The provider calls it cost, by kind."""
+    script = [{"state": "running", "until": 1800}, {"state": "succeeded"}]
+    job = await submitted(h, script, key=f"naive-{pushing}")
+    start, done = h.clock.now, False
+    while not done:
+        h.clock.now += 5
+        if pushing and h.clock.now - start >= 1800:
+            await push(h, {"type": "job.completed", "data": {"id": job}})
+        for _ in range(10):
+            answer = await h.poll(job)
+            done = done or answer.headers.get("Statusgate-Outcome") == "succeeded"
+        assert h.clock.now - start < 2400, "the job never ended"
+    fetched = await h.client.get(f"/p/demo-jobs/v1/jobs/{job}/result", headers=h.auth())
+    assert fetched.status == 200
+    calls: dict[str, int] = {}
+    for entry in h.provider.log:
+        if entry["job_id"] == job:
+            calls[entry["kind"]] = calls.get(entry["kind"], 0) + 1
+    return calls
+
+
+async def test_provider_calls_per_job_with_pushes_and_without(make_harness: Any) -> None:
+    """The issue's measure: a 30-minute job with 10 naive agents costs, with pushes, the
+    submit, at most the fallback polls (30m / 10m, the last before the push) plus the one
+    poll a thin push asks for, and one result fetch; without pushes the schedule's polls."""
+    changes = {"demo-jobs": {**LONG, "push": {**DEMO_PUSH, "fallback_delay": "10m"}}}
+    with_pushes = await naive_job(await make_harness(policy_changes=changes), pushing=True)
+    polling = await naive_job(await make_harness(policy_changes={"demo-jobs": LONG}), pushing=False)
+    print(f"\nprovider calls per job: with pushes {with_pushes}, polling only {polling}")
+    assert with_pushes["submit"] == 1 and with_pushes["result"] == 1
+    assert with_pushes["status"] <= 3 + 1
+    assert polling["status"] > with_pushes["status"]
+
+
+async def test_shipped_replicate_policy_takes_the_prediction_from_its_push(
+    make_harness: Any,
+) -> None:
+    """The shipped replicate policy, its secret set: a signed push whose body is the final
+    prediction (as Replicate sends it) ends the operation with no status call, and the
+    agent's next call is answered from the record with that prediction."""
+    h: Harness = await make_harness(
+        policy_changes={"replicate": {"push": {"verify": {"secret": OTHER_SECRET}}}}
+    )
+    h.provider.default_scripts["replicate"] = [{"state": "processing"}]
+    created = await h.client.post(
+        "/p/replicate/v1/predictions",
+        json={"version": "v1", "input": {"prompt": "a cat"}},
+        headers=h.auth(),
+    )
+    assert created.status == 201, await created.text()
+    prediction = await created.json()
+    job = prediction["id"]
+    final = {**prediction, "status": "succeeded", "output": ["https://replicate.delivery/x.png"]}
+    assert await push(h, final, provider="replicate", secret=OTHER_SECRET) == (200, "applied")
+    answer = await h.client.get(f"/p/replicate/v1/predictions/{job}", headers=h.auth())
+    assert answer.headers["Statusgate-Outcome"] == "succeeded"
+    assert (await answer.json())["output"] == ["https://replicate.delivery/x.png"]
+    assert [e for e in h.provider.log if e["job_id"] == job and e["kind"] == "status"] == []
