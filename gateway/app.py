@@ -24,7 +24,7 @@ from gateway.core.models import Clock
 from gateway.errors import StoreError
 from gateway.flow import pausing, polls, sweep
 from gateway.flow.runtime import RUNTIME, Runtime
-from gateway.http import middleware, proxy
+from gateway.http import hooks, middleware, proxy
 from gateway.http.a2a import routes as a2a_routes
 from gateway.http.problems import explain
 from gateway.observe import tracing
@@ -91,6 +91,7 @@ def create_app(
     sso.routes(app)
     console.routes(app)
     a2a_routes.add_routes(app)
+    hooks.routes(app)
     app.router.add_route("*", "/p/{provider}", proxy.handle)  # SDKs that post to the root
     app.router.add_route("*", "/p/{provider}/{tail:.*}", proxy.handle)
     app.on_startup.append(_start)

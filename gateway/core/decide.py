@@ -491,7 +491,7 @@ def _classify_body(
             return escalate(policy, record, Reason.INTEGRATION_FAILURE, now, detail, **seen)
         hint = _hint(policy, answer, body, now)
         return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint, seen)
-    if kind == "success" and not all(_present(body, f) for f in states.required()):
+    if kind == "success" and not all(present(body, f) for f in states.required()):
         # not done yet: Gemini says SUCCEEDED before its output file exists. Polling goes
         # on under the same budget and deadline until the answer carries it, and agents
         # (and replays) are shown the answer with a pending state: an SDK that read the
@@ -613,9 +613,12 @@ def _schedule(
         detail = "the provider asked to wait past the operation's deadline"
         decision = escalate(policy, record, Reason.DEADLINE_EXCEEDED, now, detail, **(seen or {}))
         return decision.evolve(plan=the_plan)
-    new = record.evolve(
-        **(seen or {}), next_poll_at=the_plan.next_poll_at, delay_source=the_plan.source
-    )
+    next_poll_at = the_plan.next_poll_at
+    if kind is AnswerKind.PENDING and policy.pushes is not None:  # SPEC 23: fallback_delay
+        latest = record.deadline_at - policy.polling.final_poll_margin
+        next_poll_at = max(next_poll_at, min(now + policy.pushes.fallback_delay, latest))
+        the_plan = dataclasses.replace(the_plan, next_poll_at=next_poll_at)
+    new = record.evolve(**(seen or {}), next_poll_at=next_poll_at, delay_source=the_plan.source)
     if kind is AnswerKind.UNAVAILABLE:
         problem: str | None = (
             "provider-timeout" if answer.failure is Failure.TIMEOUT else "provider-unavailable"
@@ -644,7 +647,7 @@ def _hint(
     return guidance(answer.retry_after, poll_after, next_check, now)
 
 
-def _present(body: Any, field: RequiredField) -> bool:
+def present(body: Any, field: RequiredField) -> bool:
     """A required field is present (and not null, unless the policy allows null)."""
     if field.allow_null:
         parent, _, leaf = field.path.rpartition(".")

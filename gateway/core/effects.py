@@ -261,6 +261,33 @@ def of_call(
     return (Line(fields),)
 
 
+def of_push(
+    provider: str,
+    result: str,
+    now: float,
+    *,
+    record: OperationRecord | None = None,
+    detail: str | None = None,
+) -> Effects:
+    """A provider's push (SPEC 23): counted by ``result`` and audited ``pushed``, with
+    the operation it touched when there is one."""
+    count = Count("pushes", (provider, result))
+    if record is not None:
+        fields = line_fields(record, event=Event.PUSHED, at=now, decision=result, detail=detail)
+    else:
+        fields = {
+            "at": iso(now),
+            "operation_id": None,
+            "provider": provider,
+            "account": None,
+            "event": Event.PUSHED.value,
+            "decision": result,
+            "detail": detail,
+            "actor": "provider",
+        }
+    return (count, Line(fields))
+
+
 def of_hold_declined(provider: str, bound: str) -> Effects:
     """A call that asked to be held, answered at once instead: ``bound`` (``account`` or
     ``total``) of ``limits.max_held_per_account`` / ``max_held`` was reached."""

@@ -65,7 +65,7 @@ class Event(enum.StrEnum):
     PASSTHROUGH = "passthrough"
     NOTIFIED = "notified"
     MESSAGE_SENT = "message_sent"  # an A2A caller's follow-up message, its task recorded
-    PUSHED = "pushed"  # a remote agent's push, its task recorded
+    PUSHED = "pushed"  # a push: a provider's (SPEC 23, verified or refused) or a remote A2A agent's
 
 
 class Failure(enum.Enum):

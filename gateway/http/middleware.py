@@ -131,7 +131,7 @@ async def traced(request: R, handler: Handler[R]) -> web.StreamResponse:
 
 
 ADMIN_PATHS = ("/admin", "/console", "/metrics")
-AGENT_PATHS = ("/p/", "/mcp")
+AGENT_PATHS = ("/p/", "/mcp", "/hooks/")
 
 
 async def guarded(request: R, handler: Handler[R]) -> web.StreamResponse:
@@ -222,7 +222,7 @@ def failed(request: AgentRequest, exc: Exception) -> web.Response:
 def _may_act(request: AgentRequest, path: str) -> bool:
     """Whether a request may submit, poll or change a record: agents' provider calls, MCP
     calls and operator decisions."""
-    if path.startswith("/p/"):
+    if path.startswith(("/p/", "/hooks/")):
         return True
     return request.method == "POST" and (path == "/mcp" or path.startswith("/admin/operations/"))
 

@@ -270,6 +270,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.pushes = Counter(
+            "statusgate_pushes",
+            "Provider pushes at /hooks/<provider> by result (applied, polled, pending,"
+            " ignored, replayed, unknown_job, invalid, refused)",
+            ["provider", "result"],
+            registry=r,
+        )
         self.config_reloads = Counter(
             "statusgate_config_reloads",
             "Live reloads of the config and policies by result",

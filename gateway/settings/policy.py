@@ -43,6 +43,7 @@ from gateway.settings.loading import (
     related,
     validate_all,
 )
+from gateway.settings.push import Push
 from gateway.settings.shapes import ShapeName, with_shape
 from gateway.settings.units import parse_duration
 
@@ -341,6 +342,8 @@ class ProviderPolicy(Strict):
     """``a2a``: the upstream is a remote A2A agent, reached at /a2a/NAME (docs/a2a.md)."""
     a2a: A2ASettings | None = None
     """An A2A policy's own settings (``protocol: a2a`` only)."""
+    push: Push | None = None
+    """The provider's webhooks accepted at /hooks/NAME (SPEC 23); on when its secret is set."""
 
     @pydantic.field_validator("provider")
     @classmethod
@@ -372,20 +375,27 @@ class ProviderPolicy(Strict):
     def fingerprint(self) -> str:
         """Changes whenever the policy's rules change; the credential is left out."""
         # the shape only fills fields (compared as filled); answers' headers change no rule
-        data = self.model_dump(
-            mode="json", by_alias=True, exclude={"credential", "shape", "answers"}
-        )
+        # a push section that is off (no secret) changes no rule either
+        left_out = {"credential", "shape", "answers"} | ({"push"} if self.pushes is None else set())
+        data = self.model_dump(mode="json", by_alias=True, exclude=left_out)
         return digest(json.dumps(unset_as_before(data), sort_keys=True))
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """Strings that must never reach an agent: the credential and its token part."""
-        return self.credential.secrets
+        """Strings that must never reach an agent: the credential and its token part, and
+        the push secret."""
+        secret = self.push.verify.secret if self.push is not None else None
+        return self.credential.secrets + ((secret,) if secret else ())
 
     @property
     def credential_fingerprint(self) -> str:
         """Changes whenever the credential changes, without revealing it."""
         return self.credential.fingerprint
+
+    @property
+    def pushes(self) -> Push | None:
+        """The push section when pushes are on (its secret is set), else None."""
+        return self.push if self.push is not None and self.push.on else None
 
     @property
     def multi_segment(self) -> bool:
@@ -445,7 +455,12 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
 
 def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     """Rules that span fields, as (field path, message) pairs."""
-    found = [found for name, _, rule in SECTION_RULES for found in rule(getattr(policy, name))]
+    found = [
+        found
+        for name, _, rule in SECTION_RULES
+        if getattr(policy, name) is not None
+        for found in rule(getattr(policy, name))
+    ]
     if policy.a2a is not None and policy.protocol != "a2a":
         found.append(("a2a", "is only for policies with protocol: a2a"))
     return found
@@ -642,6 +657,7 @@ SECTION_RULES: tuple[tuple[str, type[Strict], Callable[[Any], list[tuple[str, st
     ("credential", Credential, Credential.problems),
     ("polling", Polling, _polling_problems),
     ("routes", Routes, _all_route_problems),
+    ("push", Push, Push.problems),
 )
 
 

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import heapq
 import random
+import secrets
 import time
 from collections.abc import Callable
 from typing import ClassVar, TypeVar
@@ -218,6 +219,21 @@ class Coordination:
         held = self._leases.get(name)
         if held is not None and held[0] == token:
             del self._leases[name]
+
+    # -- deliveries seen (SPEC 23) --------------------------------------------------------
+    async def claim_delivery(self, key: str, now: float, window: float) -> str | None:
+        """A token when ``key`` (a provider push's delivery id) was not claimed within the
+        last ``window`` seconds, else None: the replay window of pushes, shared by every
+        replica that shares the store. Kept as a lease nobody releases, so it costs each
+        backend nothing new; ``release_delivery`` gives it back when the push could not be
+        handled (the provider's retry is then handled, not ignored)."""
+        token = secrets.token_hex(12)
+        taken = await self.acquire_lease(f"seen:{key}", token, now, window)
+        return token if taken else None
+
+    async def release_delivery(self, key: str, token: str) -> None:
+        """Forget a claimed delivery (it was not handled)."""
+        await self.release_lease(f"seen:{key}", token)
 
     # -- pacing -------------------------------------------------------------------------
     async def pace(self, provider: str, rate: float | None, now: float) -> float:

@@ -196,6 +196,23 @@ async def test_lease_race_has_one_winner(store: Store) -> None:
     assert won.count(True) == 1
 
 
+async def test_a_push_delivery_is_claimed_once_within_its_window(store: Store) -> None:
+    """SPEC 23's replay window: of 20 concurrent claims of one delivery one wins; a released
+    claim (a push that could not be handled) can be claimed again, and so can one whose
+    window passed; another delivery is its own."""
+    now = time.time()
+    claims = await asyncio.gather(*(store.claim_delivery("p:msg_1", now, 5) for _ in range(20)))
+    won = [c for c in claims if c is not None]
+    assert len(won) == 1
+    assert await store.claim_delivery("p:msg_2", now, 5) is not None
+    await store.release_delivery("p:msg_1", won[0])
+    again = await store.claim_delivery("p:msg_1", time.time(), EXPIRY)
+    assert again is not None
+    assert await store.claim_delivery("p:msg_1", time.time(), EXPIRY) is None
+    await asyncio.sleep(EXPIRY + 0.05)
+    assert await store.claim_delivery("p:msg_1", time.time(), 5) is not None
+
+
 async def test_ping_and_active_counts(store: Store) -> None:
     await store.ping()
     await store.create(record("op_1", "j1"))
