@@ -13,7 +13,7 @@ export DEMO_API_KEY ?= demo-provider-key
 # provider's key (config/gateway.yaml sends every provider's calls to the demo provider)
 DEMO_ENV = env $$($(PY) -m gateway.demo.env policies)
 
-.PHONY: install run test lint rules lock lint-docker dist image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
+.PHONY: install run test test-fast lint rules lock lint-docker dist image kubernetes kubernetes-rules check clean bench bench-audit bench-instructions
 
 $(RUN_STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ lint: $(STAMP)
 
 test: lint lint-docker rules
 	$(VENV)/bin/pytest
+
+# the edit loop: pure rules, settings, the layer test and the in-process stores (memory,
+# SQLite); no servers, browsers or subprocess fleets. make test stays the whole suite.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q tests/core tests/settings tests/test_layers.py tests/store \
+		-k "not redis and not postgres and not cluster"
 
 # The shipped alert rules and their unit tests (deploy/prometheus); promtool comes with
 # Debian's prometheus package, which .ci/run installs.

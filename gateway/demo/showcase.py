@@ -33,6 +33,7 @@ from gateway.demo.env import demo_env
 from gateway.demo.jobs import Family
 from gateway.demo.pack import Double, Example, doubles
 from gateway.demo.provider import FAMILIES, DemoProvider
+from gateway.demo.sites import start
 from gateway.errors import ConfigError
 from gateway.flow.runtime import RUNTIME
 from gateway.observe.audit import records
@@ -112,22 +113,12 @@ def family_and_example(name: str) -> tuple[Family, Example]:
     raise ConfigError([f"demo --provider {name}: the demo provider does not speak this API"])
 
 
-async def _start(app: web.Application) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    assert server is not None and server.sockets  # type: ignore[attr-defined]
-    return runner, int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
-
-
 @contextlib.asynccontextmanager
 async def _stack(
     policy: ProviderPolicy, clock: SimulatedClock
 ) -> AsyncIterator[tuple[DemoProvider, web.Application, str, Path]]:
     provider = DemoProvider(api_key=KEY, clock=clock)
-    provider_runner, provider_port = await _start(provider.app())
+    provider_runner, provider_port = await start(provider.app())
     upstream = f"http://127.0.0.1:{provider_port}/{policy.provider}"
     policy = policy.model_copy(update={"upstream": upstream})
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
@@ -143,7 +134,7 @@ async def _stack(
             file=gateway_file, base_dir=Path(folder), policies={policy.provider: policy}
         )
         app = create_app(settings, clock=clock, sleep=clock.sleep, rng=random.Random(1))
-        gateway_runner, gateway_port = await _start(app)
+        gateway_runner, gateway_port = await start(app)
         try:
             base = f"http://127.0.0.1:{gateway_port}/p/{policy.provider}"
             yield provider, app, base, Path(folder)
@@ -218,6 +209,10 @@ def _kind(status: int, headers: Any) -> str:
 
 async def show(name: str, folder: Path) -> list[str]:
     policy = shipped_policy(name, folder)
+    if policy.protocol == "a2a":
+        from gateway.demo import a2a_show  # a2a-sdk is an extra
+
+        return await a2a_show.show(name, policy, SimulatedClock(), TOKEN, AGENTS, AGENT_EVERY)
     family, example = family_and_example(name)
     clock = SimulatedClock()
     started = clock.now

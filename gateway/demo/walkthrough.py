@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from gateway.app import create_app
 from gateway.core.story import story
+from gateway.demo import sites
 from gateway.demo.provider import DemoProvider
 from gateway.observe.audit import records
 from gateway.settings.config import GatewayFile, Settings
@@ -94,17 +94,6 @@ class AgentReport:
     escalation: dict[str, Any] | None = None
 
 
-async def _start(app: web.Application) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    assert server is not None and server.sockets  # type: ignore[attr-defined]
-    port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
-    return runner, port
-
-
 async def _agent(
     http: aiohttp.ClientSession, base: str, scene: str, script: list[dict[str, Any]], n: int
 ) -> AgentReport:
@@ -140,7 +129,7 @@ async def _stack(
 ) -> AsyncIterator[tuple[DemoProvider, str, Path]]:
     """The demo provider and a gateway in front of it, on free loopback ports."""
     provider = DemoProvider(api_key=KEY)
-    provider_runner, provider_port = await _start(provider.app())
+    provider_runner, provider_port = await sites.start(provider.app())
     policy = demo_policy(f"http://127.0.0.1:{provider_port}", polling)
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     with tempfile.TemporaryDirectory() as folder:
@@ -155,7 +144,7 @@ async def _stack(
         settings = Settings(
             file=gateway_file, base_dir=Path(folder), policies={policy.provider: policy}
         )
-        gateway_runner, gateway_port = await _start(create_app(settings))
+        gateway_runner, gateway_port = await sites.start(create_app(settings))
         try:
             yield provider, f"http://127.0.0.1:{gateway_port}/p/demo-jobs", Path(folder)
         finally:
@@ -285,7 +274,7 @@ async def _fleet(
 async def fleet(agents: int = 25, rate: str = "10/s", finish_after: float = 4.0) -> list[str]:
     """The same fleet twice: straight at the provider, then through the gateway."""
     provider = DemoProvider(api_key=KEY)
-    runner, port = await _start(provider.app())
+    runner, port = await sites.start(provider.app())
     try:
         direct = await _fleet(
             f"http://127.0.0.1:{port}",

@@ -82,3 +82,36 @@ def test_every_credential_the_shipped_policies_read_is_set_for_the_demo() -> Non
     for path in (ROOT / "policies").glob("*.yaml"):
         load_policy(path, path.name, env)
     assert env["DEMO_API_KEY"] == "k"
+
+
+def test_every_shipped_policy_has_a_demo() -> None:
+    """Each policy in policies/ is spoken by the demo provider (a double or a legacy family)
+    or is an A2A policy the demo A2A agent serves: `demo --provider` runs for every one."""
+    shipped = {path.stem for path in (ROOT / "policies").glob("*.yaml")}
+    a2a = {
+        name
+        for name in shipped
+        if showcase.shipped_policy(name, ROOT / "policies").protocol == "a2a"
+    }
+    assert a2a == {"demo-agent"}
+    assert shipped - a2a == set(LEGACY) | set(doubles())
+
+
+async def test_demo_of_the_shipped_a2a_policy_completes_the_task() -> None:
+    """`statusgate demo --provider demo-agent` sends a message to the demo A2A agent through
+    the gateway: naive GetTask callers see the task complete, most of their calls answered
+    from the record, the agent polled within the policy's budget, and no key printed."""
+    lines = await showcase.show("demo-agent", ROOT / "policies")
+    text = "\n".join(lines)
+    assert "TASK_STATE_COMPLETED" in text and "finished: succeeded" in text, text
+    reached = next(line for line in lines if line.startswith("Calls that reached"))
+    polls = sum(
+        int(part.rsplit(": ", 1)[1])
+        for part in reached.split("(")[1].rstrip(")").split(", ")
+        if part.startswith("GET /tasks/")
+    )
+    calls = next(line for line in lines if line.startswith("Callers' GetTask calls"))
+    budget = showcase.shipped_policy("demo-agent", ROOT / "policies").polling
+    assert 1 <= polls <= budget.max_status_requests, text
+    assert polls * 3 < int(calls.split(": ")[1].split(",")[0]), text
+    assert showcase.KEY not in text
