@@ -176,7 +176,7 @@ def push_token(key: bytes, provider: str, account: str) -> str:
 def push_account(key: bytes, provider: str, token: str) -> str | None:
     """The account a push token was made for, or None when it is not one of the gateway's."""
     account, _, _ = token.rpartition(".")
-    if not account:
+    if not account or not (token.isascii() and token.isprintable()):
         return None
     expected = push_token(key, provider, account)
     return account if hmac.compare_digest(expected.encode(), token.encode()) else None

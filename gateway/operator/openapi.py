@@ -56,6 +56,10 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
 # -- schemas from the models -----------------------------------------------------------------
 
 
+# fields a record's JSON leaves out while they are empty (OperationRecord.to_json)
+OMITTED_WHEN_EMPTY = frozenset({"route_values"})
+
+
 def _field_schema(name: str, kind: Any) -> dict[str, Any]:
     """One dataclass field as the operator API shows it (admin.view): instants as RFC 3339
     strings, enums by value, nested records by reference."""
@@ -69,6 +73,8 @@ def _field_schema(name: str, kind: Any) -> dict[str, Any]:
         return ref(kind.__name__)
     if kind in (FinalResponse, Escalation, LastAnswer):
         return ref(f"Record{kind.__name__}")
+    if name == "route_values":  # (name, value) pairs, shown as an object (to_json)
+        return {"type": "object", "additionalProperties": {"type": "string"}}
     if typing.get_origin(kind) is tuple:
         return {"type": "array", "items": JSON_TYPES[args[0]]}
     return JSON_TYPES[kind]
@@ -78,7 +84,8 @@ def _record_schema(model: type) -> dict[str, Any]:
     hints = typing.get_type_hints(model)
     names = [f.name for f in dataclasses.fields(model)]
     properties = {name: _field_schema(name, hints[name]) for name in names}
-    return {"type": "object", "properties": properties, "required": names}
+    required = [name for name in names if name not in OMITTED_WHEN_EMPTY]
+    return {"type": "object", "properties": properties, "required": required}
 
 
 def _enum(kind: type[enum.Enum], description: str) -> dict[str, Any]:

@@ -84,6 +84,8 @@ async def verify(
     keys: Keys,
 ) -> Verdict:
     """Whether the push is the provider's, by ``rule``'s scheme."""
+    if not all(value.isascii() for value in headers.values()):
+        return Verdict("a header holds bytes that are not ASCII")
     if rule.scheme == "standard-webhooks":
         return _standard(rule, headers, body, now)
     if rule.scheme == "hmac-sha256":
@@ -138,8 +140,9 @@ def _hmac(rule: Verify, headers: Mapping[str, str], body: bytes, now: float) -> 
         expected, given = expected.lower(), given.lower()
     if not given or not hmac.compare_digest(expected.encode(), given.encode()):
         return Verdict("the signature does not match")
-    delivery = headers.get(rule.id_header, "") if rule.id_header else ""
-    return Verdict(None, delivery or _body_id(body))
+    # the delivery is what the signature covers: an id header it does not cover could be
+    # changed on a captured push to replay it as a new delivery
+    return Verdict(None, _body_id(signed))
 
 
 async def _ed25519(
@@ -171,7 +174,7 @@ async def _ed25519(
             key.verify(raw, message)
         except InvalidSignature:
             continue
-        return Verdict(None, headers.get(rule.id_header or "X-Fal-Webhook-Request-Id", ""))
+        return Verdict(None, request_id)  # signed, unlike any other header
     return Verdict("no key of the provider's JWKS verifies the signature")
 
 

@@ -44,9 +44,10 @@ class Verify(Strict):
     tolerance: Duration = 300.0
     """How far a push's timestamp may be from the gateway's clock ("5m")."""
     id_header: HeaderName | None = None
-    """The header naming the delivery for replay protection; standard-webhooks uses
-    webhook-id, ed25519-jwks X-Fal-Webhook-Request-Id. Unset for the others: the body's
-    sha256 stands for it."""
+    """standard-webhooks only: the header naming the delivery (default webhook-id), which
+    its signature covers. The other schemes key replay protection on what their signature
+    covers: hmac-sha256 the signed bytes' sha256, ed25519-jwks the signed request id,
+    header-secret the body's sha256 (an unsigned id header could be changed to replay)."""
 
     def problems(self) -> list[tuple[str, str]]:
         """The fields the scheme needs, as (field path, message) pairs."""

@@ -194,7 +194,8 @@ class Coordination:
     right for the stores one gateway process owns (memory, SQLite); shared stores override."""
 
     _pacer: Pacer | None = None
-    _held: dict[str, tuple[str, float]] | None = None
+    _held: dict[str, tuple[str, float]] | None = None  # leases in this process
+    _prune_at: int = 1024  # expired ones are dropped when there are this many (PRUNE_AT)
 
     @property
     def _leases(self) -> dict[str, tuple[str, float]]:
@@ -228,8 +229,18 @@ class Coordination:
         backend nothing new; ``release_delivery`` gives it back when the push could not be
         handled (the provider's retry is then handled, not ignored)."""
         token = secrets.token_hex(12)
+        if self._held is not None and len(self._held) >= self._prune_at:
+            self._forget_expired(now)
         taken = await self.acquire_lease(f"seen:{key}", token, now, window)
         return token if taken else None
+
+    def _forget_expired(self, now: float) -> None:
+        """Drops the in-process leases past their time (deliveries seen, polls done), so
+        the replay window of pushes does not grow without bound."""
+        held = self._leases
+        for name in [name for name, (_, until) in held.items() if until <= now]:
+            del held[name]
+        self._prune_at = max(PRUNE_AT, 2 * len(held))  # amortised: no scan per claim
 
     async def release_delivery(self, key: str, token: str) -> None:
         """Forget a claimed delivery (it was not handled)."""
@@ -379,6 +390,7 @@ async def stop(task: asyncio.Task[None] | None) -> None:
 
 
 PURGE_BATCH = 1000
+PRUNE_AT = 1024  # in-process leases kept before the expired ones are dropped
 
 
 def purgeable(record: OperationRecord, provider: str, ended_before: float) -> bool:

@@ -92,7 +92,13 @@ async def test_hmac_sha256_with_timestamp_and_prefix() -> None:
     )
     upstream = Upstream(timeout=5, max_response_body=65536)
     ok = await verify(rule, headers, BODY, NOW, upstream=upstream, keys=Keys())
-    assert ok.refused is None and ok.delivery == "d1"
+    assert ok.refused is None and ok.delivery.startswith("sha256:")
+    # the id header is not signed: a captured push sent again under another id is the
+    # same delivery (a replay), not a new one
+    again = CIMultiDict({**headers, "X-Delivery": "d2"})
+    assert (await verify(rule, again, BODY, NOW, upstream=upstream, keys=Keys())).delivery == (
+        ok.delivery
+    )
     bad = CIMultiDict({**headers, "X-Signature": "sha256=" + "0" * 64})
     assert (await verify(rule, bad, BODY, NOW, upstream=upstream, keys=Keys())).refused
     late = await verify(rule, headers, BODY, NOW + 3600, upstream=upstream, keys=Keys())
@@ -116,3 +122,26 @@ async def test_header_secret_compares_the_header() -> None:
     for given in ({"X-Statusgate-Push-Secret": "abd"}, {}):
         found = await verify(rule, CIMultiDict(given), BODY, NOW, upstream=upstream, keys=Keys())
         assert found.refused == "the secret header is missing or wrong"
+
+
+async def test_a_header_that_is_not_ascii_is_refused_not_a_crash() -> None:
+    """Header bytes aiohttp hands over as lone surrogates (not UTF-8) are a refusal with a
+    reason, for every scheme, never an encoding error."""
+    upstream = Upstream(timeout=5, max_response_body=65536)
+    rules = [
+        Verify(scheme="header-secret", header="X-Secret", secret="abc"),
+        Verify(scheme="hmac-sha256", secret="s3cret", header="X-Signature"),
+        Verify(scheme="standard-webhooks", secret="whsec_" + "A" * 32),
+    ]
+    for rule in rules:
+        headers = CIMultiDict(
+            {
+                "X-Secret": "\udcff\udcfe",
+                "X-Signature": "\udcff",
+                "webhook-id": "\udcff",
+                "webhook-timestamp": str(int(NOW)),
+                "webhook-signature": "v1,\udcff",
+            }
+        )
+        found = await verify(rule, headers, BODY, NOW, upstream=upstream, keys=Keys())
+        assert found.refused == "a header holds bytes that are not ASCII", rule.scheme

@@ -47,7 +47,7 @@ def test_an_unknown_provider_or_a_bad_url_is_named(tmp_path: Path) -> None:
 
 
 def test_shipped_policies_name_their_providers_public_origin() -> None:
-    """Every shipped policy but the demo's own names its provider's public origin (or a
+    """Every shipped policy but the demo's own two names its provider's public origin (or a
     ``${VAR:-...}`` for a per-customer host), never the demo provider: the demo reaches
     them through config/gateway.yaml's ``upstreams`` redirect."""
     from urllib.parse import urlsplit
@@ -56,7 +56,7 @@ def test_shipped_policies_name_their_providers_public_origin() -> None:
 
     for path in sorted((ROOT / "policies").glob("*.yaml")):
         upstream = yaml.safe_load(path.read_text())["upstream"]
-        if path.stem == "demo-jobs":
+        if path.stem in ("demo-jobs", "demo-agent"):  # the demo provider's and demo agent's
             continue
         url = upstream.split(":-", 1)[1].rstrip("}") if upstream.startswith("${") else upstream
         host = urlsplit(url).hostname or ""

@@ -96,6 +96,10 @@ async def send(call: Call, params: dict[str, Any]) -> Answer:
     config = dict(config) if isinstance(config, dict) else {}
     blocking = config.get("returnImmediately") is not True
     config["returnImmediately"] = True
+    # a caller never names the task's push target: the remote agent would push, under the
+    # gateway's credential, wherever it said (docs/a2a.md: push config methods refused)
+    config.pop("taskPushNotificationConfig", None)
+    config.pop("pushNotificationConfig", None)  # the 0.3 name
     task_id = message.get("taskId")
     if isinstance(task_id, str) and task_id:
         return await _follow_up(call, task_id, {**params, "configuration": config}, blocking)

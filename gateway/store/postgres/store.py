@@ -510,11 +510,16 @@ class PostgresStore(Store):
             " RETURNING operation_id),"
             f" leases AS (DELETE FROM {s}.leases WHERE name IN"
             " (SELECT 'poll:' || operation_id FROM gone)),"
+            # pushes' deliveries past their replay window (claim_delivery's leases)
+            f" seen AS (DELETE FROM {s}.leases WHERE name IN (SELECT name FROM {s}.leases"
+            f" WHERE name LIKE 'seen:%%' AND expires_at < {s}.sg_now() LIMIT %s"
+            " FOR UPDATE SKIP LOCKED)),"
             f" idem AS (DELETE FROM {s}.idempotency WHERE key IN (SELECT key FROM"
             f" {s}.idempotency WHERE expires_at <= %s LIMIT %s FOR UPDATE SKIP LOCKED))"
             " SELECT count(*) FROM gone"
         )
-        row = await self._one("purge", query, (provider, ended_before, PURGE_BATCH, now, 10_000))
+        args = (provider, ended_before, PURGE_BATCH, 10_000, now, 10_000)
+        row = await self._one("purge", query, args)
         return int(row[0])
 
     async def overdue(self, provider: str, now: float, limit: int) -> Ids:
