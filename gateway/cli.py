@@ -38,6 +38,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"statusgate {__version__}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
+    _run_parsers(commands)
+    _tool_parsers(commands)
+    _policy_parsers(commands)
+    _show_parsers(commands)
+    return parser
+
+
+def _run_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``statusgate serve``, ``check``, ``init`` and ``migrate``."""
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument(
@@ -73,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--config", type=Path, required=True)
     migrate.set_defaults(run=_migrate)
 
+
+def _tool_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``statusgate token hash``, ``demo-provider`` and ``audit verify|story``."""
     token = commands.add_parser("token", help="token helpers")
     token_commands = token.add_subparsers(required=True, metavar="ACTION")
     token_hash = token_commands.add_parser("hash", help="sha256 of a token read on stdin")
@@ -94,8 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     story.add_argument("operation_id")
     story.set_defaults(run=_audit_story)
 
-    _policy_parsers(commands)
 
+def _show_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``statusgate schema`` and ``statusgate demo``."""
     schema = commands.add_parser("schema", help="JSON Schema of the config or policy files")
     schema.add_argument("kind", choices=("policy", "config"))
     schema.set_defaults(run=_schema)
@@ -111,7 +124,6 @@ def _parser() -> argparse.ArgumentParser:
         help="the folder of policies for --provider (default: the shipped policies)",
     )
     demo.set_defaults(run=_demo)
-    return parser
 
 
 def _policy_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -46,7 +46,7 @@ from gateway.http.problems import problem
 from gateway.provider.client import UpstreamResponse
 from gateway.provider.headers import to_provider
 from gateway.provider.send import send_upstream
-from gateway.settings.policy import ProviderPolicy
+from gateway.settings.policy import Idempotency, ProviderPolicy
 
 log = logging.getLogger("statusgate")
 IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
@@ -85,17 +85,9 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
     runtime, policy = call.runtime, call.policy
     body = sent.body
     rules = policy.routes.submit.idempotency
-    key = next((v for k, v in sent.headers if k.lower() == "idempotency-key"), None)
-    if key is None and rules.from_body is not None:
-        key = job_id_from_body(body, rules.from_body)  # e.g. AWS ClientRequestToken
-    if key is not None and not idempotency.valid_key(key):
-        detail = "Idempotency-Key must be 1 to 255 visible ASCII characters."
-        return problem("invalid-request", detail)
-    if key is None and rules.required:
-        detail = "This provider's submissions must carry an Idempotency-Key header" + (
-            f" or a {rules.from_body!r} body field." if rules.from_body else "."
-        )
-        return problem("idempotency-key-missing", detail)
+    key = _idempotency_key(sent, rules)
+    if isinstance(key, web.Response):
+        return key
     fingerprint = hashlib.sha256(
         f"{sent.method}\n{sent.path_qs}\n{hashlib.sha256(body).hexdigest()}".encode()
     ).hexdigest()
@@ -129,17 +121,7 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
         await _audit(call, Event.SUBMIT_FAILED, None, f"no answer: {_failure(answer)}")
         return await _submit_failed(call, entry, answer.failure)
     if not 200 <= response.status < 300:
-        if entry is not None:
-            await runtime.records.drop_idempotency(entry.key)
-        if response.status in (401, 403):
-            return await _credential_rejected(call, response.status)
-        detail = "the provider refused the submission; its answer was passed through"
-        await _audit(call, Event.SUBMIT_REJECTED, response.status, detail)
-        rewriter = runtime.rewriter(policy)
-        passed = web.Response(status=response.status, body=response.body)
-        for name, value in rewriter.response_headers(response.headers.items(), policy):
-            passed.headers.add(name, value)
-        return passed
+        return await _provider_refused(call, entry, response)
     if sent.answers_untracked and _job_id(call, response, body) is None:
         return await _untracked(call, entry, response)
     wait = prefer_wait(
@@ -147,6 +129,42 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
     )
     opened = Opened(operation_id, entry, fingerprint, key)
     return await _open(call, opened, answer, response, body, wait)
+
+
+def _idempotency_key(sent: Submission, rules: Idempotency) -> str | web.Response | None:
+    """The submission's idempotency key (the header, else the policy's body field), None
+    when it has none, or the problem to answer: a malformed key, or a required one missing."""
+    key = next((v for k, v in sent.headers if k.lower() == "idempotency-key"), None)
+    if key is None and rules.from_body is not None:
+        key = job_id_from_body(sent.body, rules.from_body)  # e.g. AWS ClientRequestToken
+    if key is not None and not idempotency.valid_key(key):
+        detail = "Idempotency-Key must be 1 to 255 visible ASCII characters."
+        return problem("invalid-request", detail)
+    if key is None and rules.required:
+        detail = "This provider's submissions must carry an Idempotency-Key header" + (
+            f" or a {rules.from_body!r} body field." if rules.from_body else "."
+        )
+        return problem("idempotency-key-missing", detail)
+    return key
+
+
+async def _provider_refused(
+    call: Call, entry: IdempotencyEntry | None, response: UpstreamResponse
+) -> web.StreamResponse:
+    """A non-2xx answer to the submission: its key forgotten (a retry may submit again),
+    the gateway's own credential refused said as such, else the answer passed through."""
+    runtime, policy = call.runtime, call.policy
+    if entry is not None:
+        await runtime.records.drop_idempotency(entry.key)
+    if response.status in (401, 403):
+        return await _credential_rejected(call, response.status)
+    detail = "the provider refused the submission; its answer was passed through"
+    await _audit(call, Event.SUBMIT_REJECTED, response.status, detail)
+    rewriter = runtime.rewriter(policy)
+    passed = web.Response(status=response.status, body=response.body)
+    for name, value in rewriter.response_headers(response.headers.items(), policy):
+        passed.headers.add(name, value)
+    return passed
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,21 +261,33 @@ async def _open(
     try:
         record = await runtime.records.create(decision.record, completed)
     except StoreError as exc:  # the job exists at the provider: say so, never "nothing forwarded"
-        log.error("store failed after provider %s accepted a submission: %s", policy.provider, exc)
-        if entry is not None:  # a retry with the key must not submit again either
-            with contextlib.suppress(StoreError):
-                await runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
-        await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "the store failed")
-        detail = (
-            f"The provider accepted the submission (job {job_id}) but the gateway could not "
-            "record it. Do not resubmit: an operator must look at the provider."
-        )
-        return problem("submission-outcome-unknown", detail)
+        return await _unrecorded(call, entry, response, job_id, exc)
     if record.operation_id == decision.record.operation_id:  # new, not a known job
         await runtime.effects.carry_out(_opened(policy, decision, response.status, now))
     if wait:
         return await held_submit(call, record, stored, wait)
     return _stored_answer(stored, record, runtime.clock(), policy)
+
+
+async def _unrecorded(
+    call: Call,
+    entry: IdempotencyEntry | None,
+    response: UpstreamResponse,
+    job_id: str,
+    exc: StoreError,
+) -> web.Response:
+    """The provider accepted the submission but the store could not record it: the key
+    kept as unknown (a retry must not submit again either), the outcome said as unknown."""
+    log.error("store failed after provider %s accepted a submission: %s", call.policy.provider, exc)
+    if entry is not None:
+        with contextlib.suppress(StoreError):
+            await call.runtime.records.put_idempotency(_replace(entry, state=IdemState.UNKNOWN))
+    await _audit(call, Event.SUBMIT_UNTRACKED, response.status, "the store failed")
+    detail = (
+        f"The provider accepted the submission (job {job_id}) but the gateway could not "
+        "record it. Do not resubmit: an operator must look at the provider."
+    )
+    return problem("submission-outcome-unknown", detail)
 
 
 async def held_submit(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -258,55 +259,24 @@ async def act(request: web.Request) -> web.StreamResponse:
     if policy is None:
         return problem("action-not-permitted", f"No policy is loaded for {record.provider!r}.")
     try:
-        body = await _json_body(request)
-        reason = body.get("reason", "")
-        if not isinstance(reason, str):
-            raise ValueError("reason must be a string")
-        reason = reason[:500]
-        seconds = parse_duration(body["time"]) if "time" in body else 0.0
-        requests = body.get("requests", 0)
-        if not isinstance(requests, int) or isinstance(requests, bool):
-            raise ValueError("requests must be a whole number")
+        asked = await _action_body(request)
     except ValueError as exc:
         return problem("invalid-request", f"Bad request body: {exc}.")
     now = runtime.clock()
     answer = None
     if action == "cancel":  # sent once, under the operation's lease (flow/cancels.py)
         request_sent = cancels.gateway_request(policy, record)
-        sent = await cancels.cancel_at_provider(runtime, policy, record, request_sent, reason)
+        sent = await cancels.cancel_at_provider(runtime, policy, record, request_sent, asked.reason)
         if sent.result is None:
             return _not_permitted(sent.record, sent.refusal or "not permitted")
         record, answer, result = sent.record, sent.answer, sent.result
     else:
-
-        def change(
-            current: OperationRecord,
-        ) -> tuple[OperationRecord | None, actions.ActionResult]:
-            if action == "extend":
-                done = actions.extend(
-                    policy, current, now, seconds=seconds, requests=requests, reason=reason
-                )
-            elif action == "resume":
-                done = actions.resume(policy, current, now)
-            else:
-                done = actions.abandon(policy, current, now, reason)
-            return done.record, done
-
+        change = _change(action, policy, now, asked)
         result = await runtime.records.mutate(record.operation_id, change)
     status = answer.status if answer is not None else None
     if result.record is None:
         if answer is not None:  # the cancel reached the provider: its line all the same
-            detail = f"refused by {operator.id}'s request: {result.refusal}"
-            line = effects.of_call(
-                runtime.clock(),
-                provider=record.provider,
-                account=record.account,
-                event=Event.CANCELLED,
-                http_status=status,
-                detail=detail,
-                operation=record,
-            )
-            await runtime.effects.carry_out(line)
+            await _refused_cancel(runtime, record, status, operator.id, result)
         return _not_permitted(record, result.refusal or "not permitted")
     done = effects.of_action(
         policy,
@@ -321,6 +291,72 @@ async def act(request: web.Request) -> web.StreamResponse:
     if result.event in (Event.EXTENDED, Event.RESUMED):  # waiting resumed: learn the state
         runtime.spawn(polls.after_decision(runtime, policy, result.record.operation_id))
     return web.json_response({"action": action, "record": view(result.record)})
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """An action's request body: why, and for extend how much more time and requests."""
+
+    reason: str
+    seconds: float
+    requests: int
+
+
+async def _action_body(request: web.Request) -> _Asked:
+    """The action's body read and checked; ValueError says what is wrong with it."""
+    body = await _json_body(request)
+    reason = body.get("reason", "")
+    if not isinstance(reason, str):
+        raise ValueError("reason must be a string")
+    seconds = parse_duration(body["time"]) if "time" in body else 0.0
+    requests = body.get("requests", 0)
+    if not isinstance(requests, int) or isinstance(requests, bool):
+        raise ValueError("requests must be a whole number")
+    return _Asked(reason[:500], seconds, requests)
+
+
+def _change(
+    action: str, policy: ProviderPolicy, now: float, asked: _Asked
+) -> Callable[[OperationRecord], tuple[OperationRecord | None, actions.ActionResult]]:
+    """The record change of extend, resume or abandon, for ``records.mutate``."""
+
+    def change(current: OperationRecord) -> tuple[OperationRecord | None, actions.ActionResult]:
+        if action == "extend":
+            done = actions.extend(
+                policy,
+                current,
+                now,
+                seconds=asked.seconds,
+                requests=asked.requests,
+                reason=asked.reason,
+            )
+        elif action == "resume":
+            done = actions.resume(policy, current, now)
+        else:
+            done = actions.abandon(policy, current, now, asked.reason)
+        return done.record, done
+
+    return change
+
+
+async def _refused_cancel(
+    runtime: Runtime,
+    record: OperationRecord,
+    status: int | None,
+    actor: str,
+    result: actions.ActionResult,
+) -> None:
+    """A cancel the provider got but the record refused still has its audit line."""
+    line = effects.of_call(
+        runtime.clock(),
+        provider=record.provider,
+        account=record.account,
+        event=Event.CANCELLED,
+        http_status=status,
+        detail=f"refused by {actor}'s request: {result.refusal}",
+        operation=record,
+    )
+    await runtime.effects.carry_out(line)
 
 
 def _not_permitted(record: OperationRecord, why: str) -> web.Response:

@@ -139,26 +139,48 @@ FAMILY = Family(
 )
 
 
+async def _create(jobs: Jobs, request: web.Request) -> web.Response:
+    """A batch made from inline requests or an uploaded file (batches.create)."""
+    if not api_key(request, jobs.api_key):
+        jobs.record(request, None, "submit")
+        return key_rejected()
+    try:
+        payload = await request.json()
+    except ValueError:
+        payload = None
+    batch = payload.get("batch") if isinstance(payload, dict) else None
+    config = batch.get("inputConfig") if isinstance(batch, dict) else None
+    if not isinstance(config, dict) or not ({"requests", "fileName"} & set(config)):
+        jobs.record(request, None, "submit")
+        return error(400, "batch.inputConfig must hold requests or a fileName.")
+    assert isinstance(payload, dict)
+    payload["demo_model"] = f"models/{request.match_info['model']}"
+    job, _, refused = await jobs.new_job(request, FAMILY, payload)
+    if refused is not None:
+        return refused
+    return web.json_response(jobs.status_body(request, job, {"state": "BATCH_STATE_PENDING"}))
+
+
+async def _download(jobs: Jobs, request: web.Request) -> web.Response:
+    """A finished batch's results file, one JSON line per request (alt=media)."""
+    name = f"files/{request.match_info['file']}"
+    jobs.record(request, name, "result")
+    if not api_key(request, jobs.api_key):
+        return key_rejected()
+    job = jobs.jobs.get(f"batches/{name.removeprefix('files/batch-')}")
+    if job is None or request.query.get("alt") != "media":
+        return error(404, f"{name} not found.")
+    count = max(1, len(_requests(job)))
+    lines = [
+        json.dumps({"key": f"request-{n + 1}", "response": _answer(f"demo answer {n + 1}")})
+        for n in range(count)
+    ]
+    return web.Response(text="\n".join(lines) + "\n", content_type="application/jsonl")
+
+
 def routes(jobs: Jobs) -> Iterable[web.AbstractRouteDef]:
     async def create(request: web.Request) -> web.Response:
-        if not api_key(request, jobs.api_key):
-            jobs.record(request, None, "submit")
-            return key_rejected()
-        try:
-            payload = await request.json()
-        except ValueError:
-            payload = None
-        batch = payload.get("batch") if isinstance(payload, dict) else None
-        config = batch.get("inputConfig") if isinstance(batch, dict) else None
-        if not isinstance(config, dict) or not ({"requests", "fileName"} & set(config)):
-            jobs.record(request, None, "submit")
-            return error(400, "batch.inputConfig must hold requests or a fileName.")
-        assert isinstance(payload, dict)
-        payload["demo_model"] = f"models/{request.match_info['model']}"
-        job, _, refused = await jobs.new_job(request, FAMILY, payload)
-        if refused is not None:
-            return refused
-        return web.json_response(jobs.status_body(request, job, {"state": "BATCH_STATE_PENDING"}))
+        return await _create(jobs, request)
 
     async def get(request: web.Request) -> web.StreamResponse:
         name = f"batches/{request.match_info['batch']}"
@@ -186,19 +208,7 @@ def routes(jobs: Jobs) -> Iterable[web.AbstractRouteDef]:
         return web.json_response({})
 
     async def download(request: web.Request) -> web.Response:
-        name = f"files/{request.match_info['file']}"
-        jobs.record(request, name, "result")
-        if not api_key(request, jobs.api_key):
-            return key_rejected()
-        job = jobs.jobs.get(f"batches/{name.removeprefix('files/batch-')}")
-        if job is None or request.query.get("alt") != "media":
-            return error(404, f"{name} not found.")
-        count = max(1, len(_requests(job)))
-        lines = [
-            json.dumps({"key": f"request-{n + 1}", "response": _answer(f"demo answer {n + 1}")})
-            for n in range(count)
-        ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="application/jsonl")
+        return await _download(jobs, request)
 
     return [
         web.post("/v1beta/models/{model}:batchGenerateContent", create),

@@ -12,6 +12,22 @@ from gateway.core.models import IdempotencyEntry, OperationRecord, Outcome
 from gateway.errors import NotAdmissible
 
 CASArgs = tuple[Any, ...]
+COLUMNS = (
+    "operation_id",
+    "account",
+    "provider",
+    "provider_job_id",
+    "outcome",
+    "started_at",
+    "deadline_at",
+    "ended_at",
+    "reason",
+    "used",
+    "budget",
+    "next_poll_at",
+    "version",
+    "data",
+)  # the operations table's, in order (sql/layout_1.sql)
 SYNC_TOLERANCE = 0.05  # next_poll_at slack between a replica's synced clock and the database's
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
@@ -53,22 +52,20 @@ from gateway.store.base import (
     newer_layout,
     stop,
 )
+from gateway.store.postgres.layout import LAYOUT, migrate_layout
+from gateway.store.postgres.probe import create_query, reserve_query, write_probe
 from gateway.store.postgres.rows import (
     CASArgs,
     cas_args,
     idem_row,
     load,
-    operation_row,
     written,
 )
-from gateway.store.postgres.statements import Statements, describe, found_layout, holds, layout_sql
+from gateway.store.postgres.statements import Statements, describe, found_layout, holds
 from gateway.store.postgres.turns import LINKS, Call, Rows, Turns
 from gateway.store.shared import Batch, Copies, Job, SharedClock
 
-LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
-PROBE_ID = "statusgate readiness probe"  # no operation id or idempotency key has this form
-PROBE_BYTES = 1536  # the probe row's data: about one record
 
 
 class PostgresStore(Store):
@@ -224,21 +221,10 @@ class PostgresStore(Store):
             await self._pool.close()
 
     async def ping(self) -> None:
-        """Ready means writable: a probe writes, changes and deletes a row about a record's
-        size in the tables a submit writes (operations, idempotency), in a transaction
-        rolled back, so a role without INSERT, UPDATE or DELETE, or a full disk under
-        empty tables, is not ready; ``SELECT 1`` would answer for both."""
-        s, pad = self._s, secrets.token_hex(PROBE_BYTES // 2)  # incompressible: real room
-        probe = (PROBE_ID, "", "", PROBE_ID, "probe", 0.0, 0.0, 0.0, None, 0, 0, 0.0, 0, pad)
-        async with self._connection("ping") as conn, conn.transaction(force_rollback=True):
-            for query, args in (
-                (f"INSERT INTO {s}.operations VALUES ({', '.join(['%s'] * 14)})", probe),
-                (f"UPDATE {s}.operations SET version = 1 WHERE operation_id = %s", (PROBE_ID,)),
-                (f"DELETE FROM {s}.operations WHERE operation_id = %s", (PROBE_ID,)),
-                (f"INSERT INTO {s}.idempotency VALUES (%s, 0, %s)", (PROBE_ID, pad)),
-                (f"DELETE FROM {s}.idempotency WHERE key = %s", (PROBE_ID,)),
-            ):
-                await conn.execute(query.encode(), args)
+        """Ready means writable: probe.write_probe writes, changes and deletes a row about a
+        record's size in the tables a submit writes, in a transaction rolled back."""
+        async with self._connection("ping") as conn:
+            await write_probe(conn, self._s)
 
     async def _direct(self) -> psycopg.AsyncConnection[Any]:
         """One connection outside the pool (layout work): its failure said plainly."""
@@ -270,40 +256,10 @@ class PostgresStore(Store):
         return f" (schema version {found})"
 
     async def migrate(self) -> tuple[int | None, int]:
-        """Create or upgrade the layout in one transaction (a transaction-level advisory
-        lock keeps two replicas starting at once from both doing it); (found, now). A
-        layout newer than this code knows is refused, naming both versions."""
+        """Create or upgrade the layout (layout.migrate_layout): (found, now)."""
         conn = await self._direct()
         try:
-            async with conn.transaction():
-                key = f"statusgate-layout:{self.schema}"
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
-                found = await found_layout(conn, self.schema)
-                if found is not None and found > LAYOUT:
-                    raise newer_layout("postgresql", found, LAYOUT)
-                if found == LAYOUT:  # up to date: no DDL, so any role may ask
-                    return found, LAYOUT
-                if found == 0:
-                    raise StoreError(
-                        f"postgresql: schema {self.schema} has an operations table that"
-                        " statusgate did not make (no schema_version); choose another schema=",
-                        operation="open",
-                    )
-                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}".encode())
-                versions = (
-                    f"CREATE TABLE IF NOT EXISTS {self._s}.schema_version"
-                    " (version integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                await conn.execute(versions.encode())
-                for step in range((found or 0) + 1, LAYOUT + 1):
-                    await conn.execute(layout_sql(self.schema, step).encode())
-                if found != LAYOUT:
-                    await conn.execute(f"DELETE FROM {self._s}.schema_version".encode())
-                    await conn.execute(
-                        f"INSERT INTO {self._s}.schema_version (version) VALUES (%s)".encode(),
-                        (LAYOUT,),
-                    )
-            return found, LAYOUT
+            return await migrate_layout(conn, self.schema), LAYOUT
         except psycopg.Error as exc:
             raise StoreError(f"postgresql: {describe(exc)}", operation="open") from exc
         finally:
@@ -324,29 +280,8 @@ class PostgresStore(Store):
     ) -> OperationRecord:
         """The row ``claim_submission`` reserved becomes the record (an UPDATE on the page
         the reservation found room on); without one, the record is inserted."""
-        s = self._s
-        columns = ", ".join(_COLUMNS[1:])
-        query = (
-            f"WITH up AS (UPDATE {s}.operations SET ({columns}) ="
-            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-            " WHERE operation_id = %s AND outcome = 'reserved' AND NOT EXISTS"
-            f" (SELECT 1 FROM {s}.operations WHERE account = %s AND provider = %s"
-            " AND provider_job_id = %s) RETURNING 1),"
-            f" op AS (INSERT INTO {s}.operations VALUES"
-            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT DO NOTHING RETURNING 1),"
-            " done AS (SELECT 1 FROM up UNION ALL SELECT 1 FROM op),"
-            f" idem AS (INSERT INTO {s}.idempotency (key, expires_at, data)"
-            " SELECT %s, %s, %s WHERE %s AND EXISTS (SELECT 1 FROM done)"
-            " ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at,"
-            " data = excluded.data)"
-            " SELECT EXISTS (SELECT 1 FROM done)"
-        )
-        idem = idem_row(idempotency) if idempotency is not None else ("", 0.0, "")
-        row_values = operation_row(record)
-        job = (record.account, record.provider, record.provider_job_id)
-        args = (*row_values[1:], record.operation_id, *job, *row_values, *idem)
-        row = await self._one("create", query, (*args, idempotency is not None))
+        query, args = create_query(self._s, record, idempotency)
+        row = await self._one("create", query, args)
         if row[0]:
             self._copies.keep(record)
             await self._index(record)
@@ -590,22 +525,8 @@ class PostgresStore(Store):
         reserved row (outcome ``reserved``, data about a record's size) is no record: no
         query reads it but ``create``, which turns it into the record, and ``purge``, which
         removes one left behind (a gateway stopped mid-submit) after the retention."""
-        s = self._s
-        claim = "SELECT NULL::text AS seen"
-        args: tuple[Any, ...] = ()
-        if entry is not None:
-            claim = f"SELECT {s}.sg_claim(%s, %s, %s, %s) AS seen"
-            args = (*idem_row(entry), now)
-        query = (
-            f"WITH c AS ({claim}), r AS (INSERT INTO {s}.operations"
-            " SELECT %s::text, %s::text, %s::text, %s::text, 'reserved', %s::float8,"
-            " %s::float8, %s::float8, NULL, 0, 0, 0, 0, %s::text FROM c WHERE c.seen IS NULL"
-            " RETURNING 1) SELECT seen FROM c"
-        )
-        pad = secrets.token_hex(PROBE_BYTES // 2)
-        job = f"(reserved) {operation_id}"  # no provider's job id has this form
-        reserved = (operation_id, account, provider, job, now, now, now, pad)
-        row = await self._one("claim_idempotency", query, (*args, *reserved))
+        query, args = reserve_query(self._s, entry, now, operation_id, account, provider)
+        row = await self._one("claim_idempotency", query, args)
         return None if row[0] is None else IdempotencyEntry.from_dict(orjson.loads(row[0]))
 
     async def release_submission(self, operation_id: str) -> None:
@@ -760,22 +681,6 @@ class PostgresStore(Store):
         )
 
 
-_COLUMNS = (
-    "operation_id",
-    "account",
-    "provider",
-    "provider_job_id",
-    "outcome",
-    "started_at",
-    "deadline_at",
-    "ended_at",
-    "reason",
-    "used",
-    "budget",
-    "next_poll_at",
-    "version",
-    "data",
-)  # the operations table's, in order (sql/layout_1.sql)
 Fence = tuple[str, str] | None  # (lease name, token) a write must still hold
 
 
