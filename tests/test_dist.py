@@ -133,7 +133,7 @@ def test_the_wheel_carries_the_package_its_data_and_the_policies_only(dist: Dist
         for path in package.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
-    assert {"gateway/store/sql/layout_1.sql", "gateway/store/lua/cas.lua"} <= in_tree
+    assert {"gateway/store/postgres/sql/layout_1.sql", "gateway/store/redis/lua/cas.lua"} <= in_tree
     assert "gateway/operator/console/console.js" in in_tree
     with zipfile.ZipFile(dist.wheel) as wheel:
         names = set(wheel.namelist())
