@@ -394,3 +394,41 @@ async def test_mcp_start_job_and_wait_for_operation(tmp_path: Path) -> None:
         assert view["outcome"] == "succeeded", view
         assert "done: hi" in json.dumps(view)
         assert 1 <= setup.polls() <= MAX_REQUESTS
+
+
+async def test_a_callers_own_push_target_never_reaches_the_agent(tmp_path: Path) -> None:
+    """A SendMessage naming the caller's own push target has it stripped before the agent
+    sees it (the agent would push there under the gateway's credential, around pacing):
+    with the policy's pushes off and an agent that pushes, the caller's URL gets nothing."""
+    from aiohttp import web
+
+    received: list[bytes] = []
+
+    async def catch(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.Response()
+
+    receiver = web.Application()
+    receiver.router.add_post("/{tail:.*}", catch)
+    runner = web.AppRunner(receiver)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with started(tmp_path, work=0.3, push=True, a2a={"push": False}) as setup:
+            headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "A2A-Version": "1.0"}
+            target = {"url": f"http://127.0.0.1:{port}/mine", "token": "caller-token"}
+            sent = {
+                "message": {"messageId": "m-own", "role": "ROLE_USER", "parts": [{"text": "hi"}]},
+                "configuration": {"returnImmediately": True, "taskPushNotificationConfig": target},
+            }
+            body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": sent}
+            async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+                answer = (await http.post(f"{setup.gateway}/a2a/demo-agent", json=body)).json()
+            task = answer["result"]["task"]
+            agent = await client(setup, "JSONRPC")
+            await naive_loop(agent, task["id"], DONE)
+            await asyncio.sleep(1.0)  # an agent's push at completion would have landed
+        assert received == []
+    finally:
+        await runner.cleanup()
