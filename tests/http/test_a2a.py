@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import random
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -432,3 +433,20 @@ async def test_a_callers_own_push_target_never_reaches_the_agent(tmp_path: Path)
         assert received == []
     finally:
         await runner.cleanup()
+
+
+async def test_a_03_call_without_a2a_sdk_is_a_clear_error_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an install without the a2a extra a 0.3 call (its answer needs a2a-sdk's
+    conversions) is a JSON-RPC error naming the extra, before anything is forwarded."""
+    async with started(tmp_path) as setup:
+        monkeypatch.setitem(sys.modules, "a2a.compat.v0_3", None)  # as if not installed
+        headers = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "t-1"}}
+        async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+            answer = await http.post(f"{setup.gateway}/a2a/demo-agent", json=body)
+        assert answer.status_code == 200
+        error = answer.json()["error"]
+        assert error["code"] == -32602 and "statusgate[a2a]" in error["message"]
+        assert setup.polls() == 0

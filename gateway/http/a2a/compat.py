@@ -10,6 +10,15 @@ class Unconvertible(Exception):
     """A 0.3 call the conversion refused (or a2a-sdk is not installed)."""
 
 
+def require() -> None:
+    """Raises Unconvertible, before anything is sent or spent, when a2a-sdk (which the 0.3
+    conversions come from) is not installed."""
+    try:
+        from a2a.compat.v0_3 import conversions  # noqa: F401
+    except ImportError as exc:
+        raise Unconvertible("0.3 calls need a2a-sdk: pip install statusgate[a2a]") from exc
+
+
 def send_params(params: dict[str, Any]) -> dict[str, Any]:
     """0.3 ``message/send`` params as a 1.0 SendMessageRequest (JSON)."""
     try:

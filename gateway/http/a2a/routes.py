@@ -129,6 +129,8 @@ async def jsonrpc(request: AgentRequest) -> web.StreamResponse:
         message = f"{envelope['method']} is not served: {a2a.METHODS[name].what}"
         return _rpc(rid, error={"code": a2a.UNSUPPORTED_OPERATION, "message": message})
     try:
+        if old:
+            compat.require()  # a 0.3 answer is converted back: know it can be, first
         answer = await _dispatch(found, kind, params, old)
     except compat.Unconvertible as exc:
         return _rpc(rid, error={"code": a2a.INVALID_PARAMS, "message": str(exc)})
