@@ -487,5 +487,11 @@ async def _both(provider: DemoProvider, host: str, port: int, agent: Any) -> Non
     await web.TCPSite(runner, host, port).start()
     try:
         await agent.serve()  # until SIGINT / SIGTERM (uvicorn's own handlers)
+    except SystemExit:  # uvicorn exits when it cannot listen (port + 1 taken)
+        print(
+            f"demo A2A agent: 127.0.0.1:{port + 1} is taken; the demo provider goes on without it",
+            flush=True,
+        )
+        await asyncio.Event().wait()  # the provider alone, until a signal ends the process
     finally:
         await runner.cleanup()

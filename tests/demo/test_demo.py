@@ -115,3 +115,41 @@ async def test_demo_of_the_shipped_a2a_policy_completes_the_task() -> None:
     assert 1 <= polls <= budget.max_status_requests, text
     assert polls * 3 < int(calls.split(": ")[1].split(",")[0]), text
     assert showcase.KEY not in text
+
+
+def test_the_demo_provider_serves_when_the_a2a_agents_port_is_taken() -> None:
+    """`statusgate demo-provider --port N` keeps serving the provider's APIs when N + 1 (the
+    demo A2A agent's port) is taken, says so, and ends on SIGTERM."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import free_port, wait_until_up
+
+    with socket.socket() as blocker:
+        port = free_port()
+        try:
+            blocker.bind(("127.0.0.1", port + 1))
+        except OSError:
+            pytest.skip(f"127.0.0.1:{port + 1} is in use already; nothing to take")
+        blocker.listen()
+        command = [sys.executable, "-m", "gateway", "demo-provider", "--port", str(port)]
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_until_up(port, process)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/jobs",
+                data=b'{"input": "x"}',
+                headers={"Authorization": "Bearer demo-provider-key"},
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (loopback)
+                assert answer.status in (200, 201, 202)
+            assert process.poll() is None
+        finally:
+            process.terminate()
+            out = process.communicate(timeout=30)[0].decode()
+    assert "is taken; the demo provider goes on without it" in out, out
