@@ -12,37 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import random
 import socket
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
-from gateway.app import create_app
 from gateway.core.story import story
-from gateway.demo.sites import start
+from gateway.demo.sites import ShowClock, gateway_app, start
 from gateway.errors import ConfigError
 from gateway.observe.audit import records
-from gateway.settings.config import GatewayFile, Settings
 from gateway.settings.policy import ProviderPolicy
 
 WORK_SECONDS = 2.0  # real seconds the demo agent works on the task
 REAL_PAUSE = 0.05  # real seconds between two callers' calls (the agent's time moves on)
 TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED"}
 TERMINAL |= {"TASK_STATE_REJECTED"}
-
-
-class Clock(Protocol):
-    now: float
-
-    def __call__(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
 
 
 def _free_port() -> int:
@@ -81,24 +69,13 @@ def _call(method: str, params: dict[str, Any], number: int) -> dict[str, Any]:
 
 
 async def show(
-    name: str, policy: ProviderPolicy, clock: Clock, token: str, agents: int, every: float
+    name: str, policy: ProviderPolicy, clock: ShowClock, token: str, agents: int, every: float
 ) -> list[str]:
     """Runs the show and returns its lines (as ``showcase.show`` does for HTTP APIs)."""
     port = _free_port()
     policy = policy.model_copy(update={"upstream": f"http://127.0.0.1:{port}"})
-    digest = hashlib.sha256(token.encode()).hexdigest()
     with tempfile.TemporaryDirectory() as folder:
-        gateway_file = GatewayFile.model_validate(
-            {
-                "store": "memory://",
-                "accounts": [{"id": "demo-team", "token_sha256": [digest]}],
-                "audit": {"path": "audit.jsonl"},
-            }
-        )
-        settings = Settings(
-            file=gateway_file, base_dir=Path(folder), policies={policy.provider: policy}
-        )
-        app = create_app(settings, clock=clock, sleep=clock.sleep, rng=random.Random(1))
+        app = gateway_app(policy, clock, token, Path(folder))
         async with _agent(port) as agent:
             runner, gateway_port = await start(app)
             try:
@@ -129,7 +106,7 @@ async def show(
 
 
 async def _callers(
-    url: str, token: str, clock: Clock, agents: int, every: float
+    url: str, token: str, clock: ShowClock, agents: int, every: float
 ) -> tuple[Counter[str], str, str, str]:
     headers = {"Authorization": f"Bearer {token}", "A2A-Version": "1.0"}
     message = {

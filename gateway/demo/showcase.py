@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import random
 import tempfile
 import time
 from collections import Counter
@@ -25,7 +23,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.app import create_app
 from gateway.core.models import OperationRecord
 from gateway.core.routing import fill, job_values
 from gateway.core.story import story
@@ -33,11 +30,10 @@ from gateway.demo.env import demo_env
 from gateway.demo.jobs import Family
 from gateway.demo.pack import Double, Example, doubles
 from gateway.demo.provider import FAMILIES, DemoProvider
-from gateway.demo.sites import start
+from gateway.demo.sites import gateway_app, start
 from gateway.errors import ConfigError
 from gateway.flow.runtime import RUNTIME
 from gateway.observe.audit import records
-from gateway.settings.config import GatewayFile, Settings
 from gateway.settings.policy import ProviderPolicy, load_policy
 
 TOKEN = "demo-agent-token"  # noqa: S105 (the demo's own throwaway token)
@@ -121,19 +117,8 @@ async def _stack(
     provider_runner, provider_port = await start(provider.app())
     upstream = f"http://127.0.0.1:{provider_port}/{policy.provider}"
     policy = policy.model_copy(update={"upstream": upstream})
-    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     with tempfile.TemporaryDirectory() as folder:
-        gateway_file = GatewayFile.model_validate(
-            {
-                "store": "memory://",
-                "accounts": [{"id": "demo-team", "token_sha256": [digest]}],
-                "audit": {"path": "audit.jsonl"},
-            }
-        )
-        settings = Settings(
-            file=gateway_file, base_dir=Path(folder), policies={policy.provider: policy}
-        )
-        app = create_app(settings, clock=clock, sleep=clock.sleep, rng=random.Random(1))
+        app = gateway_app(policy, clock, TOKEN, Path(folder))
         gateway_runner, gateway_port = await start(app)
         try:
             base = f"http://127.0.0.1:{gateway_port}/p/{policy.provider}"
