@@ -64,6 +64,7 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -492,6 +493,11 @@ async def _both(provider: DemoProvider, host: str, port: int, agent: Any) -> Non
             f"demo A2A agent: 127.0.0.1:{port + 1} is taken; the demo provider goes on without it",
             flush=True,
         )
-        await asyncio.Event().wait()  # the provider alone, until a signal ends the process
+        if agent.should_exit:  # a signal came while uvicorn was starting: it swallowed it
+            return
+        stop = asyncio.Event()  # the provider alone, until SIGINT / SIGTERM
+        for number in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(number, stop.set)
+        await stop.wait()
     finally:
         await runner.cleanup()
