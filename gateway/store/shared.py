@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
@@ -65,6 +66,8 @@ class Copies:
 CLOCK_SAMPLES = 3  # readings of a shared store's clock per sync
 CLOCK_TRIP = 0.01  # seconds: a sync whose best reading took longer keeps the offset there was
 CLOCK_RESYNC = 10.0  # seconds between syncs
+CLOCK_RETRY = 0.5  # seconds between syncs while no reading has been within CLOCK_TRIP
+CLOCK_START_TRIES = 5  # syncs start makes at most, waiting for one within CLOCK_TRIP
 
 
 async def measure_offset(
@@ -87,11 +90,19 @@ async def measure_offset(
 
 
 class SharedClock:
-    """The shared store's clock as seen from here: local time plus the last measured
-    offset. ``start`` syncs once (so the first decisions are on the store's clock), then
-    every ``resync`` seconds, sleeping first: the sync ``start`` made is that fresh.
-    A sync that fails (StoreError) or whose best reading was slow keeps the offset there
-    was; the first one that answers is taken however slow (nothing better is known)."""
+    """The shared store's clock as seen from here: local time plus the best measured offset.
+
+    A reading is off by up to half its round trip, and a replica's leases and schedule by as
+    much, so a measurement is taken only when its round trip is within CLOCK_TRIP, or shorter
+    than the one the offset in use came from. ``start`` measures until a reading is that good
+    (at most CLOCK_START_TRIES times; the first that answers is kept meanwhile, nothing better
+    being known); while none has been, the background loop measures again every CLOCK_RETRY
+    seconds, then every ``resync`` seconds, sleeping first. A failed sync (StoreError) keeps
+    the offset there was.
+
+    Before this, the first reading was kept for ``resync`` seconds however slow: a replica
+    that started under load ran 3 s behind, then its resync moved it 3.4 s forward at once,
+    its own poll lease looked expired, and it polled the provider twice in 9 ms."""
 
     def __init__(
         self,
@@ -106,25 +117,38 @@ class SharedClock:
         self._sleep = sleep
         self._resync = resync
         self.offset = 0.0
-        self.synced = False  # an offset measured yet
+        self.trip = math.inf  # the round trip of the reading the offset came from
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def synced(self) -> bool:
+        """An offset measured yet."""
+        return self.trip < math.inf
+
+    @property
+    def settled(self) -> bool:
+        """The offset came from a reading within CLOCK_TRIP."""
+        return self.trip <= CLOCK_TRIP
 
     def now(self) -> float:
         return self._local() + self.offset
 
     async def sync(self) -> None:
         offset, trip = await measure_offset(self._read, self._local)
-        if trip <= CLOCK_TRIP or not self.synced:
-            self.offset, self.synced = offset, True
+        if trip <= CLOCK_TRIP or trip < self.trip:
+            self.offset, self.trip = offset, trip
 
     async def start(self) -> None:
-        with contextlib.suppress(StoreError):
-            await self.sync()
+        for _ in range(CLOCK_START_TRIES):
+            with contextlib.suppress(StoreError):
+                await self.sync()
+            if self.settled:
+                break
         self._task = asyncio.create_task(self._keep_synced())
 
     async def _keep_synced(self) -> None:
         while True:
-            await self._sleep(self._resync)
+            await self._sleep(self._resync if self.settled else CLOCK_RETRY)
             with contextlib.suppress(StoreError):
                 await self.sync()
 
