@@ -30,13 +30,13 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 check: $(RUN_STAMP)
-	$(DEMO_ENV) $(PY) -m gateway check --config $(CONFIG)
+	$(DEMO_ENV) $(PY) -m gateway.run check --config $(CONFIG)
 
 run: $(RUN_STAMP)
 	@mkdir -p var
-	@$(DEMO_ENV) $(PY) -m gateway check --config $(CONFIG)
+	@$(DEMO_ENV) $(PY) -m gateway.run check --config $(CONFIG)
 	@$(PY) -c "import socket, sys; busy = [p for p in (8080, 8081) if socket.socket().connect_ex(('127.0.0.1', p)) == 0]; busy and sys.exit(f'make run: 127.0.0.1:{busy[0]} is already in use (another make run?); nothing was started')"
-	@$(PY) -m gateway demo-provider --port 8081 & echo $$! > var/demo-provider.pid; \
+	@$(PY) -m gateway.run demo-provider --port 8081 & echo $$! > var/demo-provider.pid; \
 	trap 'kill $$(cat var/demo-provider.pid) 2>/dev/null; rm -f var/demo-provider.pid' EXIT INT TERM; \
 	echo ""; \
 	echo "Demo agent token:    demo-agent-token"; \
@@ -49,7 +49,7 @@ run: $(RUN_STAMP)
 	echo "    -H 'Authorization: Bearer demo-agent-token'"; \
 	echo "(README.md has the whole walk-through.)"; \
 	echo ""; \
-	$(DEMO_ENV) $(PY) -m gateway serve --config $(CONFIG)
+	$(DEMO_ENV) $(PY) -m gateway.run serve --config $(CONFIG)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gateway tests $(wildcard bench) deploy

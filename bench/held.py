@@ -90,7 +90,7 @@ async def run(count: int, wait: int) -> None:
         provider_port, port = free_port(), free_port()
         provider = f"http://127.0.0.1:{provider_port}"
         with spawn(
-            [PY, "-m", "gateway", "demo-provider", "--port", str(provider_port)],
+            [PY, "-m", "gateway.run", "demo-provider", "--port", str(provider_port)],
             provider_port,
             {"DEMO_API_KEY": KEY},
         ):
@@ -99,7 +99,9 @@ async def run(count: int, wait: int) -> None:
             policy = folder / "policies/bench.yaml"
             policy.write_text(policy.read_text().replace("max_hold: 60s", f"max_hold: {wait}s"))
             with spawn(
-                [PY, "-m", "gateway", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
+                [PY, "-m", "gateway.run", "serve", "--config", str(config)],
+                port,
+                {"DEMO_API_KEY": KEY},
             ):
                 base = f"http://127.0.0.1:{port}/p/bench"
                 jobs = await _jobs(base, max(1, count // 100))

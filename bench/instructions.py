@@ -26,7 +26,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from run import KEY, PY, ROOT, TOKEN, bench_policy, free_port, gateway_config, spawn, submit_many
+from run import (
+    KEY,
+    PY,
+    ROOT,
+    TOKEN,
+    bench_policy,
+    entry,
+    free_port,
+    gateway_config,
+    spawn,
+    submit_many,
+)
 
 OPERATIONS = 200
 WARM_UP = 400
@@ -42,7 +53,7 @@ def _counted(
     config = gateway_config(folder, port, f"sqlite:///{folder}/cg-{port}.db", audit=True)
     out = folder / f"cg-{port}"
     command = ["valgrind", "--tool=callgrind", "--separate-threads=yes"]
-    command += [f"--callgrind-out-file={out}.%p", PY, "-m", "gateway", "serve"]
+    command += [f"--callgrind-out-file={out}.%p", PY, "-m", entry(env), "serve"]
     gateway = subprocess.Popen(
         [*command, "--config", str(config)],
         env={**os.environ, "DEMO_API_KEY": KEY, **env},
@@ -115,7 +126,7 @@ def main() -> None:
         provider = f"http://127.0.0.1:{provider_port}"
         with (
             spawn(
-                [PY, "-m", "gateway", "demo-provider", "--port", str(provider_port)],
+                [PY, "-m", "gateway.run", "demo-provider", "--port", str(provider_port)],
                 provider_port,
                 {"DEMO_API_KEY": KEY},
             ),

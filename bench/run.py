@@ -51,6 +51,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+
+
+def entry(env: dict[str, str] | None = None) -> str:
+    """The module ``python -m`` runs as the ``statusgate`` command in the checkout the
+    environment's PYTHONPATH names (this one by default): ``gateway.run``, or ``gateway`` in
+    checkouts from before the package's process modules moved into ``gateway/run/``."""
+    root = Path((env or {}).get("PYTHONPATH") or ROOT)
+    return "gateway.run" if (root / "gateway" / "run" / "__main__.py").exists() else "gateway"
+
+
 KEY = "bench-provider-key"
 NGINX_HINT = "apt-get install nginx-light"
 TOKEN = "bench-agent-token"
@@ -429,7 +439,7 @@ def main() -> None:
         direct_headers = {"Authorization": f"Bearer {KEY}"}
         agent = {"Authorization": f"Bearer {TOKEN}"}
         with spawn(
-            [PY, "-m", "gateway", "demo-provider", "--port", str(provider_port)],
+            [PY, "-m", "gateway.run", "demo-provider", "--port", str(provider_port)],
             provider_port,
             {"DEMO_API_KEY": KEY},
         ):
@@ -613,7 +623,7 @@ def _serving(
     port = free_port()
     config = gateway_config(folder, port, store, audit, limits)
     with spawn(
-        [PY, "-m", "gateway", "serve", "--config", str(config), *args],
+        [PY, "-m", entry(env), "serve", "--config", str(config), *args],
         port,
         {"DEMO_API_KEY": KEY, **(env or {})},
     ):
@@ -872,7 +882,7 @@ def _gateway_fixed(
         port = free_port()
         config = gateway_config(folder, port, store, audit=True)
         with spawn(
-            [PY, "-m", "gateway", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
+            [PY, "-m", "gateway.run", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
         ):
             base = f"http://127.0.0.1:{port}/p/bench"
             jobs = asyncio.run(submit_many(base, agent, REAL_OPS, [{"state": "running"}]))
@@ -958,7 +968,7 @@ def _overload(
 
 def _refused(folder: Path, limits: dict[str, Any]) -> str | None:
     """Why the gateway refuses a config with these limits (its first problem), or None."""
-    from gateway.errors import ConfigError
+    from gateway import ConfigError
     from gateway.settings.config import load_settings
 
     config = gateway_config(folder, free_port(), "memory://", audit=False, limits=limits)
@@ -1017,7 +1027,7 @@ def _growth(
         port = free_port()
         config = gateway_config(folder, port, f"sqlite:///{db}", audit=True)
         with spawn(
-            [PY, "-m", "gateway", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
+            [PY, "-m", "gateway.run", "serve", "--config", str(config)], port, {"DEMO_API_KEY": KEY}
         ):
             paths = [f"/p/bench/v1/jobs/{j}" for j in jobs]
             results[count] = fixed_rate(f"http://127.0.0.1:{port}", paths, agent, rate, seconds)

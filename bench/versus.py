@@ -37,7 +37,7 @@ def main() -> None:
         folder = Path(tmp)
         port = bench.free_port()
         provider = f"http://127.0.0.1:{port}"
-        demo = [bench.PY, "-m", "gateway", "demo-provider", "--port", str(port)]
+        demo = [bench.PY, "-m", "gateway.run", "demo-provider", "--port", str(port)]
         with bench.spawn(demo, port, {"DEMO_API_KEY": bench.KEY}):
             bench.bench_policy(folder, provider)
             try:

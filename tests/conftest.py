@@ -32,13 +32,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
-from gateway.app import create_app
 from gateway.core.models import DelaySource, OperationRecord
 from gateway.demo.env import demo_env
 from gateway.demo.pack import doubles
 from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
-from gateway.server import agent_site
+from gateway.run.app import create_app
+from gateway.run.server import agent_site
 from gateway.settings.config import load_settings
 from gateway.store import Store, store_from_url
 
@@ -292,9 +292,9 @@ def wait_until_up(port: int, process: subprocess.Popen[bytes]) -> None:
 
 
 def start_statusgate(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``python -m gateway ARGS`` as a real process; stderr is kept for the test to read."""
+    """``python -m gateway.run ARGS`` as a real process; stderr is kept for the test to read."""
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway", *args],
+        [sys.executable, "-m", "gateway.run", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

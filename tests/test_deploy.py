@@ -386,7 +386,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     started: list[subprocess.Popen[bytes]] = []
     logs = (folder / "stderr.log").open("wb")
     try:
-        command = [sys.executable, "-m", "gateway", "demo-provider", "--port", str(provider_port)]
+        command = [
+            sys.executable,
+            "-m",
+            "gateway.run",
+            "demo-provider",
+            "--port",
+            str(provider_port),
+        ]
         started.append(subprocess.Popen(command, env=env, stdout=logs, stderr=logs))
         wait_until_up(provider_port, started[-1])
         config = write_config(
@@ -395,7 +402,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             store=f"sqlite:///{folder / 'gateway.db'}",
             config_changes={"listen": {"port": port}},
         )
-        command = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
+        command = [sys.executable, "-m", "gateway.run", "serve", "--config", str(config)]
         started.append(subprocess.Popen(command, env=env, stdout=logs, stderr=logs))
         wait_until_up(port, started[-1])
         served = Gateway(port, config)

@@ -117,7 +117,7 @@ def test_the_sdist_carries_the_policies_and_licence_and_no_tests(dist: Dist) -> 
     every shipped policy under policies/, and no tests/ or var/."""
     with tarfile.open(dist.sdist) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    expected = {"LICENSE", "README.md", "pyproject.toml", "setup.py", "gateway/cli.py"}
+    expected = {"LICENSE", "README.md", "pyproject.toml", "setup.py", "gateway/run/cli.py"}
     assert expected <= names
     assert {f"policies/{name}" for name in POLICIES} <= names
     assert not [name for name in names if name.startswith(("tests/", "var/", "dist/"))]
@@ -126,7 +126,7 @@ def test_the_sdist_carries_the_policies_and_licence_and_no_tests(dist: Dist) -> 
 def test_the_wheel_carries_the_package_its_data_and_the_policies_only(dist: Dist) -> None:
     """The wheel holds every module and data file of gateway/ (the store's lua/ and sql/, the
     console's assets, the starter config), the shipped policies byte for byte under
-    gateway/shipped/policies, the licence, and nothing else: no tests/, var/ or policies/."""
+    gateway/run/shipped/policies, the licence, and nothing else: no tests/, var/ or policies/."""
     package = ROOT / "gateway"
     in_tree = {
         f"gateway/{path.relative_to(package)}"
@@ -137,10 +137,10 @@ def test_the_wheel_carries_the_package_its_data_and_the_policies_only(dist: Dist
     assert "gateway/operator/console/console.js" in in_tree
     with zipfile.ZipFile(dist.wheel) as wheel:
         names = set(wheel.namelist())
-        shipped = {f"gateway/shipped/policies/{name}" for name in POLICIES}
+        shipped = {f"gateway/run/shipped/policies/{name}" for name in POLICIES}
         assert {name for name in names if name.startswith("gateway/")} == in_tree | shipped
         for name in POLICIES:
-            copy = wheel.read(f"gateway/shipped/policies/{name}")
+            copy = wheel.read(f"gateway/run/shipped/policies/{name}")
             assert copy == (ROOT / "policies" / name).read_bytes()
         info = f"statusgate-{__version__}.dist-info"
         assert {name.split("/", 1)[0] for name in names} == {"gateway", info}

@@ -826,7 +826,7 @@ def parse_duration(text: str) -> float:
 def default_max_hold() -> float:
     """polling.max_hold when a policy leaves it out, from `statusgate schema policy`."""
     schema = subprocess.run(
-        [sys.executable, "-m", "gateway", "schema", "policy"],
+        [sys.executable, "-m", "gateway.run", "schema", "policy"],
         capture_output=True,
         text=True,
         check=True,
@@ -968,7 +968,7 @@ def test_migrate_gets_only_the_store_url(renders: dict[Any, Rendered]) -> None:
 def test_migrate_command_exists_in_the_gateway() -> None:
     """The CLI the init container calls knows `migrate --config` (SPEC 18)."""
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "migrate", "--help"],
+        [sys.executable, "-m", "gateway.run", "migrate", "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -1065,7 +1065,7 @@ def test_each_container_loads_its_mounted_configuration(rendered: Rendered, tmp_
             env["STATUSGATE_STORE_URL"] = PLACEHOLDER_STORES["postgres"]
         command = "migrate" if migrating else "check"
         done = subprocess.run(
-            [sys.executable, "-m", "gateway", command, "--config", str(config)],
+            [sys.executable, "-m", "gateway.run", command, "--config", str(config)],
             capture_output=True,
             text=True,
             env=env,
@@ -1106,7 +1106,7 @@ def test_init_container_migrates_a_real_database_twice(
         assert env["STATUSGATE_STORE_URL"] == url
         runs.append(
             subprocess.run(
-                [sys.executable, "-m", "gateway", command, "--config", str(config)],
+                [sys.executable, "-m", "gateway.run", command, "--config", str(config)],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -1145,7 +1145,7 @@ async def test_sigterm_answers_held_calls_within_the_grace_period(
     }
     env.pop("STATUSGATE_STORE_URL")
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config_path)],
+        [sys.executable, "-m", "gateway.run", "serve", "--config", str(config_path)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

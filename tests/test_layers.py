@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gateway"
 
 # Bottom to top. A layer is a sub-package (every module under it) or a list of modules.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("gateway", "gateway.errors")),  # the version and the error types
+    ("base", ("gateway",)),  # the version and the error types
     ("settings", ("gateway.settings",)),  # YAML -> frozen settings; reads files, nothing else
     ("core", ("gateway.core",)),  # pure rules: no I/O, no clock, no asyncio
     ("store", ("gateway.store",)),  # records, leases, pacing windows
@@ -25,11 +25,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("flow", ("gateway.flow",)),  # the runtime container and the workflows of a poll
     ("http", ("gateway.http",)),  # agents' routes: a thin shell over flow
     ("operator", ("gateway.operator",)),  # operator API, console, OpenAPI, policy tools
-    ("mcp", ("gateway.mcp",)),  # agents' MCP interface
-    ("wiring", ("gateway.app", "gateway.server", "gateway.workers")),  # the process
-    ("shipped", ("gateway.shipped",)),  # the files `statusgate init` writes
+    ("mcp", ("gateway.http.mcp",)),  # agents' MCP interface (over http's and flow's pieces)
+    # the process: wiring, server, workers, and the files `statusgate init` writes
+    (
+        "wiring",
+        ("gateway.run.app", "gateway.run.server", "gateway.run.workers", "gateway.run.shipped"),
+    ),
     ("demo", ("gateway.demo",)),  # the shipped fake provider and walk-through
-    ("entry", ("gateway.cli", "gateway.__main__")),  # the command line
+    ("entry", ("gateway.run", "gateway.run.cli", "gateway.run.__main__")),  # the command line
 ]
 PURE = ("gateway.core",)
 IMPURE = ("asyncio", "aiohttp", "time", "socket", "sqlite3", "redis", "random", "os")

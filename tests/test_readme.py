@@ -167,7 +167,7 @@ def lay_out(folder: Path, gateway_port: int, provider_port: int) -> None:
     shutil.copytree(ROOT / "policies", folder / "policies")
     shim = folder / ".venv" / "bin" / "statusgate"
     shim.parent.mkdir(parents=True)
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gateway "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gateway.run "$@"\n')
     shim.chmod(0o755)
     python = folder / ".venv" / "bin" / "python"
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
@@ -191,7 +191,7 @@ def start(folder: Path, args: list[str], port: int, env: dict[str, str]) -> subp
     log = folder / "var" / f"{args[0]}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", *args],
+            [sys.executable, "-m", "gateway.run", *args],
             cwd=folder,
             env=env,
             stdout=out,

@@ -1,4 +1,4 @@
-"""``statusgate serve``'s start (gateway/server.py): the open-files limit raised to the hard
+"""``statusgate serve``'s start (gateway/run/server.py): the open-files limit raised to the hard
 one and logged, and the agent connections it leaves room for."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import server
 from gateway.demo.provider import DemoProvider
+from gateway.run import server
 
 from conftest import Served, wait_until_up
 

@@ -17,7 +17,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.config import Listen, load_gateway_file
 
 WILDCARD_HOSTS = {"", "0.0.0.0", "::"}  # noqa: S104 (names the wildcard, binds nothing)

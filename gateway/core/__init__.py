@@ -5,5 +5,5 @@ window (``pacing``), operator actions (``actions``), escalations, effects of a s
 
 Pure: no I/O, no clock, no asyncio, no randomness of its own (time and random values are
 arguments); ``tests/test_layers.py`` checks its imports. May import ``gateway.settings`` and
-``gateway.errors`` only.
+``gateway`` only.
 """

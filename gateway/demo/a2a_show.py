@@ -21,9 +21,9 @@ from typing import Any
 
 import aiohttp
 
+from gateway import ConfigError
 from gateway.core.story import story
 from gateway.demo.sites import ShowClock, gateway_app, start
-from gateway.errors import ConfigError
 from gateway.observe.audit import records
 from gateway.settings.policy import ProviderPolicy
 

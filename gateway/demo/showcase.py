@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from gateway import ConfigError
 from gateway.core.models import OperationRecord
 from gateway.core.routing import fill, job_values
 from gateway.core.story import story
@@ -31,7 +32,6 @@ from gateway.demo.jobs import Family
 from gateway.demo.pack import Double, Example, doubles
 from gateway.demo.provider import FAMILIES, DemoProvider
 from gateway.demo.sites import gateway_app, start
-from gateway.errors import ConfigError
 from gateway.flow.runtime import RUNTIME
 from gateway.observe.audit import records
 from gateway.settings.policy import ProviderPolicy, load_policy

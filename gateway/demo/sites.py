@@ -10,7 +10,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gateway.app import create_app
+from gateway.run.app import create_app
 from gateway.settings.config import GatewayFile, Settings
 from gateway.settings.policy import ProviderPolicy
 

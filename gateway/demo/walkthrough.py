@@ -21,11 +21,11 @@ from typing import Any
 
 import aiohttp
 
-from gateway.app import create_app
 from gateway.core.story import story
 from gateway.demo import sites
 from gateway.demo.provider import DemoProvider
 from gateway.observe.audit import records
+from gateway.run.app import create_app
 from gateway.settings.config import GatewayFile, Settings
 from gateway.settings.policy import ProviderPolicy
 

@@ -16,7 +16,7 @@ import random
 import secrets
 from dataclasses import dataclass, field
 
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.store.base import Coordination
 
 RELEASE_RETRY = 0.5  # the first wait between release attempts, doubled up to RELEASE_CAP

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from gateway import StoreError
 from gateway.core.pacing import Tightening, bounded
-from gateway.errors import StoreError
 from gateway.flow.runtime import Runtime
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.units import format_duration

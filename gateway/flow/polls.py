@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+from gateway import NotAdmissible, StoreError
 from gateway.core import decide, effects
 from gateway.core.decide import Decision
 from gateway.core.effects import Effects
@@ -28,7 +29,6 @@ from gateway.core.models import (
 from gateway.core.pacing import GUARD
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.schedule import provider_limit
-from gateway.errors import NotAdmissible, StoreError
 from gateway.flow.leases import Lease, new_token
 from gateway.flow.pausing import tighten
 from gateway.flow.refusals import Window

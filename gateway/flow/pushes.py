@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway import StoreError
 from gateway.core import decide, effects, pushes
 from gateway.core.models import OperationRecord, Outcome
-from gateway.errors import StoreError
 from gateway.flow import polls
 from gateway.flow.runtime import Runtime
 from gateway.provider.pushes import Keys, verify

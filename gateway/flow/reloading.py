@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.flow.pausing import bound_pauses
 from gateway.flow.runtime import Runtime
 from gateway.observe import logs

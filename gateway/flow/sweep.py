@@ -10,9 +10,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable
 
+from gateway import StoreError
 from gateway.core import decide, effects
 from gateway.core.models import poll_lease
-from gateway.errors import StoreError
 from gateway.flow import polls
 from gateway.flow.leases import new_token
 from gateway.flow.runtime import Runtime

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.errors import StatusgateError
+from gateway import StatusgateError
 from gateway.flow.requests import AgentRequest
 
 CHUNK = 64 * 1024

@@ -16,7 +16,7 @@ from typing import TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from gateway.errors import AuditUnavailable, StoreError
+from gateway import AuditUnavailable, StoreError
 from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
 from gateway.http.bodies import BodyTimeout, BodyTooLarge

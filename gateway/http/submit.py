@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway import StoreError
 from gateway.core import decide, effects, idempotency
 from gateway.core.decide import Decision
 from gateway.core.effects import Effects
@@ -29,7 +30,6 @@ from gateway.core.models import (
     StoredResponse,
 )
 from gateway.core.routing import fill, job_id_from_body, kept_values, valid_job
-from gateway.errors import StoreError
 from gateway.flow.polls import gone, held, record_asker
 from gateway.http.answers import (
     Call,

@@ -12,9 +12,9 @@ import secrets
 from collections.abc import Iterable
 from typing import Any
 
+from gateway import AuditUnavailable
 from gateway.core.effects import Count, Effect, Line, notice_body, of_delivery
 from gateway.core.models import Clock
-from gateway.errors import AuditUnavailable
 from gateway.observe.audit import AuditLog
 from gateway.observe.context import current_request_id
 from gateway.observe.metrics import Metrics

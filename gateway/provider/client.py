@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import UpstreamTimeout
+from gateway import UpstreamTimeout
 from gateway.provider.wire import Pool
 
 REDACTED = "[redacted]"

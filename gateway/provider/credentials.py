@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit, urlunsplit
 
+from gateway import UpstreamUnavailable
 from gateway.core.models import Clock
-from gateway.errors import UpstreamUnavailable
 from gateway.provider.client import Upstream
 from gateway.settings.policy import Credential, ProviderPolicy
 

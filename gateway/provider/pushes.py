@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
-from gateway.errors import UpstreamError
+from gateway import UpstreamError
 from gateway.provider.client import Upstream
 from gateway.settings.push import Verify
 

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from gateway import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.core.models import Failure, ProviderAnswer
-from gateway.errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.observe import tracing
 from gateway.observe.context import CURRENT, note_provider_call
 from gateway.observe.metrics import Metrics, status_class

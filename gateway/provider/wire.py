@@ -30,7 +30,7 @@ from httptools import (
 )
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import UpstreamBodyTooLarge, UpstreamError, UpstreamUnavailable
+from gateway import UpstreamBodyTooLarge, UpstreamError, UpstreamUnavailable
 
 # An idle connection is closed after this long. aiohttp's default, which the gateway used
 # before: below the idle timeouts of nginx (75 s), AWS load balancers (60 s) and aiohttp

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import pydantic
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.loading import (
     Duration,
     Size,

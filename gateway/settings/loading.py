@@ -18,7 +18,7 @@ import pydantic
 import yaml
 from pydantic import BeforeValidator, WithJsonSchema
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.units import parse_duration, parse_size
 
 # ${NAME}, ${NAME:-default}, ${file:/path}, $$ (a literal $) and, to be reported, a bare $NAME

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.a2a import A2ASettings, Protocol
 from gateway.settings.credential import (  # re-exported: the policy's credential
     AwsSigV4,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from urllib.parse import urlsplit
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store import urls
 from gateway.store.base import Store

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
+from gateway import StoreError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import Pacer
-from gateway.errors import StoreError
 
 T = TypeVar("T")
 Ids = list[str]  # operation ids

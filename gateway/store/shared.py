@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
+from gateway import StoreError
 from gateway.core.models import OperationRecord, Outcome
-from gateway.errors import StoreError
 from gateway.store.base import stop
 
 COPIES = 16_384  # pending records a shared store keeps as last written or read (~2 KB each)

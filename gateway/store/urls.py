@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.units import parse_duration
 from gateway.store.sqlite.store import MAX_GROUP_COMMIT, SQLiteStore
 

@@ -12,6 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import ConfigError
 from gateway.core.decide import classify, lookup
 from gateway.core.models import ProviderAnswer
 from gateway.core.schedule import (
@@ -20,7 +21,6 @@ from gateway.core.schedule import (
     parse_retry_after,
     provider_limit,
 )
-from gateway.errors import ConfigError
 from gateway.http.prefer import prefer_wait
 from gateway.provider.headers import Rewriter, to_provider
 from gateway.settings.policy import load_policy

@@ -134,7 +134,7 @@ def test_the_demo_provider_serves_when_the_a2a_agents_port_is_taken() -> None:
         except OSError:
             pytest.skip(f"127.0.0.1:{port + 1} is in use already; nothing to take")
         blocker.listen()
-        command = [sys.executable, "-m", "gateway", "demo-provider", "--port", str(port)]
+        command = [sys.executable, "-m", "gateway.run", "demo-provider", "--port", str(port)]
         process = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.http.prefer import prefer_wait
 from gateway.store import MemoryStore

@@ -18,8 +18,8 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
 from gateway.flow.runtime import RUNTIME
+from gateway.run.app import create_app
 from gateway.settings.config import load_settings
 
 from conftest import AGENT_TOKEN, PROVIDER_ENV, AgentServer, FakeClock, write_config

@@ -22,8 +22,8 @@ from a2a.server.tasks import BasePushNotificationSender, InMemoryPushNotificatio
 from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest
 from aiohttp.test_utils import TestServer
 
-from gateway.app import create_app
 from gateway.demo import a2a_agent
+from gateway.run.app import create_app
 from gateway.settings.config import load_settings
 from gateway.store import store_from_url
 

@@ -15,9 +15,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from gateway import StoreError
 from gateway.core.models import IdempotencyEntry, OperationRecord
 from gateway.demo.provider import DemoProvider
-from gateway.errors import StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.flow.sweep import escalate_overdue
 from gateway.observe.metrics import FLUSH_SECONDS

@@ -16,7 +16,7 @@ from mcp_wire import EXTENSION, Rpc, submitted
 
 from gateway import __version__
 from gateway.flow.runtime import RUNTIME
-from gateway.mcp.sessions import read
+from gateway.http.mcp.sessions import read
 
 from conftest import (
     AGENT_TOKEN,

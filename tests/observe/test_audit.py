@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cli import main
 from gateway.core.models import Event
 from gateway.observe.audit import AuditLog, Fsync, canonical_json, read_lines, verify
+from gateway.run.cli import main
 
 from conftest import PROVIDER_KEY, Harness
 

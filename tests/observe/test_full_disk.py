@@ -242,7 +242,7 @@ async def test_served_gateway_fails_closed_on_a_full_audit_disk_and_resumes(
     stderr = served.stop()
     assert "Traceback" not in stderr
     verified = subprocess.run(
-        [sys.executable, "-m", "gateway", "audit", "verify", str(audit_path)],
+        [sys.executable, "-m", "gateway.run", "audit", "verify", str(audit_path)],
         capture_output=True,
         text=True,
         env={**os.environ},

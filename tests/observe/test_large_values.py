@@ -82,7 +82,7 @@ def test_writer_continues_a_chain_whose_last_line_is_longer_than_its_read_back(
     asyncio.run(scenario())
     path = tmp_path / "audit.jsonl"
     run = subprocess.run(
-        [sys.executable, "-m", "gateway", "audit", "verify", str(path)],
+        [sys.executable, "-m", "gateway.run", "audit", "verify", str(path)],
         capture_output=True,
         text=True,
         check=False,
@@ -160,7 +160,7 @@ async def test_a_served_gateway_starts_on_an_audit_line_longer_than_its_read_bac
         assert submitted.status == 202
     assert "Traceback" not in served.stop()
     run = subprocess.run(
-        [sys.executable, "-m", "gateway", "audit", "verify", str(path)],
+        [sys.executable, "-m", "gateway.run", "audit", "verify", str(path)],
         capture_output=True,
         text=True,
         check=False,

@@ -191,15 +191,13 @@ async def test_failures_mark_the_spans_they_happen_in(
     refused = [s for s in found if attributes(s).get("http.response.status_code") == 404]
     assert len(refused) == 2 and all(s.status.code == 0 for s in refused)
     assert all("error.type" not in attributes(s) for s in refused)
-    (store_failure,) = [
-        s for s in found if attributes(s).get("error.type") == "gateway.errors.StoreError"
-    ]
+    (store_failure,) = [s for s in found if attributes(s).get("error.type") == "gateway.StoreError"]
     assert store_failure.kind == store_failure.SPAN_KIND_SERVER
     assert store_failure.status.code == store_failure.status.STATUS_CODE_ERROR
     assert store_failure.status.message == "StoreError"
     (event,) = store_failure.events
     assert event.name == "exception"
-    assert attributes(event)["exception.type"] == "gateway.errors.StoreError"
+    assert attributes(event)["exception.type"] == "gateway.StoreError"
     assert 'File "' in attributes(event)["exception.stacktrace"]
     assert redis_to_stop.url.split("//")[1] not in bytes(store_failure.SerializeToString()).decode(
         errors="replace"

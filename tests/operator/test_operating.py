@@ -284,7 +284,7 @@ def test_version_check_collects_every_problem_and_env_defaults(tmp_path: Path) -
     """``--version``; a config error and two policy errors in one check run; a variable
     with a default needs no environment."""
     version = subprocess.run(
-        [sys.executable, "-m", "gateway", "--version"], capture_output=True, check=False
+        [sys.executable, "-m", "gateway.run", "--version"], capture_output=True, check=False
     )
     assert version.stdout.decode().strip() == f"statusgate {__version__}"
     (tmp_path / "policies").mkdir()
@@ -299,7 +299,7 @@ def test_version_check_collects_every_problem_and_env_defaults(tmp_path: Path) -
         yaml.safe_dump({"policies_dir": "policies", "listen": {"port": "eighty"}})
     )
     check = subprocess.run(
-        [sys.executable, "-m", "gateway", "check", "--config", str(tmp_path / "gateway.yaml")],
+        [sys.executable, "-m", "gateway.run", "check", "--config", str(tmp_path / "gateway.yaml")],
         capture_output=True,
         check=False,
         env={k: v for k, v in os.environ.items() if k != "DEMO_KEY"},
@@ -400,7 +400,7 @@ async def test_workers_share_one_port_on_redis_and_are_refused_elsewhere(
     assert sum(1 for line in served.audit() if line["event"] == "submitted") == 40
     sqlite = Served(tmp_path / "s", url, tmp_path / "s.db").config
     refused = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--config", str(sqlite)],
+        [sys.executable, "-m", "gateway.run", "serve", "--workers", "2", "--config", str(sqlite)],
         capture_output=True,
         timeout=30,
         check=False,

@@ -21,7 +21,7 @@ ENV = {**os.environ, **demo_env(ROOT / "policies", "k-test"), "DEMO_API_KEY": "k
 
 def statusgate(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
+        [sys.executable, "-m", "gateway.run", *args],
         input=stdin,
         capture_output=True,
         env=ENV,

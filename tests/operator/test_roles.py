@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway import ConfigError
 from gateway.core.problems import PROBLEMS
-from gateway.errors import ConfigError
 from gateway.settings.config import load_settings
 
 from conftest import OPERATOR_TOKEN, PROVIDER_ENV, Harness, sha, write_config

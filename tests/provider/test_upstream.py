@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from gateway import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.core.models import Clock
-from gateway.errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.provider.client import Upstream
 from gateway.provider.credentials import OAuth2Credential, Outgoing
 from gateway.provider.headers import Rewriter, to_provider

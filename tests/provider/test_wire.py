@@ -21,7 +21,7 @@ import uvloop
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.errors import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
+from gateway import UpstreamBodyTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.provider import wire
 from gateway.provider.client import Upstream
 

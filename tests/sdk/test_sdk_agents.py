@@ -51,9 +51,9 @@ from azure.core.polling.base_polling import LROBasePolling
 from azure.core.rest import HttpRequest
 from moto.server import ThreadedMotoServer
 
-from gateway.app import create_app
 from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
+from gateway.run.app import create_app
 from gateway.settings.config import load_settings
 from gateway.store import store_from_url
 

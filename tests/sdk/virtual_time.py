@@ -28,10 +28,10 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
 from gateway.core.models import OperationRecord
 from gateway.demo.provider import DemoProvider
 from gateway.flow.runtime import RUNTIME
+from gateway.run.app import create_app
 from gateway.settings.config import load_settings
 from gateway.settings.units import parse_duration
 from gateway.store import store_from_url

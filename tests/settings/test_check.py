@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.cli import main
-from gateway.errors import ConfigError
+from gateway import ConfigError
+from gateway.run.cli import main
 
 from conftest import PROVIDER_ENV, ROOT, merge, write_config
 
@@ -142,7 +142,7 @@ def test_check_as_a_real_command_prints_no_traceback(tmp_path: Path) -> None:
     """The installed entry point, given a bad policy, prints lines and exits 1."""
     config = write_config(tmp_path, "gopher://x", policy_changes={"demo-jobs": {"nope": 1}})
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        [sys.executable, "-m", "gateway.run", "check", "--config", str(config)],
         capture_output=True,
         text=True,
         env={**PROVIDER_ENV, "PATH": "/usr/bin:/bin"},
@@ -293,7 +293,7 @@ def test_readme_check_commands_work_in_a_second_shell(tmp_path: Path) -> None:
     found = re.search(r"```sh\n([^`]*statusgate check[^`]*)```", readme)
     assert found, "README has no check block"
     shim = tmp_path / "statusgate"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway.run "$@"\n')
     shim.chmod(0o755)
     commands = [
         line.replace(".venv/bin/statusgate", str(shim))
@@ -334,7 +334,7 @@ def test_check_reports_every_invalid_field_of_a_policy_in_one_run(tmp_path: Path
     }
     config = write_config(tmp_path, "https://x.example", policy_changes={"demo-jobs": change})
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        [sys.executable, "-m", "gateway.run", "check", "--config", str(config)],
         capture_output=True,
         text=True,
         env={"DEMO_API_KEY": "k", "PATH": "/usr/bin:/bin"},

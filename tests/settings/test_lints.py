@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.cli import main
+from gateway import ConfigError
 from gateway.demo.env import demo_env
-from gateway.errors import ConfigError
+from gateway.run.cli import main
 from gateway.settings.lints import check_warnings, lint
 from gateway.settings.policy import ProviderPolicy, load_policy
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.policy import load_policy
 
 from conftest import merge

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.config import load_settings
 from gateway.settings.policy import read_policies
 

@@ -18,12 +18,12 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from gateway.app import create_app
+from gateway import ConfigError
 from gateway.core import decide
 from gateway.core.models import ProviderAnswer
 from gateway.core.routing import RouteTable
-from gateway.errors import ConfigError
 from gateway.flow.runtime import RUNTIME
+from gateway.run.app import create_app
 from gateway.settings.config import load_settings
 from gateway.settings.policy import load_policy
 

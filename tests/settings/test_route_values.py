@@ -14,7 +14,7 @@ import yaml
 from aiohttp import web
 from test_policy_language import AUTH, NOW, Provider, base_policy, gateway, provider
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.policy import load_policy
 
 from conftest import FakeClock

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway import ConfigError
 from gateway.demo.env import demo_env
-from gateway.errors import ConfigError
 from gateway.settings.config import load_settings
 from gateway.settings.policy import ProviderPolicy, load_policy
 from gateway.settings.shapes import SHAPES, merge_under, with_shape
@@ -261,7 +261,7 @@ def test_policies_that_use_nothing_new_keep_their_fingerprints() -> None:
 
 def statusgate(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
+        [sys.executable, "-m", "gateway.run", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **env},

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from certs import TestCA
 
-from gateway.cli import main
+from gateway.run.cli import main
 from gateway.settings.config import load_settings
 
 from conftest import PROVIDER_ENV, write_config

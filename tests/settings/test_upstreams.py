@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.settings.config import load_settings
 
 from conftest import PROVIDER_ENV, write_config

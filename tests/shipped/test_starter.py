@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from gateway.run.cli import main
 
 from conftest import PROVIDER_ENV, ROOT
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url
 from gateway.store.sqlite.rows import LAYOUT

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio.client import Pipeline
 
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.store import store_from_url
 from gateway.store.redis.store import RedisStore
 from gateway.store.redis.turns import Turns

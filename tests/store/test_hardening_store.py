@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 import gateway.store.sqlite.store as sqlite_module
-from gateway.app import create_app
+from gateway import ConfigError, StoreError
 from gateway.core import decide
 from gateway.core.models import FinalResponse, OperationRecord, Outcome
-from gateway.errors import ConfigError, StoreError
 from gateway.flow.runtime import RUNTIME
+from gateway.run.app import create_app
 from gateway.settings.config import load_settings
 from gateway.store import SQLiteStore, Store, store_from_url
 from gateway.store.shared import measure_offset

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from gateway import StoreError
 from gateway.core.models import OperationRecord
-from gateway.errors import StoreError
 from gateway.store import store_from_url
 from gateway.store.postgres import turns as postgres_turns
 from gateway.store.postgres.store import PostgresStore

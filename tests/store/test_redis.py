@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 import redis as sync_redis
 
+from gateway import ConfigError, NotAdmissible, StoreError
 from gateway.core.models import OperationRecord
-from gateway.errors import ConfigError, NotAdmissible, StoreError
 from gateway.flow.runtime import RUNTIME
 from gateway.store import store_from_url
 from gateway.store.redis.store import RedisStore

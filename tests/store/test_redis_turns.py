@@ -26,8 +26,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway import StoreError
 from gateway.core.models import OperationRecord
-from gateway.errors import StoreError
 from gateway.store import store_from_url
 from gateway.store.redis import layout as lua
 from gateway.store.redis.clients import PackedConnection

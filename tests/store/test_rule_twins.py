@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway import NotAdmissible
 from gateway.core.models import FinalResponse, OperationRecord, Outcome
-from gateway.errors import NotAdmissible
 from gateway.store import MemoryStore, Store, store_from_url
 from gateway.store.redis.layout import SYNC_TOLERANCE as REDIS_TOLERANCE
 from gateway.store.shared import REFUSED, STALE, WRITTEN, reservation

@@ -83,7 +83,7 @@ def old_row(record: OperationRecord) -> tuple[object, ...]:
 
 def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
+        [sys.executable, "-m", "gateway.run", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **PROVIDER_ENV},

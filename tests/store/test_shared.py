@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.store.shared import (
     CLOCK_RETRY,
     CLOCK_START_TRIES,

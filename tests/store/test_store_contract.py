@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway import ConfigError, StoreError
 from gateway.core.models import (
     Escalation,
     FinalResponse,
@@ -26,7 +27,6 @@ from gateway.core.models import (
     Reason,
     StoredResponse,
 )
-from gateway.errors import ConfigError, StoreError
 from gateway.store import Store, store_from_url
 
 from conftest import pending_record

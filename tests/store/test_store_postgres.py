@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway import ConfigError, NotAdmissible, StoreError
 from gateway.core.models import OperationRecord, Outcome
-from gateway.errors import ConfigError, NotAdmissible, StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url, store_kind
 from gateway.store.base import LeaseLost, NewerLayout
@@ -249,7 +249,7 @@ def test_without_psycopg_a_postgres_store_names_the_extra(tmp_path: Path) -> Non
     """A gateway without the driver exits 1 naming ``statusgate[postgres]``."""
     script = (
         "import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
-        "from gateway.cli import main\n"
+        "from gateway.run.cli import main\n"
         f"sys.exit(main(['check', '--config', {str(config_for(tmp_path))!r}]))\n"
     )
     done = subprocess.run(
@@ -272,7 +272,7 @@ def config_for(folder: Path, store: str = "postgresql://postgres@127.0.0.1:1/x")
 
 def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
+        [sys.executable, "-m", "gateway.run", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **PROVIDER_ENV},

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway import StoreError
 from gateway.core.models import OperationRecord
-from gateway.errors import StoreError
 from gateway.store import SQLiteStore
 from gateway.store.sqlite.fsync_helper import READY
 from gateway.store.sqlite.wal_sync import PROGRAM, RESTART_WAIT, HelperLost, WalSyncer

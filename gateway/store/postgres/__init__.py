@@ -6,7 +6,7 @@ statements of one loop turn pipelined by ``turns``, rows decoded by ``rows``. ``
 holds ``PostgresStore``. Importing this package needs nothing; importing ``store`` needs
 the optional psycopg 3 (``statusgate[postgres]``).
 
-May import: ``gateway.core``, ``gateway.errors``, ``gateway.settings``, ``gateway.store``'s
+May import: ``gateway.core``, ``gateway``, ``gateway.settings``, ``gateway.store``'s
 shared modules (``base``, ``shared``), psycopg and psycopg-pool; never another backend,
 never a layer above the store. No psycopg exception leaves this package.
 """

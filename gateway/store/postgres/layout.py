@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.store.base import newer_layout
 from gateway.store.postgres.statements import found_layout, layout_sql
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
+from gateway import NotAdmissible
 from gateway.core.models import IdempotencyEntry, OperationRecord, Outcome
-from gateway.errors import NotAdmissible
 
 CASArgs = tuple[Any, ...]
 COLUMNS = (

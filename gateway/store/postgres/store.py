@@ -38,9 +38,9 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from gateway import StoreError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
-from gateway.errors import StoreError
 from gateway.store.base import (
     PURGE_BATCH,
     Ids,

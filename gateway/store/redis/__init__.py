@@ -5,7 +5,7 @@ atomically (``lua/*.lua``, loaded and keyed by ``layout``), the poll path's comm
 loop turn pipelined by ``turns`` over the wire format in ``wire``. ``store`` holds
 ``RedisStore``.
 
-May import: ``gateway.core``, ``gateway.errors``, ``gateway.settings``, ``gateway.store``'s
+May import: ``gateway.core``, ``gateway``, ``gateway.settings``, ``gateway.store``'s
 shared modules (``base``, ``shared``) and redis-py; never another backend, never a layer
 above the store. No redis-py exception leaves this package (they become ``StoreError``).
 """

@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.utils import HIREDIS_AVAILABLE
 
-from gateway.errors import StatusgateError, StoreError
+from gateway import StatusgateError, StoreError
 
 HIREDIS = HIREDIS_AVAILABLE  # redis-py's own check: hiredis >= 3.2 importable
 

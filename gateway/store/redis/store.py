@@ -33,9 +33,9 @@ from typing import Any, ClassVar
 
 import orjson
 
+from gateway import NotAdmissible, StoreError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import GUARD, MIN_WAIT
-from gateway.errors import NotAdmissible, StoreError
 from gateway.store.base import (
     PURGE_BATCH,
     Ids,

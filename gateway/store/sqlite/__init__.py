@@ -5,7 +5,7 @@ process, with its own machinery: the record cache (``cache``), the WAL's fsync i
 process (``wal_sync`` asks ``fsync_helper`` over a pipe) and the loop-turn share
 (``loop_share``). ``store`` holds ``SQLiteStore``.
 
-May import: ``gateway.core``, ``gateway.errors``, ``gateway.settings`` and ``gateway.store``'s
+May import: ``gateway.core``, ``gateway``, ``gateway.settings`` and ``gateway.store``'s
 shared modules (``base``); never another backend, never a layer above the store.
 ``fsync_helper`` runs as ``python -I -S``: it imports the standard library only.
 """

@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Callable
 from functools import partial
 
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.store.sqlite.cache import Cache
 from gateway.store.sqlite.loop_share import LoopShare
 from gateway.store.sqlite.wal_sync import HelperLost, Syncer

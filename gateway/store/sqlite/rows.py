@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
+from gateway import StoreError
 from gateway.core.models import IdempotencyEntry, OperationRecord
-from gateway.errors import StoreError
 from gateway.store.base import newer_layout
 
 PROBE_KEY = "statusgate readiness probe"

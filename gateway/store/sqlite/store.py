@@ -63,8 +63,8 @@ from typing import TypeVar
 
 import orjson
 
+from gateway import StoreError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
-from gateway.errors import StoreError
 from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
 from gateway.store.sqlite.cache import Cache

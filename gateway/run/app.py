@@ -19,12 +19,11 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from gateway import mcp
+from gateway import StoreError
 from gateway.core.models import Clock
-from gateway.errors import StoreError
 from gateway.flow import pausing, polls, sweep
 from gateway.flow.runtime import RUNTIME, Runtime
-from gateway.http import hooks, middleware, proxy
+from gateway.http import hooks, mcp, middleware, proxy
 from gateway.http.a2a import routes as a2a_routes
 from gateway.http.problems import explain
 from gateway.observe import tracing

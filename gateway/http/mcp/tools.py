@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.models import OperationFilter, OperationRecord, Outcome
-from gateway.mcp import jobs, views
-from gateway.mcp.caller import Caller, Refused, owned, policy_of, wait
-from gateway.mcp.jsonrpc import INVALID_PARAMS, RpcError
+from gateway.http.mcp import jobs, views
+from gateway.http.mcp.caller import Caller, Refused, owned, policy_of, wait
+from gateway.http.mcp.jsonrpc import INVALID_PARAMS, RpcError
 
 LIST_LIMIT = 100
 NEW_VALIDATION = frozenset({"2025-11-25", "2026-07-28"})  # input errors are tool errors

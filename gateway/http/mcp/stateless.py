@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.mcp.jsonrpc import (
+from gateway.http.mcp.jsonrpc import (
     HEADER_MISMATCH,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -26,7 +26,7 @@ from gateway.mcp.jsonrpc import (
     Message,
     error,
 )
-from gateway.mcp.sessions import MODERN, VERSIONS
+from gateway.http.mcp.sessions import MODERN, VERSIONS
 
 VERSION = "mcp-protocol-version"
 METHOD = "mcp-method"

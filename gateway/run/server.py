@@ -19,8 +19,7 @@ from collections.abc import Callable
 import uvloop
 from aiohttp import web
 
-from gateway.app import create_app
-from gateway.errors import StoreError
+from gateway import StoreError
 from gateway.flow import reloading
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http import middleware, proxy
@@ -28,6 +27,7 @@ from gateway.http.lane import LaneSite
 from gateway.http.middleware import ParserNoise
 from gateway.http.site import ListenerSite
 from gateway.observe import logs, tracing
+from gateway.run.app import create_app
 from gateway.settings.config import Settings
 
 log = logging.getLogger("statusgate")

@@ -29,10 +29,9 @@ from gateway.flow.polls import gone
 from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
 from gateway.http import auth
 from gateway.http.bodies import read_limited
-from gateway.http.problems import problem
-from gateway.mcp import methods, stateless
-from gateway.mcp.caller import Caller
-from gateway.mcp.jsonrpc import (
+from gateway.http.mcp import methods, stateless
+from gateway.http.mcp.caller import Caller
+from gateway.http.mcp.jsonrpc import (
     HEADER_MISMATCH,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -44,7 +43,8 @@ from gateway.mcp.jsonrpc import (
     result,
     status_of,
 )
-from gateway.mcp.sessions import BATCHING, MODERN, Ended, Session, read
+from gateway.http.mcp.sessions import BATCHING, MODERN, Ended, Session, read
+from gateway.http.problems import problem
 from gateway.observe.context import current_request_id, note_account
 from gateway.settings.config import Account
 

@@ -1,5 +1,5 @@
 """``python -m gateway`` is the ``statusgate`` command."""
 
-from gateway.cli import main
+from gateway.run.cli import main
 
 raise SystemExit(main())

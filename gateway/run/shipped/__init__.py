@@ -2,7 +2,7 @@
 module, a template) and the shipped policies.
 
 The policies have one source, the repository's ``policies/`` folder. A wheel carries a copy of
-its ``*.yaml`` at ``gateway/shipped/policies`` (setup.py's build_py makes it at build time); a
+its ``*.yaml`` at ``gateway/run/shipped/policies`` (setup.py's build_py makes it at build time); a
 checkout, or an editable install, reads ``policies/`` itself. Writing never replaces a file
 that is there unless the caller says so, and then every file is checked before any is written.
 """
@@ -14,7 +14,7 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 
 HERE = Path(__file__).resolve().parent
 STARTER = HERE / "gateway.yaml"
@@ -24,7 +24,7 @@ POLICIES = "policies"
 
 def policies_folder() -> Path:
     """The shipped policies: the wheel's copy, else the checkout's ``policies/``."""
-    for folder in (HERE / POLICIES, HERE.parents[1] / POLICIES):
+    for folder in (HERE / POLICIES, HERE.parents[2] / POLICIES):
         if folder.is_dir():
             return folder
     raise ConfigError([f"{HERE / POLICIES}: the shipped policies are missing (a broken install)"])

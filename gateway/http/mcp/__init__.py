@@ -18,6 +18,6 @@ account's operations, nor any token, credential or upstream URL.
 
 from __future__ import annotations
 
-from gateway.mcp.transport import handle, routes
+from gateway.http.mcp.transport import handle, routes
 
 __all__ = ["handle", "routes"]

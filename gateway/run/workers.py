@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from gateway.errors import ConfigError
+from gateway import ConfigError
 from gateway.observe import logs
 from gateway.settings.config import Settings, load_settings
 from gateway.store import store_kind
@@ -78,7 +78,7 @@ def run(settings: Settings, workers: int, metrics_dir: Path | None = None) -> in
 
 
 def _supervise(settings: Settings, workers: int) -> int:
-    from gateway.server import serve
+    from gateway.run.server import serve
 
     children: dict[int, tuple[int, float]] = {}  # pid -> (worker number, started)
     current = [settings]  # what a worker started now runs: the last set that loaded

@@ -15,11 +15,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway import __version__
-from gateway.errors import StoreError
-from gateway.mcp import tasks, tools
-from gateway.mcp.caller import Caller, Refused, owned
-from gateway.mcp.jsonrpc import (
+from gateway import StoreError, __version__
+from gateway.http.mcp import tasks, tools
+from gateway.http.mcp.caller import Caller, Refused, owned
+from gateway.http.mcp.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -30,7 +29,7 @@ from gateway.mcp.jsonrpc import (
     error,
     result,
 )
-from gateway.mcp.sessions import LEGACY_TASKS, MODERN, Session, issue, negotiate
+from gateway.http.mcp.sessions import LEGACY_TASKS, MODERN, Session, issue, negotiate
 
 log = logging.getLogger("statusgate")
 EXTENSION = "io.modelcontextprotocol/tasks"

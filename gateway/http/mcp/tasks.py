@@ -29,9 +29,9 @@ from gateway.core import effects
 from gateway.core.cursors import cursor_after, position
 from gateway.core.models import OperationFilter, OperationRecord, Outcome
 from gateway.flow import cancels
-from gateway.mcp import tools
-from gateway.mcp.caller import Caller, Refused, look, owned, policy_of, wait
-from gateway.mcp.jsonrpc import (
+from gateway.http.mcp import tools
+from gateway.http.mcp.caller import Caller, Refused, look, owned, policy_of, wait
+from gateway.http.mcp.jsonrpc import (
     APPROVAL_REQUIRED,
     INTERNAL_ERROR,
     INVALID_PARAMS,

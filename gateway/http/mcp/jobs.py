@@ -20,10 +20,10 @@ from aiohttp import web
 from gateway.core.models import OperationRecord
 from gateway.core.routing import Match, job_id_from_body
 from gateway.http.answers import Call
+from gateway.http.mcp.caller import Caller, Refused, owned, policy_of
 from gateway.http.problems import CONTENT_TYPE
 from gateway.http.proxy import fetch_result
 from gateway.http.submit import Submission, run
-from gateway.mcp.caller import Caller, Refused, owned, policy_of
 from gateway.provider.headers import to_provider
 from gateway.settings.policy import ProviderPolicy, placeholders
 

@@ -13,8 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import __version__
-from gateway.errors import ConfigError, StoreError
+from gateway import ConfigError, StoreError, __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,7 +250,7 @@ def _init(args: argparse.Namespace) -> int:
     import secrets
     import shlex
 
-    from gateway.shipped import CONFIG_NAME, POLICIES, starter_files, write
+    from gateway.run.shipped import CONFIG_NAME, POLICIES, starter_files, write
 
     agent, operator = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     written = write(args.dir, starter_files(args.policy, agent, operator), args.force)
@@ -311,8 +310,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.run.workers import prepare_metrics_dir, refusal, run
     from gateway.settings.config import load_settings
-    from gateway.workers import prepare_metrics_dir, refusal, run
 
     settings = load_settings(args.config)
     why = refusal(settings, args.workers)
@@ -324,7 +323,7 @@ def _serve(args: argparse.Namespace) -> int:
         say(settings.file.logging, logging.ERROR, f"statusgate serve: {why}")
         return 1
     if args.workers == 1:
-        from gateway.server import serve
+        from gateway.run.server import serve
 
         return serve(settings)
     return run(settings, args.workers, prepare_metrics_dir())
@@ -349,7 +348,7 @@ def _demo_provider(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     if args.provider is not None:
         from gateway.demo.showcase import run as run_one
-        from gateway.shipped import policies_folder
+        from gateway.run.shipped import policies_folder
 
         return run_one(args.provider, args.policies or policies_folder())
     from gateway.demo.walkthrough import run

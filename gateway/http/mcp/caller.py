@@ -18,7 +18,7 @@ from gateway.core.models import OperationRecord
 from gateway.core.problems import PROBLEMS
 from gateway.flow import polls
 from gateway.flow.runtime import Runtime
-from gateway.mcp.sessions import MODERN
+from gateway.http.mcp.sessions import MODERN
 from gateway.settings.config import Account
 from gateway.settings.policy import ProviderPolicy
 
