@@ -62,6 +62,7 @@ class Event(enum.StrEnum):
     CANCELLED = "cancelled"
     CANCEL_REQUESTED = "cancel_requested"  # an agent's own cancel sent (routes.cancel.by: agent)
     RESULT_FETCHED = "result_fetched"
+    RESULT_KEPT = "result_kept"  # a succeeded job's result copied into the result store (SPEC 23)
     PASSTHROUGH = "passthrough"
     NOTIFIED = "notified"
     MESSAGE_SENT = "message_sent"  # an A2A caller's follow-up message, its task recorded

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.core.models import KeptResult, OperationRecord, Outcome
+from gateway.core.effects import Effects, Line, line_fields
+from gateway.core.models import Event, KeptResult, OperationRecord, Outcome
 from gateway.core.routing import Finals, fill, final_values, job_values
 from gateway.settings.policy import ProviderPolicy, placeholders
 
@@ -137,3 +138,23 @@ def kept_result_path(policy: ProviderPolicy, record: OperationRecord) -> str | N
         return None
     path = fill(route.path, values.values).partition("?")[0]
     return f"/p/{policy.provider}{path}"
+
+
+def kept_line(record: OperationRecord, kept: KeptResult, now: float, http_status: int) -> Effects:
+    """The audit line of a copy made (``result_kept``, with its size and sha256) or of a
+    result too large to keep."""
+    if kept.kept:
+        detail = f"kept {kept.size} bytes, sha256 {kept.sha256}"
+    else:
+        detail = f"not kept: larger than results.max_bytes (over {kept.size} bytes)"
+    fields = line_fields(
+        record,
+        event=Event.RESULT_KEPT if kept.kept else Event.RESULT_FETCHED,
+        at=now,
+        decision="forwarded",
+        http_status=http_status,
+        detail=detail,
+    )
+    if kept.kept:
+        fields.update(size=kept.size, sha256=kept.sha256)
+    return (Line(fields),)

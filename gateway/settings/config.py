@@ -22,6 +22,7 @@ import pydantic
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from gateway.errors import ConfigError
+from gateway.settings.keeping import Target, default_target, parse_target, store_problem
 from gateway.settings.loading import (
     Duration,
     Size,
@@ -32,7 +33,6 @@ from gateway.settings.loading import (
     read_yaml,
     validate_all,
 )
-from gateway.settings.keeping import Target, default_target, parse_target, store_problem
 from gateway.settings.policy import ProviderPolicy, read_policies
 from gateway.settings.tls import ListenTls, listener_contexts
 

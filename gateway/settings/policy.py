@@ -32,6 +32,7 @@ from gateway.settings.fields import (
     form_problems,
     placeholders,
 )
+from gateway.settings.keeping import Results
 from gateway.settings.loading import (
     DURATION_PATTERN,
     Duration,
@@ -43,7 +44,6 @@ from gateway.settings.loading import (
     related,
     validate_all,
 )
-from gateway.settings.keeping import Results
 from gateway.settings.push import Push
 from gateway.settings.routes import (
     CancelRoute,

@@ -39,10 +39,11 @@ class CopyWriter(abc.ABC):
 
 
 class ResultStore(abc.ABC):
+    @abc.abstractmethod
     async def open(self) -> None:
         """Ready the store (a folder made, credentials read)."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - most stores hold nothing to give back
         """Give back what ``open`` took."""
 
     @abc.abstractmethod

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import datetime
 import hashlib
-import xml.etree.ElementTree as ET  # noqa: S405 - answers of the operator's own endpoint
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -56,7 +56,7 @@ class S3Results(ResultStore):
             await self._session.close()
             self._session = None
 
-    def _url(self, name: str = "", query: Mapping[str, str] | None = None) -> str:
+    def url(self, name: str = "", query: Mapping[str, str] | None = None) -> str:
         key = quote(self.target.prefix + name, safe="/-_.~") if name else ""
         url = f"{self.target.endpoint}/{self.target.bucket}/{key}"
         return url + ("?" + urlencode(sorted(query.items()), quote_via=quote) if query else "")
@@ -74,14 +74,14 @@ class S3Results(ResultStore):
         self, method: str, url: str, body: bytes = b"", *, ok: tuple[int, ...] = (200,)
     ) -> bytes:
         """One signed request read whole (the small XML answers of S3's API)."""
-        async with self._send(method, url, body) as response:
-            data = await response.read()
+        async with self.send(method, url, body) as response:
+            data: bytes = await response.read()
             if response.status not in ok:
                 raise ResultStoreError(f"S3 {method} answered {response.status}")
             return data
 
     @contextlib.asynccontextmanager
-    async def _send(self, method: str, url: str, body: bytes) -> AsyncIterator[Any]:
+    async def send(self, method: str, url: str, body: bytes) -> AsyncIterator[Any]:
         if self._session is None:
             raise ResultStoreError("the result store is not open")
         headers = self._signed(method, url, body)
@@ -95,7 +95,7 @@ class S3Results(ResultStore):
         return S3Writer(self, name)
 
     async def read(self, name: str) -> AsyncIterator[bytes]:
-        async with self._send("GET", self._url(name), b"") as response:
+        async with self.send("GET", self.url(name), b"") as response:
             if response.status != 200:
                 raise ResultStoreError(f"S3 GET of kept result {name} answered {response.status}")
             try:
@@ -105,13 +105,13 @@ class S3Results(ResultStore):
                 raise ResultStoreError(f"S3 GET failed: {type(exc).__name__}") from None
 
     async def delete(self, name: str) -> None:
-        await self.call("DELETE", self._url(name), ok=(200, 204, 404))
+        await self.call("DELETE", self.url(name), ok=(200, 204, 404))
 
     async def names(self) -> list[str]:
         found: list[str] = []
         query = {"list-type": "2", "prefix": self.target.prefix}
         while True:
-            root = _xml(await self.call("GET", self._url(query=query)))
+            root = _xml(await self.call("GET", self.url(query=query)))
             for key in root.iter(f"{NS}Key"):
                 name = (key.text or "").removeprefix(self.target.prefix)
                 if name and "/" not in name:
@@ -122,14 +122,15 @@ class S3Results(ResultStore):
             query = {**query, "continuation-token": token}
 
     async def forget_partial(self, started_before: float) -> int:
-        root = _xml(await self.call("GET", self._url(query={"uploads": "", "prefix": self.target.prefix})))
+        query = {"uploads": "", "prefix": self.target.prefix}
+        root = _xml(await self.call("GET", self.url(query=query)))
         dropped = 0
         for upload in root.iter(f"{NS}Upload"):
             key, upload_id = upload.findtext(f"{NS}Key"), upload.findtext(f"{NS}UploadId")
             started = _instant(upload.findtext(f"{NS}Initiated") or "")
             if key and upload_id and started is not None and started < started_before:
                 name = key.removeprefix(self.target.prefix)
-                await self.call("DELETE", self._url(name, {"uploadId": upload_id}), ok=(204, 404))
+                await self.call("DELETE", self.url(name, {"uploadId": upload_id}), ok=(204, 404))
                 dropped += 1
         return dropped
 
@@ -151,14 +152,14 @@ class S3Writer(CopyWriter):
     async def _send_part(self) -> None:
         store = self._store
         if self._upload is None:
-            root = _xml(await store.call("POST", store._url(self._name, {"uploads": ""})))
+            root = _xml(await store.call("POST", store.url(self._name, {"uploads": ""})))
             self._upload = root.findtext(f"{NS}UploadId")
             if not self._upload:
                 raise ResultStoreError("S3 started no multipart upload")
         part, body = len(self._parts) + 1, bytes(self._buffer)
         self._buffer.clear()
         query = {"partNumber": str(part), "uploadId": self._upload}
-        async with store._send("PUT", store._url(self._name, query), body) as response:
+        async with store.send("PUT", store.url(self._name, query), body) as response:
             await response.read()
             etag = response.headers.get("ETag")
             if response.status != 200 or not etag:
@@ -176,7 +177,8 @@ class S3Writer(CopyWriter):
             )
             body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
             store = self._store
-            answer = await store.call("POST", store._url(self._name, {"uploadId": self._upload}), body)
+            url = store.url(self._name, {"uploadId": self._upload})
+            answer = await store.call("POST", url, body)
             if b"<Error>" in answer:  # S3 may answer 200 and report the failure in the body
                 raise ResultStoreError("S3 could not complete the upload")
         except ResultStoreError:
@@ -188,7 +190,7 @@ class S3Writer(CopyWriter):
             return
         store, upload, self._upload = self._store, self._upload, None
         with contextlib.suppress(ResultStoreError):
-            await store.call("DELETE", store._url(self._name, {"uploadId": upload}), ok=(204, 404))
+            await store.call("DELETE", store.url(self._name, {"uploadId": upload}), ok=(204, 404))
 
 
 def _xml(data: bytes) -> ET.Element:
