@@ -203,9 +203,7 @@ async def test_a_result_over_max_bytes_is_served_through(
     assert len(logged) == 1
 
 
-async def test_kept_copies_are_deleted_at_their_ttl(
-    tmp_path: Path, target: dict[str, Any]
-) -> None:
+async def test_kept_copies_are_deleted_at_their_ttl(tmp_path: Path, target: dict[str, Any]) -> None:
     """A copy past results.ttl (on the injected clock) is deleted by the sweep; the result
     route then forwards as before; a copy still within its ttl stays."""
     double = ResultDouble(result_body(1000))
