@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -17,6 +18,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.core.results import kept_result_path
 from gateway.flow import keeping
@@ -262,3 +265,16 @@ async def test_a_copy_cut_short_leaves_no_copy_and_is_made_again(tmp_path: Path)
     finally:
         await client.close()
         await server.close()
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=6))
+def test_a_secret_split_between_chunks_is_still_redacted(text: bytes, cuts: list[int]) -> None:
+    """However the provider's answer is cut into chunks, the credential never reaches a
+    copy, and nothing else changes."""
+    secret = b"sk-provider-secret"
+    body = text[: len(text) // 2] + secret + text[len(text) // 2 :]
+    redactor = keeping.Redactor((secret.decode(),))
+    bounds = sorted({0, len(body), *(c for c in cuts if c < len(body))})
+    out = b"".join(redactor.feed(body[a:b]) for a, b in itertools.pairwise(bounds))
+    out += redactor.end()
+    assert out == body.replace(secret, b"[redacted]")
