@@ -25,12 +25,11 @@ async def from_copy(
 ) -> web.StreamResponse | None:
     """The answer from ``kept``, or None when the copy cannot be read."""
     runtime = call.runtime
-    store = await runtime.keeper.store()
     headers = operation_headers(record, runtime.clock())
     headers[KEPT_HEADER] = "kept"
     headers["Content-Type"] = kept.content_type or "application/octet-stream"
-    chunks = store.read(kept.name)
     try:
+        chunks = (await runtime.keeper.store()).read(kept.name)
         first = await anext(chunks, b"")
     except ResultStoreError as exc:
         log.warning("kept result of %s unreadable (%s): forwarded", record.operation_id, exc)

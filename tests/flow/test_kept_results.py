@@ -278,3 +278,25 @@ def test_a_secret_split_between_chunks_is_still_redacted(text: bytes, cuts: list
     out = b"".join(redactor.feed(body[a:b]) for a, b in itertools.pairwise(bounds))
     out += redactor.end()
     assert out == body.replace(secret, b"[redacted]")
+
+
+async def test_a_copy_gone_from_the_store_is_forwarded_as_before(tmp_path: Path) -> None:
+    """A copy deleted under the gateway (an operator, a lifecycle rule) is no error: the
+    result route forwards to the provider as it did before results were kept."""
+    double = ResultDouble(result_body(1000))
+    server, upstream = await serve(double)
+    clock = FakeClock()
+    path = kept_config(tmp_path, upstream, store=f"sqlite:///{tmp_path}/g.db")
+    client = await gateway(path, clock)
+    try:
+        job = await succeeded_job(client, clock)
+        stored = await keeping.settled(
+            runtime_of(client), policy(client), await record(client, job)
+        )
+        (tmp_path / "g.db.results" / stored.kept_result.name).unlink()
+        answer = await client.get(f"/p/demo-jobs/v1/jobs/{job}/result", headers=AUTH)
+        assert answer.status == 200 and "Statusgate-Result" not in answer.headers
+        assert await answer.read() == double.body and double.result_calls == 2
+    finally:
+        await client.close()
+        await server.close()
