@@ -130,8 +130,17 @@ def kept_result_path(policy: ProviderPolicy, record: OperationRecord) -> str | N
     """The agent-facing path (``/p/<provider>/...``, no query) of the record's kept result,
     from which its URL is the gateway's ``public_base_url`` plus this; None when no copy
     is kept, or the result route needs values only an agent's call gives."""
+    if record.kept_result is None or not record.kept_result.kept:
+        return None
+    return result_path(policy, record)
+
+
+def result_path(policy: ProviderPolicy, record: OperationRecord) -> str | None:
+    """The agent-facing path of the record's result route, kept or not (a copy is made
+    just after success: an announcement of the success may name it before it exists);
+    None without a result route or when it needs values only an agent's call gives."""
     route = policy.routes.result
-    if route is None or record.kept_result is None or not record.kept_result.kept:
+    if route is None:
         return None
     values = provider_values(policy, record, {})
     if isinstance(values, Refusal):

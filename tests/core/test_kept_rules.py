@@ -16,6 +16,7 @@ from gateway.core.results import (
     kept_result_path,
     owes_copy,
     record_copy,
+    result_path,
     served_copy,
 )
 from gateway.settings.policy import ProviderPolicy, load_policy
@@ -84,3 +85,5 @@ def test_the_agent_facing_path_of_a_kept_result(tmp_path: Path) -> None:
     path = kept_result_path(policy, record)
     assert path == "/p/demo-jobs/v1/jobs/job_1/result"
     assert kept_result_path(policy, succeeded()) is None
+    assert result_path(policy, succeeded()) == path  # before its copy is made
+    assert result_path(policy, pending_record()) is None
