@@ -62,6 +62,7 @@ class Event(enum.StrEnum):
     CANCELLED = "cancelled"
     CANCEL_REQUESTED = "cancel_requested"  # an agent's own cancel sent (routes.cancel.by: agent)
     RESULT_FETCHED = "result_fetched"
+    RESULT_KEPT = "result_kept"  # a succeeded job's result copied into the result store (SPEC 23)
     PASSTHROUGH = "passthrough"
     NOTIFIED = "notified"
     MESSAGE_SENT = "message_sent"  # an A2A caller's follow-up message, its task recorded
@@ -131,6 +132,27 @@ class Escalation:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptResult:
+    """What the gateway did with a succeeded job's result (SPEC 23, kept results).
+
+    ``name`` is the copy's name in the result store; empty when the result was not kept
+    because it was larger than ``results.max_bytes`` (then ``size`` is the most read, and
+    the result route forwards as before). Written only once a copy is complete."""
+
+    name: str
+    size: int
+    sha256: str
+    content_type: str
+    kept_at: float
+    expires_at: float
+
+    @property
+    def kept(self) -> bool:
+        """A complete copy is in the result store (until ``expires_at``)."""
+        return bool(self.name)
+
+
+@dataclass(frozen=True, slots=True)
 class OperationRecord:
     operation_id: str
     provider: str
@@ -170,6 +192,7 @@ class OperationRecord:
     # the submit path's named segments besides the job (fal's owner and app): the gateway's
     # own polls and cancels are sent there; (name, value) pairs, sorted
     route_values: tuple[tuple[str, str], ...] = ()
+    kept_result: KeptResult | None = None  # the result's kept copy (policy results.keep)
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:
@@ -197,6 +220,11 @@ class OperationRecord:
             data["route_values"] = dict(self.route_values)
         else:  # records written before them, and most, have none
             del data["route_values"]
+        kept = self.kept_result
+        if kept is not None:
+            data["kept_result"] = dataclasses.asdict(kept)
+        else:  # records written before it, and most, have none
+            del data["kept_result"]
         if final is not None:
             data["final_response"] = {
                 "status": final.status,
@@ -236,6 +264,9 @@ class OperationRecord:
             )
         data["result_values"] = tuple(data.get("result_values", ()))
         data["route_values"] = tuple(sorted(data.get("route_values", {}).items()))
+        kept = data.get("kept_result")
+        if kept is not None:
+            data["kept_result"] = KeptResult(**kept)
         esc = data.get("escalation")
         if esc is not None:
             data["escalation"] = Escalation(

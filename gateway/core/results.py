@@ -1,7 +1,9 @@
-"""The rules of the result route (SPEC sections 4, 12 and 16), as pure functions.
+"""The rules of the result route (SPEC sections 4, 12, 16 and 23), as pure functions.
 
 A result is fetched only after success, only while the operation's result budget lasts,
-and from a provider path that may be filled from the stored final answer.
+and from a provider path that may be filled from the stored final answer. A policy with
+``results.keep`` has it fetched once more after success and kept (SPEC 23): which record
+is owed a copy, which copy may be served, and how a copy is named are decided here.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.core.models import OperationRecord, Outcome
-from gateway.core.routing import Finals, final_values, job_values
+from gateway.core.effects import Effects, Line, line_fields
+from gateway.core.models import Event, KeptResult, OperationRecord, Outcome
+from gateway.core.routing import Finals, fill, final_values, job_values
 from gateway.settings.policy import ProviderPolicy, placeholders
 
 
@@ -71,3 +74,96 @@ def fetch(
 def _not_succeeded(record: OperationRecord) -> Refusal:
     detail = f"The operation is {record.outcome.value}; the result is served after success."
     return Refusal("not-ready", detail)
+
+
+# -- kept results (SPEC 23) ----------------------------------------------------------------
+
+
+def owes_copy(policy: ProviderPolicy, record: OperationRecord, now: float) -> bool:
+    """The record's result should be fetched and kept now: its policy keeps results, the
+    job succeeded, nothing is recorded about a copy yet, the result budget has a fetch
+    left, and the job ended less than ``ttl`` ago (a copy made later would be deleted at
+    once)."""
+    keeping = policy.results
+    return (
+        keeping.keep
+        and policy.routes.result is not None
+        and record.outcome is Outcome.SUCCEEDED
+        and record.kept_result is None
+        and record.result_fetches < policy.polling.max_result_fetches
+        and (record.ended_at is None or record.ended_at + keeping.ttl > now)
+    )
+
+
+def served_copy(record: OperationRecord, now: float) -> KeptResult | None:
+    """The kept copy the result route answers from, if there is one still within its ttl."""
+    kept = record.kept_result
+    if kept is None or not kept.kept or kept.expires_at <= now:
+        return None
+    return kept
+
+
+def copy_name(operation_id: str, expires_at: float) -> str:
+    """The copy's name in the result store: its expiry first (whole seconds, rounded up), so
+    the ttl sweep reads what to delete from a listing alone, without a store lookup."""
+    return f"{-int(-expires_at // 1):011d}-{operation_id}"
+
+
+def copy_expiry(name: str) -> float | None:
+    """The expiry a copy's name carries (``copy_name``), or None for a name not ours."""
+    head, _, rest = name.partition("-")
+    return float(head) if head.isdigit() and len(head) == 11 and rest else None
+
+
+def record_copy(
+    record: OperationRecord, kept: KeptResult
+) -> tuple[OperationRecord | None, OperationRecord]:
+    """Record a complete copy (or that the result was too large) on the record, a store
+    mutation: only the first one counts; a later one leaves the record as it is."""
+    if record.kept_result is not None:
+        return None, record
+    new = record.evolve(kept_result=kept)
+    return new, new
+
+
+def kept_result_path(policy: ProviderPolicy, record: OperationRecord) -> str | None:
+    """The agent-facing path (``/p/<provider>/...``, no query) of the record's kept result,
+    from which its URL is the gateway's ``public_base_url`` plus this; None when no copy
+    is kept, or the result route needs values only an agent's call gives."""
+    if record.kept_result is None or not record.kept_result.kept:
+        return None
+    return result_path(policy, record)
+
+
+def result_path(policy: ProviderPolicy, record: OperationRecord) -> str | None:
+    """The agent-facing path of the record's result route, kept or not (a copy is made
+    just after success: an announcement of the success may name it before it exists);
+    None without a result route or when it needs values only an agent's call gives."""
+    route = policy.routes.result
+    if route is None:
+        return None
+    values = provider_values(policy, record, {})
+    if isinstance(values, Refusal):
+        return None
+    path = fill(route.path, values.values).partition("?")[0]
+    return f"/p/{policy.provider}{path}"
+
+
+def kept_line(record: OperationRecord, kept: KeptResult, now: float, http_status: int) -> Effects:
+    """The audit line of a copy made (``result_kept``, with its size and sha256) or of a
+    result too large to keep."""
+    if kept.kept:
+        detail = f"kept {kept.size} bytes, sha256 {kept.sha256}"
+    else:
+        detail = f"not kept: larger than results.max_bytes (over {kept.size} bytes)"
+    fields = line_fields(
+        record,
+        event=Event.RESULT_KEPT if kept.kept else Event.RESULT_FETCHED,
+        at=now,
+        decision="forwarded",
+        http_status=http_status,
+        detail=detail,
+    )
+    if kept.kept:
+        fields.update(size=kept.size, sha256=kept.sha256)
+    return (Line(fields),)

@@ -29,6 +29,7 @@ from gateway.core.models import (
 from gateway.core.pacing import GUARD
 from gateway.core.routing import body_with_job_id, fill
 from gateway.core.schedule import provider_limit
+from gateway.flow import keeping
 from gateway.flow.leases import Lease, new_token
 from gateway.flow.pausing import tighten
 from gateway.flow.refusals import Window
@@ -488,6 +489,8 @@ async def _record(
     detail = _answer_detail(answer, decided)
     found = effects.of_decision(policy, decided, done, http_status=answer.status, detail=detail)
     await runtime.effects.carry_out(found)
+    if decided.changed and decided.record.outcome is Outcome.SUCCEEDED:
+        keeping.after_success(runtime, policy, decided.record)
     return decided
 
 

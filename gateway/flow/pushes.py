@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gateway import StoreError
 from gateway.core import decide, effects, pushes
 from gateway.core.models import OperationRecord, Outcome
-from gateway.flow import polls
+from gateway.flow import keeping, polls
 from gateway.flow.runtime import Runtime
 from gateway.provider.pushes import Keys, verify
 from gateway.settings.policy import ProviderPolicy
@@ -104,6 +104,7 @@ async def _apply(
         found = effects.of_decision(policy, action.decision, now, detail="from a push")
         found += effects.of_push(policy.provider, "applied", now, record=action.decision.record)
         await runtime.effects.carry_out(found)
+        keeping.after_success(runtime, policy, action.decision.record)  # when it succeeded
         return "applied"
     if action.step is not pushes.Step.POLL:
         result = action.step.value

@@ -18,6 +18,7 @@ from gateway.core.models import Clock
 from gateway.core.pacing import PauseNotes, Spacer
 from gateway.core.routing import RouteTable
 from gateway.flow.holds import Holds
+from gateway.flow.keeper import Keeper
 from gateway.flow.leases import Releases
 from gateway.flow.refusals import RefusalWindows
 from gateway.observe.effects import Effects
@@ -60,10 +61,12 @@ class Runtime:
     traced: bool = False  # tracing on: the gate opens a server span per request
     refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
     releases: Releases = field(default_factory=Releases)  # leases given back in the background
-    background: set[asyncio.Task[None]] = field(default_factory=set)  # cancelled at stop
+    background: set[asyncio.Task[Any]] = field(default_factory=set)  # cancelled at stop
+    keeper: Keeper = field(init=False)  # kept results: their store, copies under way
 
     def __post_init__(self) -> None:
         self.credentials = {}
+        self.keeper = Keeper(self.settings.results_target)
         self.apply(self.settings)
 
     @property

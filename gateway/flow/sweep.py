@@ -1,6 +1,7 @@
 """The background sweeper: refusal windows closed when their poll time comes, operations
-past their deadline escalated whether or not an agent asks (SPEC 16), and finished records
-purged past their policy's retention. One loop per process; its work is idempotent across
+past their deadline escalated whether or not an agent asks (SPEC 16), finished records
+purged past their policy's retention, and kept results copied when owed and deleted past
+their ttl (SPEC 23). One loop per process; its work is idempotent across
 replicas (compare-and-set and leases)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Awaitable
 from gateway import StoreError
 from gateway.core import decide, effects
 from gateway.core.models import poll_lease
-from gateway.flow import polls
+from gateway.flow import keeping, polls
 from gateway.flow.leases import new_token
 from gateway.flow.runtime import Runtime
 from gateway.settings.policy import ProviderPolicy
@@ -26,6 +27,7 @@ PURGE_ROUNDS = 20  # full batches one purge may delete per provider before the n
 OVERDUE_EVERY = 2  # sweeps between deadline checks: SPEC 16 allows 10 s
 OVERDUE_BATCH = 500  # overdue operations escalated per provider per check
 OVERDUE_LEASE = 10.0  # seconds: the poll lease held while one is escalated
+KEEP_EVERY = 5  # sweeps between looks for owed result copies (SPEC 23)
 
 
 async def run(runtime: Runtime) -> None:
@@ -38,6 +40,9 @@ async def run(runtime: Runtime) -> None:
         sweeps += 1
         if sweeps % PURGE_EVERY == 0:
             await _step("purge", purge_finished(runtime))
+            await _step("kept results past their ttl", keeping.delete_expired(runtime))
+        if sweeps % KEEP_EVERY == 0:
+            await _step("owed result copies", keeping.keep_owed(runtime))
         audit = runtime.effects.audit
         if audit is not None and not audit.writable():
             continue  # escalations and refusal lines wait for space (each sweep tries)

@@ -18,11 +18,11 @@ from gateway.core import arns, decide, effects, results
 from gateway.core.decide import Decision, Reply, job_aliases
 from gateway.core.models import Event, OperationRecord, ProviderAnswer
 from gateway.core.routing import fill, job_id_from_body, valid_job
-from gateway.flow import cancels
+from gateway.flow import cancels, keeping
 from gateway.flow.polls import Asker, StaleCopy, gone, held, may_hold, shared_poll
 from gateway.flow.requests import AgentRequest
 from gateway.flow.runtime import OUTCOME, PROVIDER, ROUTE, RUNTIME, Runtime
-from gateway.http import auth
+from gateway.http import auth, kept
 from gateway.http.answers import (
     Call,
     operation_headers,
@@ -270,6 +270,12 @@ async def result(call: Call) -> web.StreamResponse:
         record = await runtime.records.find_result(account, policy.provider, call.job_id)
     if record is None:
         return unknown_operation()
+    if policy.results.keep:  # SPEC 23: answered from the kept copy, made first if owed
+        record = await keeping.settled(runtime, policy, record)
+        copy = results.served_copy(record, runtime.clock())
+        answer = await kept.from_copy(call, record, copy) if copy is not None else None
+        if answer is not None:
+            return answer
     query = agent_query(call.request.rel_url.raw_query_string, route.query_params)
     sent = to_provider(call.request.headers.items(), policy)
     return await fetch_result(call, record, sent, query)

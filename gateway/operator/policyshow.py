@@ -22,10 +22,10 @@ import yaml
 from pydantic import WithJsonSchema
 from pydantic.fields import FieldInfo
 
-from gateway.settings.loading import DURATION_PATTERN
+from gateway.settings.loading import DURATION_PATTERN, SIZE_PATTERN
 from gateway.settings.policy import RATE, ProviderPolicy
 from gateway.settings.shapes import filled_paths
-from gateway.settings.units import format_duration
+from gateway.settings.units import format_duration, format_size
 
 REDACTED = "<redacted>"
 # a written secret that is all variables, with at most a scheme word before them
@@ -67,6 +67,8 @@ def _field(info: FieldInfo, item: Any, source: Any) -> Any:
     pattern = _pattern(info)
     if pattern == DURATION_PATTERN and isinstance(item, int | float):
         return format_duration(float(item))
+    if pattern == SIZE_PATTERN and isinstance(item, int):
+        return format_size(item)
     if pattern is not None and pattern.startswith("^\\d+(\\.\\d+)?/") and isinstance(item, float):
         return _rate(item)
     return written(item, source)

@@ -55,6 +55,11 @@ class Upstream:
         """Seconds a request to a provider may take in all (limits.upstream_timeout)."""
         return self._timeout
 
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context given for tests (a private CA); None: the default one."""
+        return self._ssl
+
     def configure(self, *, timeout: float, max_response_body: int) -> None:
         """New limits for the requests sent from now on (a live reload)."""
         self._timeout = timeout

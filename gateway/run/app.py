@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from gateway import StoreError
 from gateway.core.models import Clock
-from gateway.flow import pausing, polls, sweep
+from gateway.flow import keeping, pausing, polls, sweep
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http import hooks, mcp, middleware, proxy
 from gateway.http.a2a import routes as a2a_routes
@@ -130,6 +130,9 @@ async def _recover(runtime: Runtime) -> None:
     cut = await polls.recover_cut_polls(runtime)
     if cut:
         log.warning("recorded %d status requests cut short by an earlier crash", cut)
+    owed = await keeping.keep_owed(runtime)
+    if owed:
+        log.info("fetching %d results owed a kept copy", owed)
 
 
 async def _recover_when_up(runtime: Runtime) -> None:
@@ -172,6 +175,7 @@ async def _stop(app: web.Application) -> None:
     if effects.audit is not None:
         await effects.audit.close()
     await runtime.upstream.close()
+    await runtime.keeper.close()
     await runtime.store.close()
 
 

@@ -22,6 +22,7 @@ import pydantic
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from gateway import ConfigError
+from gateway.settings.keeping import Target, default_target, parse_target, store_problem
 from gateway.settings.loading import (
     Duration,
     Size,
@@ -236,6 +237,9 @@ class GatewayFile(Strict):
     """The gateway's URL as agents see it, for rewritten provider URLs."""
     store: str = "sqlite:///var/statusgate.db"
     """sqlite:///path, memory://, redis://host:6379/0 or redis+cluster://h1,h2."""
+    results_store: str | None = None
+    """Where kept results go (SPEC 23): file://<folder> or
+    s3://<bucket>/<prefix>?endpoint=<url>&region=<region>. Unset: beside the SQLite file."""
     policies_dir: str = "policies"
     """The folder of policy files, relative to this file."""
     audit: AuditSettings = AuditSettings()
@@ -271,6 +275,13 @@ class GatewayFile(Strict):
     @classmethod
     def _base_url(cls, value: str) -> str:
         return http_url(value)
+
+    @pydantic.field_validator("results_store")
+    @classmethod
+    def _results_store(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_target(value, Path("."))
+        return value
 
 
 def tls_warnings(gateway: GatewayFile) -> list[tuple[str, str]]:
@@ -312,6 +323,13 @@ class Settings:
     def store_url(self) -> str:
         """The store URL with a relative sqlite path resolved against the config folder."""
         return resolved_store_url(self.file.store, self.base_dir)
+
+    @property
+    def results_target(self) -> Target | None:
+        """Where kept results go; None for memory:// without ``results_store`` (a
+        temporary folder of the process's own)."""
+        url = self.file.results_store or default_target(self.store_url)
+        return parse_target(url, self.base_dir) if url else None
 
     def account_for(self, token_hash: str) -> Account | None:
         return _match(self.file.accounts, token_hash)
@@ -389,6 +407,10 @@ def load_settings(path: Path, env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(problems)
     problems += _account_problems(gateway, {*policies, *claimed}, shown)
     problems += _upstream_problems(gateway, {*policies, *claimed}, shown)
+    keeping = {name: policy.results for name, policy in policies.items()}
+    refused = store_problem(gateway.results_store, gateway.store, keeping)
+    if refused is not None:
+        problems.append(f"{shown}: {refused}")
     policies = redirected(policies, gateway.upstreams)
     listeners = {"listen": gateway.listen.tls}
     if gateway.admin_listen is not None:

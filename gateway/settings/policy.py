@@ -32,6 +32,7 @@ from gateway.settings.fields import (
     form_problems,
     placeholders,
 )
+from gateway.settings.keeping import Results
 from gateway.settings.loading import (
     DURATION_PATTERN,
     Duration,
@@ -253,6 +254,8 @@ class ProviderPolicy(Strict):
     """An A2A policy's own settings (``protocol: a2a`` only)."""
     push: Push | None = None
     """The provider's webhooks accepted at /hooks/NAME (SPEC 23); on when its secret is set."""
+    results: Results = Results()
+    """Keep each succeeded job's result and serve the result route from it (SPEC 23)."""
 
     @pydantic.field_validator("provider")
     @classmethod
@@ -359,6 +362,8 @@ def unset_as_before(data: dict[str, Any]) -> dict[str, Any]:
         del routes["cancel"]["by"]
     if data.get("protocol") == "http" and data.get("a2a") is None:  # added with SPEC 24
         del data["protocol"], data["a2a"]
+    if data.get("results") == Results().model_dump(mode="json"):  # added with SPEC 23
+        del data["results"]
     return data
 
 
@@ -372,6 +377,8 @@ def cross_check(policy: ProviderPolicy) -> list[tuple[str, str]]:
     ]
     if policy.a2a is not None and policy.protocol != "a2a":
         found.append(("a2a", "is only for policies with protocol: a2a"))
+    if policy.results.keep and policy.routes.result is None:
+        found.append(("results.keep", "needs a result route (routes.result) to fetch from"))
     return found
 
 
@@ -457,6 +464,7 @@ SECTION_RULES: tuple[tuple[str, type[Strict], Callable[[Any], list[tuple[str, st
     ("polling", Polling, _polling_problems),
     ("routes", Routes, _all_route_problems),
     ("push", Push, Push.problems),
+    ("results", Results, Results.problems),
 )
 
 

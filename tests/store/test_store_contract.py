@@ -20,6 +20,7 @@ from gateway.core.models import (
     FinalResponse,
     IdempotencyEntry,
     IdemState,
+    KeptResult,
     LastAnswer,
     OperationFilter,
     OperationRecord,
@@ -103,9 +104,35 @@ async def test_records_round_trip_every_field(store: Store) -> None:
         last_answer=LastAnswer(200, "application/json", b'{"s": "\\u00e9"}\xff', now + 1.5),
         result_values=("file-1", "42"),
         route_values=(("app", "fast-sdxl"), ("owner", "fal-ai")),
+        kept_result=KeptResult("00001234567-op_1", 12, "ab" * 32, "text/plain", now, now + 9.5),
     )
     await store.create(full)
     assert await store.get("op_1") == full
+
+
+async def test_a_kept_result_is_recorded_once_and_round_trips(store: Store) -> None:
+    """SPEC 23: the kept copy's name, size, sha256 and content type survive every backend
+    (written by a mutation, as the gateway records a copy); a second copy recorded after
+    it changes nothing, however the two race."""
+    from gateway.core.results import record_copy
+
+    now = time.time()
+    await store.create(record().evolve(outcome=Outcome.SUCCEEDED, ended_at=now))
+    copies = [
+        KeptResult(f"name-{i}", 1000 + i, f"{i:064x}", "application/jsonl", now, now + 60)
+        for i in range(5)
+    ]
+    stored = await asyncio.gather(
+        *(store.mutate("op_1", lambda r, c=c: record_copy(r, c)) for c in copies)
+    )
+    winner = stored[0].kept_result
+    assert winner in copies and all(s.kept_result == winner for s in stored)
+    again = await store.get("op_1")
+    assert again is not None and again.kept_result == winner
+    too_large = KeptResult("", 9000, "", "text/plain", now, now + 60)
+    await store.create(record("op_2", "job_2").evolve(kept_result=too_large))
+    found = await store.get("op_2")
+    assert found is not None and found.kept_result == too_large and not too_large.kept
 
 
 async def test_mutate_applies_a_pure_change(store: Store) -> None:

@@ -1,0 +1,316 @@
+"""Kept results (SPEC 23): a succeeded job's result fetched once through the result route
+and kept in the result store, so the route answers from the copy with no provider call.
+
+Exactly once across replicas and restarts: a copy is made only under the operation's poll
+lease (renewed while the copy streams, so a slow result never loses it), counted in the
+result budget before it is sent, streamed chunk by chunk into a partial copy that becomes
+visible only when complete, and recorded on the operation only after that. A crash mid-copy
+leaves a partial copy nobody reads and a record that still owes one: the sweeper (or the
+first agent call) fetches it again. Within a process, every caller about one operation
+awaits the one copy under way. Never the whole result in memory; never a redirect followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway import StoreError
+from gateway.core import effects, results
+from gateway.core.models import (
+    Event,
+    KeptResult,
+    OperationFilter,
+    OperationRecord,
+    Outcome,
+    poll_lease,
+)
+from gateway.core.routing import fill
+from gateway.flow.leases import Lease, new_token
+from gateway.flow.runtime import Runtime
+from gateway.observe.metrics import status_class
+from gateway.provider.credentials import Outgoing
+from gateway.provider.headers import to_provider
+from gateway.settings.policy import ProviderPolicy
+from gateway.store.base import LeaseLost
+from gateway.store.results import CHUNK, CopyWriter
+
+log = logging.getLogger("statusgate")
+KEEP_LEASE = 30.0  # seconds a copy's lease lasts; renewed every third of it while it streams
+WAIT_STEP = 0.25  # seconds between looks while another replica makes the copy
+OWED_BATCH = 100  # succeeded operations looked at per provider per sweep
+MAX_COPYING = 8  # copies the sweeper keeps under way in one process
+PARTIAL_AGE = 86400.0  # a partial copy this old was left by a process that died
+
+
+def after_success(runtime: Runtime, policy: ProviderPolicy, record: OperationRecord) -> None:
+    """A poll (or push) recorded ``record``: start its copy if one is owed."""
+    if results.owes_copy(policy, record, runtime.clock()):
+        start(runtime, policy, record.operation_id)
+
+
+def start(runtime: Runtime, policy: ProviderPolicy, operation_id: str) -> asyncio.Task[bool]:
+    """The copy of ``operation_id`` under way in this process, started if none is."""
+    keeper = runtime.keeper
+    task = keeper.copying.get(operation_id)
+    if task is None:
+        task = asyncio.create_task(copy_once(runtime, policy, operation_id))
+        keeper.copying[operation_id] = task
+        runtime.background.add(task)
+
+        def done(finished: asyncio.Task[bool]) -> None:
+            keeper.copying.pop(operation_id, None)
+            runtime.background.discard(finished)
+
+        task.add_done_callback(done)
+    return task
+
+
+async def settled(
+    runtime: Runtime, policy: ProviderPolicy, record: OperationRecord
+) -> OperationRecord:
+    """``record`` once it owes no copy, or no copy can be made now (this process tried, or
+    another replica's took longer than a provider call may): what the result route then
+    answers from. Callers about one operation share the one copy under way."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 2 * runtime.settings.file.limits.upstream_timeout + KEEP_LEASE
+    while results.owes_copy(policy, record, runtime.clock()):
+        tried = await asyncio.shield(start(runtime, policy, record.operation_id))
+        fresh = await runtime.records.get(record.operation_id)
+        record = fresh if fresh is not None else record
+        if tried or fresh is None or loop.time() >= until:
+            return record
+        if not await runtime.pause(WAIT_STEP):
+            return record
+    return record
+
+
+async def copy_once(runtime: Runtime, policy: ProviderPolicy, operation_id: str) -> bool:
+    """Make the copy under the operation's lease; False when another holds the lease."""
+    lease = Lease(poll_lease(operation_id), new_token())
+    coordination = runtime.coordination
+    if not await coordination.acquire_lease(lease.name, lease.token, runtime.clock(), KEEP_LEASE):
+        return False
+    try:
+        record = await runtime.records.get(operation_id)
+        if record is not None and results.owes_copy(policy, record, runtime.clock()):
+            await _copy(runtime, policy, record, lease)
+    except StoreError as exc:
+        log.warning("keeping the result of %s failed: %s; tried again later", operation_id, exc)
+    except Exception:
+        log.exception("keeping the result of %s failed; tried again later", operation_id)
+    finally:
+        try:
+            await coordination.release_lease(lease.name, lease.token)
+        except StoreError:
+            runtime.releases.later(coordination, lease, KEEP_LEASE)
+    return True
+
+
+async def _copy(
+    runtime: Runtime, policy: ProviderPolicy, record: OperationRecord, lease: Lease
+) -> None:
+    """Count one result fetch, stream the answer into the result store, record the copy."""
+    values = results.provider_values(policy, record, {})
+    if isinstance(values, results.Refusal):
+        if record.operation_id not in runtime.keeper.unkeepable:
+            runtime.keeper.unkeepable.add(record.operation_id)
+            log.warning("result of %s not kept: %s", record.operation_id, values.detail)
+        return
+    fetched = await runtime.records.mutate(
+        record.operation_id, lambda current: results.fetch(policy, current)
+    )
+    if isinstance(fetched, results.Refusal):
+        return
+    route = policy.routes.result
+    assert route is not None
+    fixed = route.match.headers.items() if route.match is not None else []
+    url = policy.upstream + fill(route.path, values.values, values.query)
+    applier = runtime.applier(policy)
+    out = await applier.apply(Outgoing(route.method, url, to_provider(fixed, policy), None))
+    store = await runtime.keeper.store()
+    copy = _Copy(runtime, policy, fetched, lease, applier.secrets())
+    started, status, kept = time.perf_counter(), None, None
+    session = runtime.keeper.session(runtime.upstream.timeout, runtime.upstream.ssl_context)
+    try:
+        async with session.request(
+            out.method, out.url, headers=out.headers, data=out.body, allow_redirects=False
+        ) as response:
+            status = response.status
+            if 200 <= status < 300:
+                kept = await copy.stream(response, store.writer)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("fetching the result of %s to keep failed: %s", record.operation_id, exc)
+    metrics = runtime.effects.metrics
+    metrics.histogram("upstream_duration", policy.provider, "result").observe(
+        time.perf_counter() - started
+    )
+    metrics.counter("upstream_requests", policy.provider, "result", status_class(status)).inc()
+    now = runtime.clock()
+    if kept is None:
+        detail = "fetched to keep: not kept" + ("" if status else " (no answer)")
+        line = effects.of_call(
+            now,
+            provider=policy.provider,
+            account=record.account,
+            event=Event.RESULT_FETCHED,
+            http_status=status,
+            detail=detail,
+            operation=fetched,
+        )
+        await runtime.effects.carry_out(line)
+        return
+    await _record(runtime, fetched, kept, status or 200)
+
+
+async def _record(runtime: Runtime, record: OperationRecord, kept: KeptResult, status: int) -> None:
+    """Record the copy on the operation (the first one recorded counts; a copy that lost is
+    deleted), then its audit line."""
+    stored = await runtime.records.mutate(
+        record.operation_id, lambda current: results.record_copy(current, kept)
+    )
+    if stored.kept_result != kept:
+        if kept.kept:
+            store = await runtime.keeper.store()
+            await store.delete(kept.name)
+        return
+    if not kept.kept:
+        log.warning(
+            "result of %s not kept: larger than results.max_bytes; served through as before",
+            record.operation_id,
+        )
+    await runtime.effects.carry_out(results.kept_line(stored, kept, runtime.clock(), status))
+
+
+@dataclass
+class _Copy:
+    """One answer streamed into the result store, its size, sha256 and lease watched."""
+
+    runtime: Runtime
+    policy: ProviderPolicy
+    record: OperationRecord
+    lease: Lease
+    secrets: tuple[str, ...]
+
+    async def stream(
+        self, response: aiohttp.ClientResponse, writer_for: Callable[[str], CopyWriter]
+    ) -> KeptResult:
+        """The answer's body into a new copy, committed when whole; a body over
+        ``results.max_bytes`` (as declared, or once read past it) is not kept."""
+        keeping = self.policy.results
+        now = self.runtime.clock()
+        expires = now + keeping.ttl
+        content_type = response.headers.get("Content-Type", "")
+        declared = response.content_length
+        if declared is not None and declared > keeping.max_bytes:
+            return KeptResult("", declared, "", content_type, now, expires)
+        name = results.copy_name(self.record.operation_id, expires)
+        writer = writer_for(name)
+        digest, size, redactor = hashlib.sha256(), 0, Redactor(self.secrets)
+        renew_at = asyncio.get_running_loop().time() + KEEP_LEASE / 3
+        try:
+            chunks = response.content.iter_chunked(CHUNK)
+            while (raw := await anext(chunks, None)) is not None or redactor.pending:
+                chunk = redactor.feed(raw) if raw is not None else redactor.end()
+                size += len(chunk)
+                if size > keeping.max_bytes:
+                    await writer.abort()
+                    return KeptResult("", size, "", content_type, now, expires)
+                digest.update(chunk)
+                await writer.write(chunk)
+                renew_at = await self._renew(renew_at)
+            await writer.commit()
+        except BaseException:
+            await writer.abort()
+            raise
+        return KeptResult(name, size, digest.hexdigest(), content_type, now, expires)
+
+    async def _renew(self, renew_at: float) -> float:
+        """Hold the lease on while the copy streams; a lease lost ends the copy."""
+        clock = asyncio.get_running_loop().time
+        if clock() < renew_at:
+            return renew_at
+        coordination, lease = self.runtime.coordination, self.lease
+        if not await coordination.acquire_lease(
+            lease.name, lease.token, self.runtime.clock(), KEEP_LEASE
+        ):
+            raise LeaseLost(f"the lease of {self.record.operation_id} went to another holder")
+        return clock() + KEEP_LEASE / 3
+
+
+class Redactor:
+    """The credential's secrets replaced by ``[redacted]`` in a stream of chunks, as the
+    upstream client does in a body read whole: the last bytes of each chunk (fewer than the
+    longest secret) wait for the next, so a secret split between chunks is found too."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self._secrets = [s.encode() for s in secrets if s]
+        self._keep = max((len(s) for s in self._secrets), default=1) - 1
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self._secrets:
+            return chunk
+        data = self._tail + chunk
+        for secret in self._secrets:
+            data = data.replace(secret, b"[redacted]")
+        cut = max(0, len(data) - self._keep)
+        self._tail = data[cut:]
+        return data[:cut]
+
+    @property
+    def pending(self) -> bool:
+        """Bytes wait for the next chunk (``end`` gives them)."""
+        return bool(self._tail)
+
+    def end(self) -> bytes:
+        tail, self._tail = self._tail, b""
+        return tail
+
+
+# -- the sweeper's part ----------------------------------------------------------------
+
+
+async def keep_owed(runtime: Runtime) -> int:
+    """Start the copies owed by recently succeeded operations (a copy a crash cut short, a
+    success recorded by a push); how many were started."""
+    started = 0
+    for policy in list(runtime.settings.policies.values()):
+        if not policy.results.keep:
+            continue
+        where = OperationFilter(Outcome.SUCCEEDED, policy.provider, limit=OWED_BATCH)
+        for record in await runtime.records.list(where):
+            if len(runtime.keeper.copying) >= MAX_COPYING:
+                return started
+            if record.operation_id in runtime.keeper.copying:
+                continue
+            if results.owes_copy(policy, record, runtime.clock()):
+                start(runtime, policy, record.operation_id)
+                started += 1
+    return started
+
+
+async def delete_expired(runtime: Runtime) -> int:
+    """Delete the kept copies past their ttl (named by their expiry) and the partial copies
+    a process that died left; how many copies were deleted."""
+    keeping = any(p.results.keep for p in runtime.settings.policies.values())
+    if not keeping and not runtime.keeper.opened:
+        return 0
+    store = await runtime.keeper.store()
+    now = runtime.clock()
+    deleted = 0
+    for name in await store.names():
+        expiry = results.copy_expiry(name)
+        if expiry is not None and expiry <= now:
+            await store.delete(name)
+            deleted += 1
+    await store.forget_partial(now - PARTIAL_AGE)
+    if deleted:
+        log.info("deleted %d kept results past their ttl", deleted)
+    return deleted

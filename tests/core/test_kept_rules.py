@@ -1,0 +1,89 @@
+"""The pure rules of kept results (SPEC 23): which record is owed a copy, which copy may
+be served, how a copy's name carries its expiry, and the agent-facing path of a copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.core.models import KeptResult, OperationRecord, Outcome
+from gateway.core.results import (
+    copy_expiry,
+    copy_name,
+    kept_result_path,
+    owes_copy,
+    record_copy,
+    result_path,
+    served_copy,
+)
+from gateway.settings.policy import ProviderPolicy, load_policy
+
+from conftest import PROVIDER_ENV, ROOT, pending_record
+
+NOW = 1_800_000_000.0
+
+
+def keeping_policy(tmp_path: Path, keep: bool = True, ttl: str = "1h") -> ProviderPolicy:
+    source = (ROOT / "policies" / "demo-jobs.yaml").read_text()
+    path = tmp_path / "demo-jobs.yaml"
+    path.write_text(source + f"results: {{keep: {str(keep).lower()}, ttl: {ttl}}}\n")
+    return load_policy(path, "demo-jobs.yaml", PROVIDER_ENV)
+
+
+def succeeded(**changes: Any) -> OperationRecord:
+    return pending_record().evolve(outcome=Outcome.SUCCEEDED, ended_at=NOW, **changes)
+
+
+def copy(name: str = "00001800003600-op", expires: float = NOW + 3600) -> KeptResult:
+    return KeptResult(name, 10, "00" * 32, "text/plain", NOW, expires)
+
+
+def test_a_copy_is_owed_only_after_success_once_within_budget_and_ttl(tmp_path: Path) -> None:
+    policy = keeping_policy(tmp_path)
+    assert owes_copy(policy, succeeded(), NOW)
+    assert not owes_copy(policy, pending_record(), NOW)
+    assert not owes_copy(policy, succeeded(kept_result=copy()), NOW)
+    assert not owes_copy(policy, succeeded(result_fetches=10), NOW)
+    assert not owes_copy(policy, succeeded(), NOW + 3600)
+    off = keeping_policy(tmp_path, keep=False)
+    assert not owes_copy(off, succeeded(), NOW)
+
+
+def test_a_copy_is_served_until_it_expires_and_never_when_too_large() -> None:
+    kept = copy()
+    assert served_copy(succeeded(kept_result=kept), NOW) == kept
+    assert served_copy(succeeded(kept_result=kept), NOW + 3600) is None
+    too_large = KeptResult("", 99, "", "text/plain", NOW, NOW + 3600)
+    assert served_copy(succeeded(kept_result=too_large), NOW) is None
+
+
+def test_only_the_first_copy_is_recorded() -> None:
+    first, second = copy("a"), copy("b")
+    new, stored = record_copy(succeeded(), first)
+    assert new is not None and stored.kept_result == first
+    again, kept = record_copy(stored, second)
+    assert again is None and kept.kept_result == first
+
+
+@given(st.floats(min_value=0, max_value=9.9e10, allow_nan=False), st.text("op_0123ABC", min_size=1))
+def test_a_copys_name_carries_its_expiry_rounded_up(expires: float, operation_id: str) -> None:
+    """The sweep deletes a copy no earlier than its expiry, by its name alone."""
+    found = copy_expiry(copy_name(operation_id, expires))
+    assert found is not None and found - 1 < expires <= found
+
+
+def test_names_not_ours_have_no_expiry() -> None:
+    assert copy_expiry(".partial") is None and copy_expiry("12-op") is None
+
+
+def test_the_agent_facing_path_of_a_kept_result(tmp_path: Path) -> None:
+    policy = keeping_policy(tmp_path)
+    record = succeeded(kept_result=copy())
+    path = kept_result_path(policy, record)
+    assert path == "/p/demo-jobs/v1/jobs/job_1/result"
+    assert kept_result_path(policy, succeeded()) is None
+    assert result_path(policy, succeeded()) == path  # before its copy is made
+    assert result_path(policy, pending_record()) is None
