@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import uuid
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -39,7 +40,7 @@ from aiohttp import web
 from yamllint import config as yamllint_config
 from yamllint import linter
 
-from conftest import AGENT_TOKEN, PROVIDER_KEY, ROOT, free_port, sha, wait_until_up
+from conftest import AGENT_TOKEN, PROVIDER_KEY, ROOT, drop_schema, free_port, sha, wait_until_up
 
 KUBE = ROOT / "deploy" / "kubernetes"
 POLICIES = ROOT / "policies"
@@ -1084,14 +1085,26 @@ def test_each_container_loads_its_mounted_configuration(rendered: Rendered, tmp_
 
 
 def test_init_container_migrates_a_real_database_twice(
-    renders: dict[Any, Rendered], tmp_path: Path
+    renders: dict[Any, Rendered],
+    tmp_path: Path,
+    postgres_base_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The init container's command, on its mounted config and environment, creates the
     layout of an empty PostgreSQL and finds it up to date the next time (every pod start
-    runs it); then the gateway's own config passes `statusgate check` on that database."""
-    url = os.environ.get("STATUSGATE_TEST_POSTGRES")
-    if not url:
-        pytest.skip("set STATUSGATE_TEST_POSTGRES to a PostgreSQL URL to run the migration")
+    runs it); then the gateway's own config passes `statusgate check` on that database.
+    The database is a schema of this run's (the shared server's own is never touched)."""
+    schema = f"sgtest_k8s_{uuid.uuid4().hex[:12]}"
+    joiner = "&" if "?" in postgres_base_url else "?"
+    url = f"{postgres_base_url}{joiner}schema={schema}"
+    monkeypatch.setenv("STATUSGATE_TEST_POSTGRES", url)  # what placeholder_env hands the pod
+    try:
+        _migrate_twice_then_check(renders, tmp_path, url)
+    finally:
+        drop_schema(postgres_base_url.split("?", 1)[0], schema)
+
+
+def _migrate_twice_then_check(renders: dict[Any, Rendered], tmp_path: Path, url: str) -> None:
     postgres = renders["postgres", ()]
     (migrate,) = postgres.pod["initContainers"]
     base = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
@@ -1189,7 +1202,7 @@ async def test_sigterm_answers_held_calls_within_the_grace_period(
         [
             sys.executable,
             "-m",
-            "gateway",
+            "gateway.run",
             "audit",
             "verify",
             str(audit),
