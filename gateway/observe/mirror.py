@@ -9,14 +9,15 @@ file. A store that fails (down, or a role without rights on ``audit_lines``) is 
 with backoff while the gateway serves; the lines wait in the file meanwhile and are all
 shipped, in order, once it answers (after a restart too: the chain's ``last_seq`` says
 where to go on). A chain is a file: its id is the start of the hash of the file's first
-line, so the workers of ``serve --workers`` (one file) share one chain, and a file that
-starts over is a new chain.
+line (with the replica's name), so the workers of ``serve --workers`` (one file) share one
+chain, and a file that starts over is a new chain.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -44,9 +45,10 @@ def replica_name(configured: str | None) -> str:
     return configured or socket.gethostname()
 
 
-def chain_of(path: Path) -> str | None:
-    """The id of the file's chain: the first CHAIN_DIGITS hex digits of its first line's
-    hash; None while the file has no complete line."""
+def chain_of(path: Path, replica: str) -> str | None:
+    """The id of the file's chain: CHAIN_DIGITS hex digits of the SHA-256 of the replica's
+    name and the file's first line's hash (two files whose first lines are alike, from
+    two replicas, are two chains); None while the file has no complete line."""
     try:
         with path.open("rb") as handle:
             first = handle.readline()
@@ -54,7 +56,9 @@ def chain_of(path: Path) -> str | None:
         return None
     line = parse_line(first) if first.endswith(b"\n") else None
     digest = line.get("hash") if line is not None else None
-    return digest[:CHAIN_DIGITS] if isinstance(digest, str) else None
+    if not isinstance(digest, str):
+        return None
+    return hashlib.sha256(f"{replica}\n{digest}".encode()).hexdigest()[:CHAIN_DIGITS]
 
 
 def offset_after(path: Path, seq: int) -> int:
@@ -200,7 +204,7 @@ class AuditMirror:
     async def ship_once(self) -> int:
         """One batch: the lines after the last one shipped, up to SHIP_LINES; how many."""
         if self._chain is None:
-            self._chain = await asyncio.to_thread(chain_of, self.path)
+            self._chain = await asyncio.to_thread(chain_of, self.path, self.replica)
             if self._chain is None:
                 return 0  # no complete line yet
         if self._offset is None:

@@ -28,7 +28,7 @@ def file_entries(path: Path, operation_id: str, replica: str) -> list[Entry]:
     """``operation_id``'s lines in one file (a torn tail skipped), as ``replica``'s."""
     if not path.exists():
         return []
-    chain = chain_of(path) or f"file:{path}"
+    chain = chain_of(path, replica) or f"file:{path}"
     found = []
     for raw in read_lines(path):
         line = parse_line(raw)

@@ -4,7 +4,7 @@
 -- batches off the request path, so every replica's lines can be read in one place.
 
 -- One row a chain (an audit file): the replica that writes it and the last line shipped.
--- ``chain`` is the first 16 hex digits of the hash of the file's first line.
+-- ``chain``: 16 hex digits of SHA-256 of the replica's name and the file's first line's hash.
 CREATE TABLE @.audit_chains (
     chain      text COLLATE "C" PRIMARY KEY,
     replica    text NOT NULL,
