@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from gateway.demo.provider import DemoProvider
-from gateway.observe.audit import AuditLog, read_lines, verify
+from gateway.observe.audit import AuditLog
 from gateway.observe.mirror import AuditMirror, offset_after
 
 from conftest import (
@@ -90,7 +90,7 @@ async def pair(postgres_url: str, tmp_path: Path) -> AsyncIterator[Pair]:
     polling = {"base_delay": "200ms", "max_delay": "200ms", "jitter": {"min": 1.0, "max": 1.0}}
     polling |= {"max_status_requests": 50, "deadline": "10m"}
     processes, urls, configs, audits = [], [], [], []
-    for index, name in enumerate(REPLICAS):
+    for name in REPLICAS:
         port = free_port()
         folder = tmp_path / name
         config = write_config(
