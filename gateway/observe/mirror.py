@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gateway.errors import StoreError
 from gateway.observe.audit import parse_line
 from gateway.store.auditlines import AuditLines, ShippedLine
@@ -117,10 +119,20 @@ def read_from(path: Path, offset: int) -> tuple[list[bytes], int]:
     return lines, offset + sum(len(line) + 1 for line in lines)
 
 
+def read_batch(path: Path, offset: int) -> tuple[list[ShippedLine], int, int]:
+    """``read_from``, each line made what the store keeps (on a thread: the loop never
+    parses a batch); (lines, how many were read, where the next read starts)."""
+    raw, offset = read_from(path, offset)
+    return [line for line in map(shipped, raw) if line is not None], len(raw), offset
+
+
 def shipped(raw: bytes) -> ShippedLine | None:
     """A file line as the store keeps it; None for one that is not an audit line."""
-    line = parse_line(raw)
-    if line is None or not isinstance(line.get("seq"), int):
+    try:
+        line = orjson.loads(raw)  # several times json's speed: a batch is 1,000 of them
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(line, dict) or not isinstance(line.get("seq"), int):
         return None
     operation_id = line.get("operation_id")
     return ShippedLine(
@@ -210,13 +222,12 @@ class AuditMirror:
         if self._offset is None:
             last = await self._lines.last_seq(self._chain)
             self._offset = await asyncio.to_thread(offset_after, self.path, last or 0)
-        raw, offset = await asyncio.to_thread(read_from, self.path, self._offset)
-        lines = [line for line in map(shipped, raw) if line is not None]
+        lines, count, offset = await asyncio.to_thread(read_batch, self.path, self._offset)
         if lines:
             await self._lines.ship(self._chain, self.replica, lines)
         self._offset = offset
         self.shipped += len(lines)
-        return len(raw)
+        return count
 
     def _failed(self, problem: str) -> None:
         if self._failing is None:

@@ -35,8 +35,8 @@ class AuditRows(AuditLines):
         s = self._s
         query = (
             f"WITH kept AS (INSERT INTO {s}.audit_lines (chain, seq, at, operation_id, line)"
-            " SELECT %s::text, * FROM unnest(%s::bigint[], %s::double precision[], %s::text[],"
-            " %s::text[]) ON CONFLICT DO NOTHING RETURNING 1)"
+            " SELECT %s::text, * FROM unnest(%b::bigint[], %b::double precision[], %b::text[],"
+            " %b::text[]) ON CONFLICT DO NOTHING RETURNING 1)"
             f" INSERT INTO {s}.audit_chains AS c (chain, replica, last_seq, shipped_at)"
             " VALUES (%s, %s, %s, %s) ON CONFLICT (chain) DO UPDATE SET"
             " replica = excluded.replica, shipped_at = excluded.shipped_at,"
