@@ -177,6 +177,8 @@ class AuditMirror:
         self._wake.set()
 
     def start(self) -> None:
+        """Ship in the background, first what an earlier run left in the file."""
+        self._wake.set()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import test_postgres_roles as roles
 from aiohttp.test_utils import TestServer
 
 from gateway.demo.provider import DemoProvider
@@ -42,6 +43,7 @@ from conftest import (
 )
 
 AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
+two_roles = roles.two_roles  # the fixture: an owner role's database and a serving role
 ADMIN = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 REPLICAS = ("replica-a", "replica-b")
 
@@ -388,3 +390,53 @@ async def test_migrate_upgrades_layout_1_with_the_audit_tables(postgres_base_url
             assert found is not None and found[0] is not None
     finally:
         drop_schema(base, schema)
+
+
+async def test_a_role_without_rights_on_the_audit_tables_serves_and_loses_no_line(
+    two_roles: tuple[str, str, str], tmp_path: Path
+) -> None:
+    """A serving role granted everything but the audit tables (an upgrade whose grants were
+    not run again) serves a submit and polls as usual; once the owner grants the audit
+    tables, every line of the gateway's file reaches the database, in one intact chain."""
+    from gateway.observe.stories import verify_chains
+    from gateway.store import store_from_url
+
+    from conftest import real_time_harness
+
+    owner_url, serving_url, serving = two_roles
+    done = statusgate(
+        "migrate", "--config", str(write_config(tmp_path / "o", "x", store=owner_url))
+    )
+    assert done.returncode == 0, done.stderr
+    with connect(owner_url) as conn:
+        conn.execute(roles.GRANTS.format(role=serving))
+        conn.execute(f'REVOKE ALL ON public.audit_lines, public.audit_chains FROM "{serving}"')
+    policy = {"demo-jobs": {"polling": {"base_delay": "100ms", "jitter": {"min": 1}}}}
+    async with real_time_harness(
+        tmp_path / "serve", store_url=serving_url, policy_changes=policy
+    ) as harness:
+        response = await harness.submit([{"state": "running"}, {"state": "succeeded"}])
+        assert response.status == 202, await response.text()
+        job = (await response.json())["id"]
+        for _ in range(2):
+            poll = await harness.poll_when_due(job)
+            assert poll.status == 200, await poll.text()
+        written = len(harness.audit_path.read_text().splitlines())
+        with connect(owner_url) as conn:
+            assert conn.execute("SELECT count(*) FROM public.audit_lines").fetchone() == (0,)
+            conn.execute(f'GRANT ALL ON public.audit_lines, public.audit_chains TO "{serving}"')
+        deadline = time.monotonic() + 60  # the mirror's backoff reaches 30 s at most
+        while time.monotonic() < deadline:
+            with connect(owner_url) as conn:
+                row = conn.execute("SELECT count(*) FROM public.audit_lines").fetchone()
+            if row == (written,):
+                break
+            await asyncio.sleep(0.2)
+        assert row == (written,), (row, written)
+    owner = store_from_url(owner_url)
+    await owner.open()
+    try:
+        [found] = await verify_chains(owner.audit_lines, None)
+    finally:
+        await owner.close()
+    assert found.verdict.intact and found.verdict.records == written and found.first == 1
