@@ -1,4 +1,5 @@
-"""An operation's audit lines told as a story, one line per event (``statusgate audit story``).
+"""An operation's audit lines told as a story, one line per event (``statusgate audit story``),
+and the lines of several replicas merged into one story, each line naming its replica.
 
 Pure: audit line dicts in, text lines out.
 """
@@ -6,6 +7,7 @@ Pure: audit line dicts in, text lines out.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 GUIDED = {"provider_retry_after", "provider_poll_hint"}
@@ -63,3 +65,44 @@ def tell(line: dict[str, Any]) -> str:
 
 def story(lines: Iterable[dict[str, Any]], operation_id: str) -> list[str]:
     return [tell(line) for line in lines if line.get("operation_id") == operation_id]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One audit line and where it came from: the replica (or file) that wrote it and its
+    chain, so the lines of several replicas are told together and each named."""
+
+    replica: str
+    chain: str
+    seq: int
+    line: dict[str, Any]
+
+
+def merged(entries: Iterable[Entry]) -> list[Entry]:
+    """Every replica's lines in time order (``at`` is RFC 3339 UTC with milliseconds, so
+    its text sorts as the instants do; ties by replica, then seq), a line seen twice (in a
+    replica's file and in the store's copy of it) once."""
+    seen: dict[tuple[str, int], Entry] = {}
+    for entry in entries:
+        seen.setdefault((entry.chain, entry.seq), entry)
+    return sorted(seen.values(), key=lambda e: (str(e.line.get("at") or ""), e.replica, e.seq))
+
+
+def labels(entries: Iterable[Entry]) -> dict[str, str]:
+    """The name each chain is told by: its replica's, with the chain's first digits when two
+    chains share one (two processes on one host, or a replica whose file started over)."""
+    names: dict[str, str] = {}
+    for entry in entries:
+        names.setdefault(entry.chain, entry.replica)
+    shared = {name for name in names.values() if list(names.values()).count(name) > 1}
+    return {
+        chain: f"{name}/{chain[:8]}" if name in shared else name for chain, name in names.items()
+    }
+
+
+def told(entries: list[Entry], *, named: bool) -> list[str]:
+    """The story of merged entries, each line naming its replica when ``named``."""
+    if not named:
+        return [tell(entry.line) for entry in entries]
+    names = labels(entries)
+    return [f"{tell(entry.line)} (replica {names[entry.chain]})" for entry in entries]

@@ -1,8 +1,8 @@
 """The background sweeper: refusal windows closed when their poll time comes, operations
 past their deadline escalated whether or not an agent asks (SPEC 16), finished records
-purged past their policy's retention, and kept results copied when owed and deleted past
-their ttl (SPEC 23). One loop per process; its work is idempotent across
-replicas (compare-and-set and leases)."""
+purged past their policy's retention (on PostgreSQL, the audit lines kept of them too), and
+kept results copied when owed and deleted past their ttl (SPEC 23). One loop per process;
+its work is idempotent across replicas (compare-and-set and leases)."""
 
 from __future__ import annotations
 
@@ -115,4 +115,16 @@ async def purge_finished(runtime: Runtime) -> int:
                 break
     if purged:
         log.info("purged %d finished operations past their retention", purged)
+    await purge_audit_lines(runtime, now)
     return purged
+
+
+async def purge_audit_lines(runtime: Runtime, now: float) -> int:
+    """On a store that keeps every replica's audit lines: those older than the longest
+    retention of any policy whose operation is gone, from the start of each chain (so each
+    chain kept stays one verifiable run). The files are not touched."""
+    lines, policies = runtime.store.audit_lines, runtime.settings.policies
+    if lines is None or not policies:
+        return 0
+    longest = max(policy.retention for policy in policies.values())
+    return await lines.purge(now - longest, PURGE_BATCH)

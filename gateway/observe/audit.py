@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -119,28 +119,47 @@ class Verdict:
         return self.problem is None
 
 
-def verify(raw_lines: Iterable[bytes], key: bytes | None) -> Verdict:
-    """Recompute the chain; report the first sequence number that does not fit."""
+def verify(raw_lines: Iterable[bytes], key: bytes | None, *, anchored: bool = False) -> Verdict:
+    """Recompute the chain; report the first sequence number that does not fit.
+
+    ``anchored``: the lines are a run of a chain whose start is elsewhere (a database copy
+    whose oldest lines were purged), so the first line's own ``seq`` and ``prev`` are where
+    the run starts; from there every line must follow as in a whole file."""
     lines = list(raw_lines)
     prev, expected, count = GENESIS, 1, 0
     for index, raw in enumerate(lines):
         last = index == len(lines) - 1
-        try:
-            line = json.loads(raw)
-            if not isinstance(line, dict):
-                raise ValueError("not an object")
-        except ValueError:
+        line = parse_line(raw)
+        if line is None:
             if last and not raw.endswith(b"\n"):
                 return Verdict(count, torn_tail=True)
             return Verdict(count, expected, f"line {index + 1} is not a JSON object")
-        seq = line.get("seq")
-        if seq != expected:
-            return Verdict(count, expected, f"expected seq {expected}, found {seq!r}")
-        claimed = line.pop("hash", None)
-        if line.get("prev") != prev or claimed != chain_hash(prev, line, key):
-            return Verdict(count, expected, "hash does not match (altered, or another key)")
-        prev, expected, count = claimed, expected + 1, count + 1
+        if anchored and index == 0 and isinstance(line.get("seq"), int):
+            prev, expected = str(line.get("prev")), int(line["seq"])
+        problem = link_problem(line, prev, expected, key)
+        if problem is not None:
+            return Verdict(count, expected, problem)
+        prev, expected, count = str(line["hash"]), expected + 1, count + 1
     return Verdict(count)
+
+
+def parse_line(raw: bytes | str) -> dict[str, Any] | None:
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        return None
+    return line if isinstance(line, dict) else None
+
+
+def link_problem(line: dict[str, Any], prev: str, expected: int, key: bytes | None) -> str | None:
+    """Why ``line`` is not the link with seq ``expected`` after the hash ``prev``, or None."""
+    seq = line.get("seq")
+    if seq != expected:
+        return f"expected seq {expected}, found {seq!r}"
+    body = {name: value for name, value in line.items() if name != "hash"}
+    if line.get("prev") != prev or line.get("hash") != chain_hash(prev, body, key):
+        return "hash does not match (altered, or another key)"
+    return None
 
 
 def read_lines(path: Path) -> Iterator[bytes]:
@@ -204,6 +223,7 @@ class AuditLog:
         self._waiting: deque[dict[str, Any]] = deque()  # refused by the disk, in order
         self._refusing = False  # logged once per spell of refusals
         self._unsynced = False  # an fsync failed: not writable until one succeeds
+        self.on_written: Callable[[], None] | None = None  # told after lines are written
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -352,6 +372,8 @@ class AuditLog:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
         if written and not self._waiting:
             self._recovered(written)
+        if written and self.on_written is not None:
+            self.on_written()
         return None if self._waiting else line
 
     def _write_whole(self, fields: dict[str, Any]) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from gateway.core.models import Clock
 from gateway.observe.audit import AuditLog
 from gateway.observe.context import current_request_id
 from gateway.observe.metrics import Metrics
+from gateway.observe.mirror import AuditMirror
 from gateway.observe.notify import Notifier, notifier_for
 from gateway.settings.config import Settings
 
@@ -29,6 +30,7 @@ class Effects:
         self._clock = clock
         self.metrics = metrics
         self.audit = audit
+        self.mirror: AuditMirror | None = None  # set at start on a store that keeps lines
         self.notifier: Notifier | None = None  # set at start when a webhook is configured
 
     async def restart_notifier(self, settings: Settings) -> None:

@@ -8,7 +8,8 @@ resume. Operator tokens or the OIDC issuer's JWTs only; an agent token is ``forb
 - ``GET /admin/escalations?limit=``: the queue of escalated operations waiting on a person,
   oldest escalation first, each with its reason, age (by the gateway's clock), permitted
   actions and message; ``total`` counts them all.
-- ``GET /admin/operations/{id}``: the record, the escalation, the message, the audit story,
+- ``GET /admin/operations/{id}``: the record, the escalation, the message, the audit story
+  (every replica's lines on PostgreSQL, each naming its replica, also as ``story_lines``),
   and ``extension_left`` (what ``escalation.max_extension`` still allows, or null).
 - ``POST /admin/operations/{id}/{extend|cancel|abandon|resume}``, ``POST /admin/reload``.
 - ``GET /admin/me``: who the token names, their role and what it may do.
@@ -22,7 +23,6 @@ compare-and-set, and audited with the operator's id before the answer goes back.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,12 +42,13 @@ from gateway.core.models import (
     Outcome,
 )
 from gateway.core.roles import NEEDS, capabilities
-from gateway.core.story import story
+from gateway.core.story import labels, told
 from gateway.flow import cancels, polls, reloading
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http.bodies import read_limited
 from gateway.http.problems import problem
-from gateway.observe.audit import records
+from gateway.observe import stories
+from gateway.observe.mirror import replica_name
 from gateway.operator import access
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.units import format_duration, parse_duration, rfc3339
@@ -195,15 +196,26 @@ async def show_operation(request: web.Request) -> web.StreamResponse:
         body["escalation"] = problem_members(record, policy)
         body["message"] = message(record, policy)
     body["extension_left"] = _extension_left(policy, record)
-    audit = runtime.effects.audit
-    if audit is not None and audit.path.exists():  # a large file: read it off the event loop
-        path, wanted = audit.path, record.operation_id
-        body["story"] = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: story(records(path), wanted)
-        )
-    else:
-        body["story"] = []
+    body.update(await _story(runtime, record.operation_id))
     return web.json_response(body)
+
+
+async def _story(runtime: Runtime, operation_id: str) -> dict[str, Any]:
+    """The story from this replica's audit file and, on a store that keeps every
+    replica's lines (PostgreSQL), from every replica, each line naming its replica;
+    ``story_lines`` says the same as data; ``story_note`` why lines may be missing."""
+    audit, lines = runtime.effects.audit, runtime.store.audit_lines
+    replica = replica_name(runtime.settings.file.audit.replica)
+    path = audit.path if audit is not None else None
+    entries, note = await stories.gathered(operation_id, path=path, replica=replica, lines=lines)
+    named = lines is not None
+    names = labels(entries)
+    shown = [
+        {"at": e.line.get("at"), "replica": names[e.chain], "seq": e.seq}
+        | {"event": e.line.get("event")}
+        for e in entries
+    ]
+    return {"story": told(entries, named=named), "story_lines": shown, "story_note": note}
 
 
 def _extension_left(policy: ProviderPolicy | None, record: OperationRecord) -> Any:

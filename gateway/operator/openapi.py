@@ -180,7 +180,31 @@ def answer_schemas() -> dict[str, Any]:
                 "record": ref("OperationRecord"),
                 "escalation": nullable(ref("EscalationMembers")),
                 "message": nullable(STRING),
-                "story": {**STRINGS, "description": "The audit story, one line per event."},
+                "story": {
+                    **STRINGS,
+                    "description": "The audit story, one line per event; on PostgreSQL every"
+                    " replica's lines in time order, each ending (replica NAME).",
+                },
+                "story_lines": {
+                    "type": "array",
+                    "description": "Where each story line came from, in the same order.",
+                    "items": _obj(
+                        {
+                            "at": nullable(STRING),
+                            "replica": STRING,
+                            "seq": {"type": "integer"},
+                            "event": nullable(STRING),
+                        },
+                        ["at", "replica", "seq", "event"],
+                    ),
+                },
+                "story_note": nullable(
+                    {
+                        **STRING,
+                        "description": "Why lines may be missing (the store's copy"
+                        " could not be read), or null.",
+                    }
+                ),
                 "extension_left": nullable(_obj(left, list(left))),
             },
             ["record", "escalation", "message", "story"],

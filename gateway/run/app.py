@@ -30,6 +30,7 @@ from gateway.observe import tracing
 from gateway.observe.audit import AuditLog, Fsync
 from gateway.observe.effects import Effects
 from gateway.observe.metrics import FLUSH_SECONDS, MULTIPROCESS, Metrics, exposition
+from gateway.observe.mirror import AuditMirror, replica_name
 from gateway.operator import admin, console, openapi, sso
 from gateway.provider.client import Upstream
 from gateway.settings.config import Settings
@@ -106,6 +107,7 @@ async def _start(app: web.Application) -> None:
     effects = runtime.effects
     if effects.audit is not None:
         effects.audit.open()
+        _start_mirror(runtime)
     await effects.restart_notifier(runtime.settings)
     try:
         await _recover(runtime)
@@ -115,6 +117,19 @@ async def _start(app: web.Application) -> None:
     app[SWEEPER] = asyncio.create_task(sweep.run(runtime))
     if MULTIPROCESS:  # the other workers' scrapes read this worker's counts from files
         runtime.spawn(_flush_metrics(effects.metrics))
+
+
+def _start_mirror(runtime: Runtime) -> None:
+    """On a store that keeps every replica's audit lines, ship this file's lines to it in
+    the background (observe/mirror.py). With ``--workers`` the workers share one file and
+    one chain: worker 0 alone ships it."""
+    lines, audit = runtime.store.audit_lines, runtime.effects.audit
+    if lines is None or audit is None or os.environ.get(WORKER_ENV, "0") != "0":
+        return
+    mirror = AuditMirror(audit.path, lines, replica_name(runtime.settings.file.audit.replica))
+    audit.on_written = mirror.nudge
+    mirror.start()
+    runtime.effects.mirror = mirror
 
 
 async def _flush_metrics(metrics: Metrics) -> None:
@@ -174,6 +189,8 @@ async def _stop(app: web.Application) -> None:
     effects.metrics.flush()  # a worker's last counts reach the files the others read
     if effects.audit is not None:
         await effects.audit.close()
+    if effects.mirror is not None:  # after the file's last lines, before the store closes
+        await effects.mirror.close()
     await runtime.upstream.close()
     await runtime.keeper.close()
     await runtime.store.close()

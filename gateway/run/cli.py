@@ -96,12 +96,27 @@ def _tool_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
     audit = commands.add_parser("audit", help="verify audit logs, tell an operation's story")
     audit_commands = audit.add_subparsers(required=True, metavar="ACTION")
-    verify = audit_commands.add_parser("verify", help="recompute the hash chain of audit files")
-    verify.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    verify = audit_commands.add_parser(
+        "verify", help="recompute the hash chain of audit files (and of the store's copies)"
+    )
+    verify.add_argument("paths", nargs="*", type=Path, metavar="PATH")
+    verify.add_argument(
+        "--config", type=Path, help="also its audit file and, on PostgreSQL, every chain kept"
+    )
     verify.add_argument("--key-env", help="environment variable holding the HMAC key")
     verify.set_defaults(run=_audit_verify)
     story = audit_commands.add_parser("story", help="one operation's events, one line each")
-    story.add_argument("--config", type=Path, required=True)
+    story.add_argument("--config", type=Path, help="its log (every replica's on PostgreSQL)")
+    story.add_argument(
+        "--from",
+        dest="paths",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="merge these replicas' audit files (each chain verified)",
+    )
+    story.add_argument("--key-env", help="environment variable holding the HMAC key")
     story.add_argument("operation_id")
     story.set_defaults(run=_audit_story)
 
@@ -357,52 +372,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
-    import os
+    from gateway.operator.audittool import Request, verify_command
 
-    from gateway.observe.audit import read_lines, verify
-
-    key = None
-    if args.key_env:
-        value = os.environ.get(args.key_env)
-        if not value:
-            print(f"statusgate audit verify: {args.key_env} is not set", file=sys.stderr)
-            return 1
-        key = value.encode()
-    failed = False
-    for path in args.paths:
-        try:
-            verdict = verify(read_lines(path), key)
-        except OSError as exc:
-            print(f"{path}: cannot read ({exc.strerror})", file=sys.stderr)
-            failed = True
-            continue
-        if not verdict.intact:
-            print(f"{path}: chain broken at seq {verdict.bad_seq}: {verdict.problem}")
-            failed = True
-            continue
-        tail = ""
-        if verdict.torn_tail:
-            tail = f"; torn final line after seq {verdict.records} (an interrupted write)"
-        print(f"{path}: {verdict.records} records, chain intact{tail}")
-    return 1 if failed else 0
+    return verify_command(Request(args.paths, args.config, args.key_env))
 
 
 def _audit_story(args: argparse.Namespace) -> int:
-    from gateway.core.story import story
-    from gateway.observe.audit import records
-    from gateway.settings.config import audit_path, load_gateway_file
+    from gateway.operator.audittool import Request, story_command
 
-    path = audit_path(load_gateway_file(args.config), args.config.parent.resolve())
-    if path is None:
-        print(f"{args.config}: audit.path: no audit log is configured", file=sys.stderr)
-        return 1
-    if not path.exists():
-        print(f"{path}: no audit log yet", file=sys.stderr)
-        return 1
-    lines = story(records(path), args.operation_id)
-    if not lines:
-        print(f"{path}: no events for {args.operation_id}", file=sys.stderr)
-        return 1
-    for line in lines:
-        print(line)
-    return 0
+    return story_command(Request(args.paths, args.config, args.key_env, args.operation_id))

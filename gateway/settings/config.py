@@ -91,6 +91,9 @@ class AuditSettings(Strict):
     """An environment variable holding an HMAC key for the chain."""
     fsync: Literal["always", "batch", "never"] = "batch"
     """When lines reach the disk: always, batch (within 200 ms) or never."""
+    replica: str | None = None
+    """This replica's name on its audit lines in a PostgreSQL store (the lines of every
+    replica are kept there too); unset: the host name."""
 
 
 class Account(Strict):

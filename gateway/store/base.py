@@ -23,6 +23,7 @@ from typing import ClassVar, TypeVar
 from gateway import StoreError
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import Pacer
+from gateway.store.auditlines import AuditLines
 
 T = TypeVar("T")
 Ids = list[str]  # operation ids
@@ -296,6 +297,8 @@ class Store(Records, Coordination):
 
     shared: ClassVar[bool] = False
     """True when several processes (replicas, ``--workers``) may use one store at once."""
+    audit_lines: AuditLines | None = None
+    """Every replica's audit lines, where the store keeps them (PostgreSQL)."""
 
     # -- a poll's two store steps around the provider call ---------------------------------
     async def start_poll(

@@ -130,6 +130,8 @@ async def test_postgres_dump_restored_into_another_database(
     the restored schema opens as a store with the operations, its layout and its functions."""
     import psycopg
 
+    from gateway.store.postgres.layout import LAYOUT as POSTGRES_LAYOUT
+
     if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:
         pytest.skip("pg_dump and pg_restore are needed for the PostgreSQL backup procedure")
     store = store_from_url(postgres_url)
@@ -158,7 +160,7 @@ async def test_postgres_dump_restored_into_another_database(
         await copy.open()
         try:
             assert await copy.get("op_1") == created
-            assert await copy.migrate() == (1, 1)
+            assert await copy.migrate() == (POSTGRES_LAYOUT, POSTGRES_LAYOUT)
             assert await copy.acquire_lease("poll:op_1", "t", 0.0, 5.0)  # functions restored
         finally:
             await copy.close()

@@ -4,6 +4,7 @@ alone serves, and a database nobody migrated is refused in one line naming the f
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ GRANT USAGE ON SCHEMA public TO "{role}";
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{role}";
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}";
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO "{role}";
+REVOKE UPDATE ON public.audit_lines FROM "{role}";
 """
 
 
@@ -57,7 +59,9 @@ async def test_the_owner_migrates_and_a_dml_only_role_serves(
     """serve on a database nobody migrated exits 1 with one line saying to run
     ``statusgate migrate`` (no traceback, nothing created); the owner's migrate creates the
     layout; a role granted only USAGE, SELECT/INSERT/UPDATE/DELETE and EXECUTE then serves
-    a submit and a poll, and is ready."""
+    a submit and a poll, is ready, and ships its audit lines to the database."""
+    from gateway.store.postgres.layout import LAYOUT
+
     owner_url, serving_url, serving = two_roles
     early = statusgate("serve", "--config", str(config_for(tmp_path / "early", serving_url)))
     lines = early.stderr.strip().splitlines()
@@ -67,7 +71,8 @@ async def test_the_owner_migrates_and_a_dml_only_role_serves(
     with admin(owner_url) as conn:
         assert conn.execute("SELECT to_regclass('public.operations')").fetchone() == (None,)
     done = statusgate("migrate", "--config", str(config_for(tmp_path / "owner", owner_url)))
-    assert done.returncode == 0 and "created at schema version 1" in done.stdout, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert f"created at schema version {LAYOUT}" in done.stdout, done.stdout
     with admin(owner_url) as conn:
         conn.execute(GRANTS.format(role=serving))
     policy = {"demo-jobs": {"polling": {"base_delay": "100ms", "jitter": {"min": 1}}}}
@@ -81,3 +86,11 @@ async def test_the_owner_migrates_and_a_dml_only_role_serves(
         poll = await harness.poll_when_due(job)
         assert poll.status == 200, await poll.text()
         assert len(harness.provider_calls(job)) == 1
+        # the serving role ships its audit lines into audit_lines too (the same grants)
+        for _ in range(200):
+            with admin(owner_url) as conn:
+                row = conn.execute("SELECT count(*) FROM public.audit_lines").fetchone()
+            if row is not None and row[0] >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert row is not None and row[0] >= 2, row

@@ -189,7 +189,9 @@ async def test_records_survive_every_replica_closing(postgres_url: str) -> None:
     assert await first.save(created.evolve(status_requests_used=2, next_poll_at=123.5))
     await first.close()
     second = store_from_url(postgres_url)
-    assert await second.migrate() == (1, 1)
+    from gateway.store.postgres.layout import LAYOUT
+
+    assert await second.migrate() == (LAYOUT, LAYOUT)
     await second.open()
     try:
         stored = await second.get("op_p")
@@ -285,13 +287,15 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
     """``statusgate migrate`` creates the layout, then finds it current; ``check`` reports
     it; a layout newer than this release stops check, migrate and serve with one line naming
     both versions."""
+    from gateway.store.postgres.layout import LAYOUT
+
     postgres_url += "_fresh"  # a schema of its own no one migrated yet
     config = config_for(tmp_path, postgres_url)
     first = statusgate("migrate", "--config", str(config))
-    assert first.returncode == 0 and "created at schema version 1" in first.stdout
+    assert first.returncode == 0 and f"created at schema version {LAYOUT}" in first.stdout
     again = statusgate("migrate", "--config", str(config))
-    assert "schema version 1, up to date" in again.stdout
-    assert "(schema version 1)" in statusgate("check", "--config", str(config)).stdout
+    assert f"schema version {LAYOUT}, up to date" in again.stdout
+    assert f"(schema version {LAYOUT})" in statusgate("check", "--config", str(config)).stdout
     schema = postgres_url.rsplit("schema=", 1)[1]
     with admin(postgres_url) as conn:
         conn.execute(f'UPDATE "{schema}".schema_version SET version = 9')
@@ -299,7 +303,8 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
         done = statusgate(command, "--config", str(config))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, command
-        assert len(lines) == 1 and "schema version 9" in lines[0] and "(1)" in lines[0], lines
+        assert len(lines) == 1 and "schema version 9" in lines[0], lines
+        assert f"({LAYOUT})" in lines[0], lines
     store = store_from_url(postgres_url)
     with pytest.raises(NewerLayout):
         await store.open()

@@ -3,10 +3,11 @@ durable state shared by gateway replicas (SPEC 18).
 
 Tables (layout in ``sql/layout_N.sql``, its number in ``schema_version``): ``operations``
 (the record as JSON plus the columns a query or a guard reads), ``idempotency``,
-``leases``, ``pacing``. Every multi-step write is one statement or one function call, so
-one round trip and atomic: the reservation is ``sg_cas``'s UPDATE, whose WHERE re-checks
-outcome, budget, next_poll_at and deadline on the database clock (READ COMMITTED re-checks
-it on the newest row version, so concurrent replicas cannot overspend); a poll's first
+``leases``, ``pacing``; every replica's audit lines in ``audit_lines`` (``audit.py``).
+Every multi-step write is one statement or one function call, so one round trip and
+atomic: the reservation is ``sg_cas``'s UPDATE, whose WHERE re-checks outcome, budget,
+next_poll_at and deadline on the database clock (READ COMMITTED re-checks it on the newest
+row version, so concurrent replicas cannot overspend); a poll's first
 step (lease, pacing window, reservation) is ``sg_start``; its write-back is ``sg_finish``,
 fenced: written only while the poll's token still holds the lease, the lease row locked
 until commit. The gateway's clock is the database clock (an offset refreshed in the
@@ -52,6 +53,7 @@ from gateway.store.base import (
     newer_layout,
     stop,
 )
+from gateway.store.postgres.audit import AuditRows
 from gateway.store.postgres.layout import LAYOUT, migrate_layout
 from gateway.store.postgres.probe import create_query, reserve_query, write_probe
 from gateway.store.postgres.rows import (
@@ -104,6 +106,7 @@ class PostgresStore(Store):
         self._copies = Copies()  # pending records as last written or read here (``known``)
         self._finds: Batch[Job, OperationRecord] = Batch(self._find_many)
         self._clock = SharedClock(self._database_time)
+        self.audit_lines = AuditRows(self._connection, self._s, self.clock)
         self._checking: asyncio.Task[None] | None = None
         self._prepare = prepare
         q = self._q = Statements.of(self._s)
