@@ -19,6 +19,7 @@ from gateway.settings.config import Account, Quotas
 
 KEY_FIELDS = ("account", "providers", "expires_at", "quotas")
 MAX_NAME = 200  # characters of an account or provider name
+NO_QUOTAS = Quotas()
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class AgentKey:
     token_sha256: str
     created_at: float
     expires_at: float | None = None
-    quotas: Quotas = Quotas()
+    quotas: Quotas = NO_QUOTAS
     created_by: str = ""  # the operator who made it
 
     def live(self, now: float) -> bool:

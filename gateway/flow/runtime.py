@@ -18,6 +18,7 @@ from gateway.core.models import Clock
 from gateway.core.pacing import PauseNotes, Spacer
 from gateway.core.routing import RouteTable
 from gateway.flow.holds import Holds
+from gateway.flow.keys import KeyBook
 from gateway.flow.leases import Releases
 from gateway.flow.refusals import RefusalWindows
 from gateway.observe.effects import Effects
@@ -61,9 +62,11 @@ class Runtime:
     refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
     releases: Releases = field(default_factory=Releases)  # leases given back in the background
     background: set[asyncio.Task[None]] = field(default_factory=set)  # cancelled at stop
+    keys: KeyBook = field(init=False)  # agent keys made through the operator API
 
     def __post_init__(self) -> None:
         self.credentials = {}
+        self.keys = KeyBook(self.store)
         self.apply(self.settings)
 
     @property

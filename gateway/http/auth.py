@@ -11,8 +11,27 @@ import hashlib
 import re
 from collections.abc import Mapping
 
+from gateway.flow.runtime import Runtime
 from gateway.settings.config import Account, Operator, Settings
 from gateway.settings.policy import ProviderPolicy
+
+
+async def agent_of(
+    runtime: Runtime, headers: Mapping[str, str], policy: ProviderPolicy | None = None
+) -> Account | None:
+    """``agent``, then the agent keys made through the operator API (SPEC 25): a config
+    account's token first (no store read), else the store's key with this token's digest,
+    unless it expired. A StoreError goes up (the gateway fails closed)."""
+    token = agent_token(headers)
+    if token is None and policy is not None:
+        token = sdk_token(headers, policy)
+    if token is None:
+        return None
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    account = runtime.settings.account_for(digest)
+    if account is not None:
+        return account
+    return await runtime.keys.account(digest, runtime.clock())
 
 
 def agent(

@@ -250,6 +250,13 @@ class Metrics:
             registry=r,
         )
 
+        self.keys_changed = Counter(
+            "statusgate_keys_changed",
+            "Agent keys made (event=key_created) or revoked (event=key_revoked) through the"
+            " operator API",
+            ["event"],
+            registry=r,
+        )
         self.holds_declined = Counter(
             "statusgate_holds_declined",
             "Status calls that asked to be held, answered at once: limits.max_held_per_account"

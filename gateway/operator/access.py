@@ -57,7 +57,7 @@ async def caller(request: web.Request) -> Caller | web.Response:
     operator = auth.operator(settings, header)
     if operator is not None:
         return Caller(id=operator.id, role=operator.role, via="token")
-    if auth.agent(settings, request.headers) is not None:
+    if await auth.agent_of(runtime, request.headers) is not None:
         return problem("forbidden", "Agent tokens cannot use the operator API.")
     issuer = request.app[IDENTITY].current(settings.file.oidc)
     token = _bearer(header)

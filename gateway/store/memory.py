@@ -6,6 +6,8 @@ on the event loop without locks.
 
 from __future__ import annotations
 
+import builtins
+
 from gateway.core.keys import HOUR, AgentKey, quota_wait
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.settings.config import Quotas
@@ -122,7 +124,7 @@ class MemoryStore(Store):
         key_id = self._key_ids.get(token_sha256)
         return None if key_id is None else self._keys.get(key_id)
 
-    async def agent_keys(self) -> list[AgentKey]:
+    async def agent_keys(self) -> builtins.list[AgentKey]:
         return sorted(self._keys.values(), key=lambda k: (k.created_at, k.id))
 
     async def drop_key(self, key_id: str) -> AgentKey | None:
@@ -137,13 +139,13 @@ class MemoryStore(Store):
         self, holder: str, operation_id: str, quotas: Quotas, now: float, hold: float
     ) -> float:
         active = self._active.setdefault(holder, {})
-        for held, at in list(active.items()):
+        for held, at in tuple(active.items()):
             record = self._records.get(held)
             ended = record is not None and record.outcome is not Outcome.PENDING
             if ended or (record is None and at <= now - hold):
                 del active[held]
         submits = self._submits.setdefault(holder, {})
-        for held, at in list(submits.items()):
+        for held, at in tuple(submits.items()):
             if at <= now - HOUR:
                 del submits[held]
         wait = quota_wait(quotas, len(active), submits.values(), now)

@@ -30,6 +30,7 @@ from gateway.errors import ConfigError, NotAdmissible, StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url, store_kind
 from gateway.store.base import LeaseLost, NewerLayout
+from gateway.store.postgres.layout import LAYOUT
 
 from conftest import (
     AGENT_TOKEN,
@@ -288,10 +289,10 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
     postgres_url += "_fresh"  # a schema of its own no one migrated yet
     config = config_for(tmp_path, postgres_url)
     first = statusgate("migrate", "--config", str(config))
-    assert first.returncode == 0 and "created at schema version 1" in first.stdout
+    assert first.returncode == 0 and f"created at schema version {LAYOUT}" in first.stdout
     again = statusgate("migrate", "--config", str(config))
-    assert "schema version 1, up to date" in again.stdout
-    assert "(schema version 1)" in statusgate("check", "--config", str(config)).stdout
+    assert f"schema version {LAYOUT}, up to date" in again.stdout
+    assert f"(schema version {LAYOUT})" in statusgate("check", "--config", str(config)).stdout
     schema = postgres_url.rsplit("schema=", 1)[1]
     with admin(postgres_url) as conn:
         conn.execute(f'UPDATE "{schema}".schema_version SET version = 9')
@@ -299,7 +300,7 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
         done = statusgate(command, "--config", str(config))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, command
-        assert len(lines) == 1 and "schema version 9" in lines[0] and "(1)" in lines[0], lines
+        assert len(lines) == 1 and "schema version 9" in lines[0] and f"({LAYOUT})" in lines[0], lines
     store = store_from_url(postgres_url)
     with pytest.raises(NewerLayout):
         await store.open()

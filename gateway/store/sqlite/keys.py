@@ -52,7 +52,9 @@ class SQLiteKeys:
 
     async def key_for(self, token_sha256: str) -> AgentKey | None:
         sql = "SELECT data FROM agent_keys WHERE token_sha256 = ?"
-        return self._now("key_for", lambda conn: _load(conn.execute(sql, (token_sha256,)).fetchone()))
+        return self._now(
+            "key_for", lambda conn: _load(conn.execute(sql, (token_sha256,)).fetchone())
+        )
 
     async def agent_keys(self) -> list[AgentKey]:
         sql = "SELECT data FROM agent_keys ORDER BY created_at, id"
@@ -63,8 +65,9 @@ class SQLiteKeys:
         def work(conn: sqlite3.Connection) -> AgentKey | None:
             row = conn.execute("DELETE FROM agent_keys WHERE id = ? RETURNING data", (key_id,))
             key = _load(row.fetchone())
-            for table in ("quota_active", "quota_submits"):
-                conn.execute(f"DELETE FROM {table} WHERE holder = ?", (f"key:{key_id}",))
+            holder = (f"key:{key_id}",)
+            conn.execute("DELETE FROM quota_active WHERE holder = ?", holder)
+            conn.execute("DELETE FROM quota_submits WHERE holder = ?", holder)
             return key
 
         return await self._write("drop_key", work)
@@ -74,7 +77,9 @@ class SQLiteKeys:
     ) -> float:
         def work(conn: sqlite3.Connection) -> float:
             conn.execute(PRUNE_ACTIVE, (holder, holder, now - hold))
-            conn.execute("DELETE FROM quota_submits WHERE holder = ? AND at <= ?", (holder, now - HOUR))
+            conn.execute(
+                "DELETE FROM quota_submits WHERE holder = ? AND at <= ?", (holder, now - HOUR)
+            )
             active = conn.execute("SELECT count(*) FROM quota_active WHERE holder = ?", (holder,))
             count = int(active.fetchone()[0])
             recent = conn.execute("SELECT at FROM quota_submits WHERE holder = ?", (holder,))
