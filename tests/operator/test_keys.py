@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import pytest
 
 from gateway.settings.units import rfc3339
@@ -231,3 +232,19 @@ async def test_submits_per_hour_slides_and_binds_config_accounts_too(
     assert unlimited.status in (200, 201, 202)
     harness.clock.advance(3581)
     assert (await harness.submit(token=token, key="s3")).status in (200, 201, 202)
+
+
+async def test_key_answers_match_the_openapi_document(gateway: Harness) -> None:
+    """A made key, a rotated one and the list validate against /openapi.json's schemas."""
+    document = await (await gateway.client.get("/openapi.json")).json()
+
+    def check(name: str, value: Any) -> None:
+        schema = {**document, "$ref": f"#/components/schemas/{name}"}
+        jsonschema.Draft202012Validator(schema).validate(value)
+
+    made = await make_key(gateway, expires_at=rfc3339(gateway.clock.now + 60))
+    check("NewAgentKey", made)
+    rotated = await gateway.client.post(f"/admin/keys/{made['id']}/rotate", headers=ADMIN)
+    check("NewAgentKey", await rotated.json())
+    check("KeyList", await (await gateway.client.get("/admin/keys", headers=ADMIN)).json())
+    check("KeyRequest", {"account": "a", "providers": ["*"], "quotas": {"submits_per_hour": 1}})
