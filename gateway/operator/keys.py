@@ -29,7 +29,7 @@ from gateway.core.roles import NEEDS
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http.problems import problem
 from gateway.operator import access
-from gateway.operator.admin import _json_body
+from gateway.operator.admin import json_body
 from gateway.settings.units import rfc3339
 
 TOKEN_PREFIX = "sgk_"  # noqa: S105 - an agent key's token: recognisable in a secret scanner's rules
@@ -83,7 +83,7 @@ async def create_key(request: web.Request) -> web.StreamResponse:
         return operator
     runtime = request.app[RUNTIME]
     try:
-        body = await _json_body(request)
+        body = await json_body(request)
         asked = key_request(body, runtime.settings.policies, runtime.clock())
     except ValueError as exc:
         return problem("invalid-request", f"Bad request body: {exc}.")
