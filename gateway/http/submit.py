@@ -208,17 +208,27 @@ async def _within_quotas(
         return None
     hold = runtime.settings.file.limits.upstream_timeout + QUOTA_HOLD
     now = runtime.clock()
-    wait = await runtime.store.claim_quota(account.holder, operation_id, quotas, now, hold)
+    try:
+        wait = await runtime.store.claim_quota(account.holder, operation_id, quotas, now, hold)
+    except StoreError:
+        await _unclaim(call, operation_id, entry)
+        raise  # 503 store-unavailable: nothing was sent
     if wait <= 0:
         return None
-    if entry is not None:
-        await runtime.records.drop_idempotency(entry.key)
-    with contextlib.suppress(StoreError):
-        await runtime.records.release_submission(operation_id)
+    await _unclaim(call, operation_id, entry)
     limits = [f"{name} {value}" for name, value in quotas.model_dump().items() if value is not None]
     whose = f"agent key {account.key_id}" if account.key_id else f"account {account.id!r}"
     detail = f"The {whose} has reached a quota ({', '.join(limits)}); nothing was sent."
     return problem("quota-exceeded", detail, retry_after=wait)
+
+
+async def _unclaim(call: Call, operation_id: str, entry: IdempotencyEntry | None) -> None:
+    """What ``claim_submission`` wrote for a submission that will not be sent, given back,
+    so a retry with its key is not told the key is in use."""
+    with contextlib.suppress(StoreError):
+        if entry is not None:
+            await call.runtime.records.drop_idempotency(entry.key)
+        await call.runtime.records.release_submission(operation_id)
 
 
 async def _untracked(

@@ -182,8 +182,7 @@ async def test_rotation_makes_a_new_token_and_revokes_the_old(gateway: Harness) 
 async def test_max_active_operations_refuses_with_nothing_forwarded(gateway: Harness) -> None:
     """With max_active_operations 1, a second submission while the first operation is
     pending is 429 quota-exceeded with Retry-After and the provider sees nothing; once the
-    first operation has ended, a submission goes again. A submission the provider refused
-    gives its place back."""
+    first operation has ended, the same submission (its idempotency key free again) goes."""
     made = await make_key(gateway, quotas={"max_active_operations": 1})
     token = made["token"]
     first = await gateway.submit([{"state": "running"}, {"state": "succeeded"}], token=token)
@@ -198,7 +197,7 @@ async def test_max_active_operations_refuses_with_nothing_forwarded(gateway: Har
     assert (await poll_due(gateway, job, token)).status == 200
     done = await poll_due(gateway, job, token)
     assert done.status == 200 and (await gateway.record(job, account="team-k")).outcome.terminal
-    again = await gateway.submit([{"state": "running"}], token=token, key="third")
+    again = await gateway.submit([{"state": "running"}], token=token, key="second")  # free
     assert again.status in (200, 201, 202), await again.text()
     assert submits(gateway) == sent + 1
 
