@@ -247,3 +247,13 @@ async def test_key_answers_match_the_openapi_document(gateway: Harness) -> None:
     check("NewAgentKey", await rotated.json())
     check("KeyList", await (await gateway.client.get("/admin/keys", headers=ADMIN)).json())
     check("KeyRequest", {"account": "a", "providers": ["*"], "quotas": {"submits_per_hour": 1}})
+
+
+async def test_a_submission_the_provider_refused_gives_its_place_back(gateway: Harness) -> None:
+    """With max_active_operations 1, a submission the provider answers 400 opens no
+    operation and frees its place at once: the next submission is forwarded."""
+    made = await make_key(gateway, quotas={"max_active_operations": 1})
+    refused = await gateway.submit(token=made["token"], key="bad", submit={"http": 400})
+    assert refused.status == 400
+    accepted = await gateway.submit([{"state": "running"}], token=made["token"], key="good")
+    assert accepted.status in (200, 201, 202), await accepted.text()
