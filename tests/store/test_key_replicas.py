@@ -42,6 +42,8 @@ async def submit(http: aiohttp.ClientSession, url: str, token: str, key: str) ->
         return response.status
 
 
+# the provider answers on this test's loop: a loaded machine may take over the default 1 s
+@pytest.mark.parametrize("upstream_timeout", ["10s"])
 async def test_a_revoked_key_is_refused_by_the_other_replica_within_a_second(
     replicas: Replicas,
 ) -> None:
@@ -68,6 +70,7 @@ async def test_a_revoked_key_is_refused_by_the_other_replica_within_a_second(
         assert await submit(http, first, token, "after-0") == 401
 
 
+@pytest.mark.parametrize("upstream_timeout", ["10s"])
 async def test_submits_per_hour_holds_across_replicas(replicas: Replicas) -> None:
     """A key allowed 3 submissions an hour: 8 sent at once, half to each replica, give
     exactly 3 accepted and 5 answered 429 quota-exceeded with Retry-After; the provider
@@ -93,7 +96,7 @@ async def test_submits_per_hour_holds_across_replicas(replicas: Replicas) -> Non
     assert len(posts) == 3, posts
 
 
-@pytest.mark.parametrize("upstream_timeout", ["5s"])
+@pytest.mark.parametrize("upstream_timeout", ["10s"])
 async def test_max_active_operations_holds_across_replicas(replicas: Replicas) -> None:
     """A key allowed 2 pending operations: 6 submissions at once over both replicas open
     exactly 2; the provider received exactly 2."""
