@@ -21,6 +21,8 @@ import pytest
 from gateway.errors import StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url
+from gateway.store.postgres.layout import LAYOUT as POSTGRES_LAYOUT
+from gateway.store.redis.store import LAYOUT as REDIS_LAYOUT
 from gateway.store.sqlite.rows import LAYOUT
 
 from conftest import AGENT_TOKEN, RedisServer, Served, pending_record
@@ -117,7 +119,7 @@ async def test_redis_snapshot_restored_into_a_new_server(
                 await asyncio.sleep(0.1)
         else:
             raise AssertionError("the restored Redis never served the record")
-        assert await copy.migrate() == (1, 1)
+        assert await copy.migrate() == (REDIS_LAYOUT, REDIS_LAYOUT)
         await copy.close()
     finally:
         restored.stop()
@@ -158,7 +160,7 @@ async def test_postgres_dump_restored_into_another_database(
         await copy.open()
         try:
             assert await copy.get("op_1") == created
-            assert await copy.migrate() == (1, 1)
+            assert await copy.migrate() == (POSTGRES_LAYOUT, POSTGRES_LAYOUT)
             assert await copy.acquire_lease("poll:op_1", "t", 0.0, 5.0)  # functions restored
         finally:
             await copy.close()

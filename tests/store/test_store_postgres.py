@@ -190,7 +190,7 @@ async def test_records_survive_every_replica_closing(postgres_url: str) -> None:
     assert await first.save(created.evolve(status_requests_used=2, next_poll_at=123.5))
     await first.close()
     second = store_from_url(postgres_url)
-    assert await second.migrate() == (1, 1)
+    assert await second.migrate() == (LAYOUT, LAYOUT)
     await second.open()
     try:
         stored = await second.get("op_p")
