@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.core.decide import Decision, Reply
 from gateway.core.escalation import message, problem_members
+from gateway.core.keys import AgentKey
 from gateway.core.models import DelaySource, Event, OperationRecord, Outcome
 from gateway.core.schedule import Plan
 from gateway.settings.policy import ProviderPolicy
@@ -286,6 +287,23 @@ def of_push(
             "actor": "provider",
         }
     return (count, Line(fields))
+
+
+def of_key(event: Event, key: AgentKey, now: float, *, actor: str, detail: str) -> Effects:
+    """An agent key made or revoked through the operator API (SPEC 25): one line naming
+    the key by id and account, never its token (nor the token's digest)."""
+    line = {
+        "at": iso(now),
+        "operation_id": None,
+        "provider": None,
+        "account": key.account,
+        "event": event.value,
+        "decision": "created" if event is Event.KEY_CREATED else "revoked",
+        "detail": detail,
+        "actor": actor,
+        "key_id": key.id,
+    }
+    return (Count("keys_changed", (event.value,)), Line(line))
 
 
 def of_hold_declined(provider: str, bound: str) -> Effects:

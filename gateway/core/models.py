@@ -67,6 +67,8 @@ class Event(enum.StrEnum):
     NOTIFIED = "notified"
     MESSAGE_SENT = "message_sent"  # an A2A caller's follow-up message, its task recorded
     PUSHED = "pushed"  # a push: a provider's (SPEC 23, verified or refused) or a remote A2A agent's
+    KEY_CREATED = "key_created"  # an agent key made through the operator API (SPEC 25)
+    KEY_REVOKED = "key_revoked"
 
 
 class Failure(enum.Enum):

@@ -99,6 +99,16 @@ PROBLEMS: Mapping[str, ProblemType] = {
         "Approval required",
         "This action is taken by an operator through the operator API, not by an agent.",
     ),
+    "quota-exceeded": ProblemType(
+        429,
+        "Quota exceeded",
+        "The agent key or account has reached one of its quotas: max_active_operations "
+        "(pending operations at once; retry once one has ended) or submits_per_hour "
+        "(submissions in any sliding hour; retry after the Retry-After header). Nothing "
+        "was sent to the provider.",
+        retry=True,
+    ),
+    "unknown-key": ProblemType(404, "Unknown key", "No agent key has this id (or it was revoked)."),
     "provider-rate-limited": ProblemType(
         429,
         "Provider rate limited",

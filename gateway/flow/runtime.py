@@ -19,6 +19,7 @@ from gateway.core.pacing import PauseNotes, Spacer
 from gateway.core.routing import RouteTable
 from gateway.flow.holds import Holds
 from gateway.flow.keeper import Keeper
+from gateway.flow.keys import KeyBook
 from gateway.flow.leases import Releases
 from gateway.flow.refusals import RefusalWindows
 from gateway.observe.effects import Effects
@@ -63,10 +64,12 @@ class Runtime:
     releases: Releases = field(default_factory=Releases)  # leases given back in the background
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # cancelled at stop
     keeper: Keeper = field(init=False)  # kept results: their store, copies under way
+    keys: KeyBook = field(init=False)  # agent keys made through the operator API
 
     def __post_init__(self) -> None:
         self.credentials = {}
         self.keeper = Keeper(self.settings.results_target)
+        self.keys = KeyBook(self.store)
         self.apply(self.settings)
 
     @property

@@ -1,4 +1,5 @@
-"""Who is calling: the agent account or operator a request's token names (SPEC 4, 6, 12, 22).
+"""Who is calling: the agent account (a config account, or an agent key the store keeps) or
+operator a request's token names (SPEC 4, 6, 12, 22, 25).
 
 Tokens are compared only as sha256 digests; none of them is ever forwarded: the agent-only
 headers are never sent on, and a token in the policy credential's own header is replaced by
@@ -11,12 +12,13 @@ import hashlib
 import re
 from collections.abc import Mapping
 
+from gateway.flow.runtime import Runtime
 from gateway.settings.config import Account, Operator, Settings
 from gateway.settings.policy import ProviderPolicy
 
 
-def agent(
-    settings: Settings, headers: Mapping[str, str], policy: ProviderPolicy | None = None
+async def agent_of(
+    runtime: Runtime, headers: Mapping[str, str], policy: ProviderPolicy | None = None
 ) -> Account | None:
     """The account whose agent token the request carries; None if unknown.
 
@@ -25,13 +27,22 @@ def agent(
     id is the token (SPEC 12), then (SPEC 22) the token where ``policy``'s SDK puts its
     key: the credential's header, with the credential's scheme word if it has one
     (``x-api-key: <token>``, ``Authorization: Key <token>``, a bare ``Authorization:
-    <token>``). None of these is ever forwarded."""
+    <token>``). None of these is ever forwarded.
+
+    A config account's token is found first, with no store read; else the agent key made
+    through the operator API with this token's digest (SPEC 25: an Account limited to the
+    key's providers, with its quotas), unless it expired. A StoreError goes up: the
+    gateway fails closed."""
     token = agent_token(headers)
     if token is None and policy is not None:
         token = sdk_token(headers, policy)
     if token is None:
         return None
-    return settings.account_for(hashlib.sha256(token.encode()).hexdigest())
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    account = runtime.settings.account_for(digest)
+    if account is not None:
+        return account
+    return await runtime.keys.account(digest, runtime.clock())
 
 
 def key_form(policy: ProviderPolicy) -> tuple[str, str] | None:

@@ -46,7 +46,7 @@ async def handle(request: AgentRequest) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
     name = request.match_info["provider"]
     policy = runtime.settings.policies.get(name)
-    account = auth.agent(runtime.settings, request.headers, policy)
+    account = await auth.agent_of(runtime, request.headers, policy)
     if account is None:
         return problem("unauthenticated", auth.hint(policy))
     note_account(account.id)

@@ -50,6 +50,7 @@ from gateway.settings.policy import Idempotency, ProviderPolicy
 
 log = logging.getLogger("statusgate")
 IN_FLIGHT_MARGIN = 1.0  # an in-flight submission older than the upstream timeout plus this is lost
+QUOTA_HOLD = 60.0  # a quota place without a record is free this long after the upstream timeout
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
@@ -107,6 +108,9 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
     seen = await runtime.records.claim_submission(entry, now, operation_id, account, provider)
     if seen is not None:
         return await _replay(call, seen, fingerprint, now)
+    refused = await _within_quotas(call, operation_id, entry)
+    if refused is not None:
+        return refused
     route = policy.routes.submit
     template = call.match.sent or route.path  # a more_paths form is sent as called
     url = policy.upstream + fill(template, call.match.params, sent.query)
@@ -116,13 +120,15 @@ async def run(call: Call, sent: Submission) -> web.StreamResponse:
         runtime.channel(policy), policy, "submit", route.method, url, headers, body
     )
     if response is None or not 200 <= response.status < 300:
-        await _release(call, operation_id)
+        # no answer: the provider may hold a job, so its quota place stays until the hold
+        await _release(call, operation_id, quota=response is not None)
     if response is None:
         await _audit(call, Event.SUBMIT_FAILED, None, f"no answer: {_failure(answer)}")
         return await _submit_failed(call, entry, answer.failure)
     if not 200 <= response.status < 300:
         return await _provider_refused(call, entry, response)
     if sent.answers_untracked and _job_id(call, response, body) is None:
+        await _release(call, operation_id, reservation=False)
         return await _untracked(call, entry, response)
     wait = prefer_wait(
         (v for k, v in sent.headers if k.lower() == "prefer"), bare=policy.polling.max_hold
@@ -177,10 +183,51 @@ class Opened:
     key: str | None
 
 
-async def _release(call: Call, operation_id: str) -> None:
+async def _release(
+    call: Call, operation_id: str, *, reservation: bool = True, quota: bool = True
+) -> None:
     """The reservation of a submission that opened no operation, given up (one left
-    behind, the store failing, is purged after the retention)."""
+    behind, the store failing, is purged after the retention), and its quota place (one
+    left behind is free after the in-flight hold)."""
     with contextlib.suppress(StoreError):
+        if reservation:
+            await call.runtime.records.release_submission(operation_id)
+        if quota and call.account.quotas.limited:
+            await call.runtime.store.release_quota(call.account.holder, operation_id)
+
+
+async def _within_quotas(
+    call: Call, operation_id: str, entry: IdempotencyEntry | None
+) -> web.Response | None:
+    """SPEC 25: the submission counted against its key's (or config account's) quotas,
+    or ``429 quota-exceeded`` with Retry-After and the claim given back: nothing is sent.
+    The count is the store's, atomic across replicas (store/base.py, claim_quota)."""
+    account, runtime = call.account, call.runtime
+    quotas = account.quotas
+    if not quotas.limited:
+        return None
+    hold = runtime.settings.file.limits.upstream_timeout + QUOTA_HOLD
+    now = runtime.clock()
+    try:
+        wait = await runtime.store.claim_quota(account.holder, operation_id, quotas, now, hold)
+    except StoreError:
+        await _unclaim(call, operation_id, entry)
+        raise  # 503 store-unavailable: nothing was sent
+    if wait <= 0:
+        return None
+    await _unclaim(call, operation_id, entry)
+    limits = [f"{name} {value}" for name, value in quotas.model_dump().items() if value is not None]
+    whose = f"agent key {account.key_id}" if account.key_id else f"account {account.id!r}"
+    detail = f"The {whose} has reached a quota ({', '.join(limits)}); nothing was sent."
+    return problem("quota-exceeded", detail, retry_after=wait)
+
+
+async def _unclaim(call: Call, operation_id: str, entry: IdempotencyEntry | None) -> None:
+    """What ``claim_submission`` wrote for a submission that will not be sent, given back,
+    so a retry with its key is not told the key is in use."""
+    with contextlib.suppress(StoreError):
+        if entry is not None:
+            await call.runtime.records.drop_idempotency(entry.key)
         await call.runtime.records.release_submission(operation_id)
 
 

@@ -36,8 +36,14 @@ from gateway.core.problems import PROBLEMS
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 REQUEST_BUCKETS = (1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, 200)
 ROUTES = ("submit", "status", "result", "cancel", "passthrough")
-# ``overloaded`` is refused before the provider and route are known: its own counter
-AGENT_OUTCOMES = ("forwarded", "cached", *(slug for slug in PROBLEMS if slug != "overloaded"))
+# Not primed as agent outcomes: ``overloaded`` is refused before the provider and route are
+# known (its own counter); ``unknown-key`` answers the keys API only, never an agent route.
+NOT_AGENT_OUTCOMES = ("overloaded", "unknown-key")
+AGENT_OUTCOMES = (
+    "forwarded",
+    "cached",
+    *(slug for slug in PROBLEMS if slug not in NOT_AGENT_OUTCOMES),
+)
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error", "timeout")
 FINISHED = (*(o.value for o in Outcome if o.terminal), "abandoned")
 HOLD_BOUNDS = ("account", "total")
@@ -250,6 +256,13 @@ class Metrics:
             registry=r,
         )
 
+        self.keys_changed = Counter(
+            "statusgate_keys_changed",
+            "Agent keys made (event=key_created) or revoked (event=key_revoked) through the"
+            " operator API",
+            ["event"],
+            registry=r,
+        )
         self.holds_declined = Counter(
             "statusgate_holds_declined",
             "Status calls that asked to be held, answered at once: limits.max_held_per_account"

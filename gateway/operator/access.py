@@ -9,13 +9,15 @@ keys API, say) needs nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from aiohttp import web
 
+from gateway import StoreError
 from gateway.core.roles import allows, person, role_from_claims
-from gateway.flow.runtime import ROUTE, RUNTIME
+from gateway.flow.runtime import ROUTE, RUNTIME, Runtime
 from gateway.http import auth
 from gateway.http.problems import problem
 from gateway.operator.oidc import Identity, Rejected
@@ -57,7 +59,7 @@ async def caller(request: web.Request) -> Caller | web.Response:
     operator = auth.operator(settings, header)
     if operator is not None:
         return Caller(id=operator.id, role=operator.role, via="token")
-    if auth.agent(settings, request.headers) is not None:
+    if await _agent(runtime, request.headers):
         return problem("forbidden", "Agent tokens cannot use the operator API.")
     issuer = request.app[IDENTITY].current(settings.file.oidc)
     token = _bearer(header)
@@ -77,6 +79,16 @@ async def caller(request: web.Request) -> Caller | web.Response:
         via="oidc",
         expires_at=float(exp) if isinstance(exp, (int, float)) else None,
     )
+
+
+async def _agent(runtime: Runtime, headers: Mapping[str, str]) -> bool:
+    """Whether the token is an agent's (a config account's or a stored key's), only to say
+    so; a store that does not answer makes it no agent's here, so an operator signed in
+    with single sign-on keeps the calls that need no store (``/admin/me``, a reload)."""
+    try:
+        return await auth.agent_of(runtime, headers) is not None
+    except StoreError:  # raised only after the config accounts were checked
+        return False
 
 
 def _bearer(header: str | None) -> str | None:

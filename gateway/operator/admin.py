@@ -316,7 +316,7 @@ class _Asked:
 
 async def _action_body(request: web.Request) -> _Asked:
     """The action's body read and checked; ValueError says what is wrong with it."""
-    body = await _json_body(request)
+    body = await json_body(request)
     reason = body.get("reason", "")
     if not isinstance(reason, str):
         raise ValueError("reason must be a string")
@@ -375,7 +375,7 @@ def _not_permitted(record: OperationRecord, why: str) -> web.Response:
     return problem("action-not-permitted", f"Refused: {why}.", operation_id=record.operation_id)
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
+async def json_body(request: web.Request) -> dict[str, Any]:
     limits = request.app[RUNTIME].settings.file.limits
     raw = await read_limited(request, limits.max_request_body, limits.body_timeout)
     if not raw.strip():

@@ -23,6 +23,7 @@ from gateway.core.models import (
     DelaySource,
     Escalation,
     FinalResponse,
+    KeptResult,
     LastAnswer,
     OperationRecord,
     Outcome,
@@ -57,7 +58,7 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 # fields a record's JSON leaves out while they are empty (OperationRecord.to_json)
-OMITTED_WHEN_EMPTY = frozenset({"route_values"})
+OMITTED_WHEN_EMPTY = frozenset({"route_values", "kept_result"})
 
 
 def _field_schema(name: str, kind: Any) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def _field_schema(name: str, kind: Any) -> dict[str, Any]:
         return INSTANT
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return ref(kind.__name__)
-    if kind in (FinalResponse, Escalation, LastAnswer):
+    if kind in (FinalResponse, Escalation, LastAnswer, KeptResult):
         return ref(f"Record{kind.__name__}")
     if name == "route_values":  # (name, value) pairs, shown as an object (to_json)
         return {"type": "object", "additionalProperties": {"type": "string"}}
@@ -150,6 +151,11 @@ def model_schemas() -> dict[str, Any]:
             **_record_schema(LastAnswer),
             "description": "The last pending provider answer, replayed to early status calls "
             "(early_calls: replay); body as text.",
+        },
+        "RecordKeptResult": {
+            **_record_schema(KeptResult),
+            "description": "The copy of a succeeded job's result the gateway keeps "
+            "(results.keep); name empty when it was over results.max_bytes.",
         },
         "OperationRecord": _record_schema(OperationRecord),
     }
@@ -319,7 +325,7 @@ def responses() -> dict[str, Any]:
             "forbidden: an agent token on the operator API; forbidden-role: the operator's "
             "role is below the one this needs (members required_role and role)."
         ),
-        "NotFound": _problem_response("unknown-operation, or route-not-allowed."),
+        "NotFound": _problem_response("unknown-operation, unknown-key, or route-not-allowed."),
         "Conflict": _problem_response("action-not-permitted: refused by the escalation's rules."),
         "ConfigRejected": _problem_response("config-rejected: nothing changed; see problems."),
         "StoreUnavailable": _problem_response(
@@ -384,6 +390,7 @@ def operator_paths() -> dict[str, Any]:
         "/admin/operations/{operation_id}": {"get": _show()},
         "/admin/operations/{operation_id}/{action}": {"post": _act()},
         "/admin/reload": {"post": _reload()},
+        **_key_paths(),
     }
 
 
@@ -450,6 +457,71 @@ def _reload() -> dict[str, Any]:
         "reload",
         _answers(done, ("422", "ConfigRejected")),
     )
+
+
+KEY_ID = {"name": "key_id", "in": "path", "required": True, "schema": STRING}
+LIMIT_OR_NONE = nullable({"type": "integer", "minimum": 1})
+
+
+def key_schemas() -> dict[str, Any]:
+    """Agent keys (SPEC 25): the request, a key as listed, a new key with its token."""
+    quotas = _obj({"max_active_operations": LIMIT_OR_NONE, "submits_per_hour": LIMIT_OR_NONE})
+    shown = {
+        "id": STRING,
+        "account": STRING,
+        "providers": STRINGS,
+        "expires_at": nullable(INSTANT),
+        "quotas": ref("Quotas"),
+        "created_at": INSTANT,
+        "created_by": STRING,
+        "expired": {"type": "boolean"},
+    }
+    token = {**STRING, "description": "The key's token: in this answer only, never again."}
+    request = {
+        "account": {**STRING, "minLength": 1, "description": "The account records carry."},
+        "providers": {**STRINGS, "minItems": 1, "description": 'Provider names, or ["*"].'},
+        "expires_at": {**nullable(INSTANT), "description": "RFC 3339; refused after it."},
+        "quotas": ref("Quotas"),
+    }
+    return {
+        "Quotas": {**quotas, "additionalProperties": False},
+        "KeyRequest": {**_obj(request, ["account", "providers"]), "additionalProperties": False},
+        "AgentKey": _obj(shown, list(shown)),
+        "NewAgentKey": _obj({**shown, "token": token}, [*shown, "token"]),
+        "KeyList": _obj({"keys": {"type": "array", "items": ref("AgentKey")}, "now": INSTANT}),
+    }
+
+
+def _key_paths() -> dict[str, Any]:
+    made = _json(ref("NewAgentKey"), "The key, with its token shown this once.")
+    gone = {"description": "Revoked.", "headers": _refs("X-Request-Id")}
+    body = {"required": True, "content": {"application/json": {"schema": ref("KeyRequest")}}}
+    create = _answers(made, ("400", "Invalid"), ("413", "TooLarge"))
+    create["201"] = create.pop("200")
+    rotated = _answers(made, ("404", "NotFound"))
+    rotated["201"] = rotated.pop("200")
+    revoked = _answers(gone, ("404", "NotFound"))
+    revoked["204"] = revoked.pop("200")
+    listed = _json(ref("KeyList"), "Every key, without tokens.")
+    return {
+        "/admin/keys": {
+            "get": _operator("List agent keys (never their tokens)", "keys", _answers(listed)),
+            "post": {
+                **_operator("Make an agent key; its token is shown once", "keys", create),
+                "requestBody": body,
+            },
+        },
+        "/admin/keys/{key_id}": {
+            "delete": _operator(
+                "Revoke a key: refused everywhere within 1 s", "keys", revoked, KEY_ID
+            )
+        },
+        "/admin/keys/{key_id}/rotate": {
+            "post": _operator(
+                "A new key like this one (new token); this one revoked", "keys", rotated, KEY_ID
+            )
+        },
+    }
 
 
 def _plain(description: str) -> dict[str, Any]:
@@ -621,7 +693,7 @@ def document() -> dict[str, Any]:
         ],
         "paths": {**operator_paths(), **open_paths(), **agent_paths()},
         "components": {
-            "schemas": {**model_schemas(), **answer_schemas()},
+            "schemas": {**model_schemas(), **answer_schemas(), **key_schemas()},
             "headers": headers(),
             "responses": responses(),
             "securitySchemes": {

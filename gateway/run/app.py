@@ -31,7 +31,7 @@ from gateway.observe.audit import AuditLog, Fsync
 from gateway.observe.effects import Effects
 from gateway.observe.metrics import FLUSH_SECONDS, MULTIPROCESS, Metrics, exposition
 from gateway.observe.mirror import AuditMirror, replica_name
-from gateway.operator import admin, console, openapi, sso
+from gateway.operator import admin, console, keys, openapi, sso
 from gateway.provider.client import Upstream
 from gateway.settings.config import Settings
 from gateway.store import Store, store_from_url
@@ -87,6 +87,7 @@ def create_app(
     app.router.add_get("/problems/{slug}", explain)
     app.router.add_get("/openapi.json", openapi.serve)
     admin.routes(app)
+    keys.routes(app)
     mcp.routes(app)
     sso.routes(app)
     console.routes(app)

@@ -96,6 +96,17 @@ class AuditSettings(Strict):
     replica are kept there too); unset: the host name."""
 
 
+class Quotas(Strict):
+    max_active_operations: Annotated[int, Field(ge=1)] | None = None
+    """Pending operations at once (submissions in flight included); unset: no limit."""
+    submits_per_hour: Annotated[int, Field(ge=1)] | None = None
+    """Submissions forwarded in any sliding hour; unset: no limit."""
+
+    @property
+    def limited(self) -> bool:
+        return self.max_active_operations is not None or self.submits_per_hour is not None
+
+
 class Account(Strict):
     id: str
     """The account's name in records, logs and metrics."""
@@ -103,9 +114,23 @@ class Account(Strict):
     """sha256 hex digests of the account's agent tokens (statusgate token hash)."""
     providers: list[str] = ["*"]
     """Providers this account may use, or "*" for all."""
+    quotas: Quotas = Quotas()
+    """Limits on this account's submissions (429 quota-exceeded past one)."""
+    # set only on the Account an agent key made through the operator API stands for
+    _key_id: str | None = pydantic.PrivateAttr(default=None)
 
     def allows(self, provider: str) -> bool:
         return "*" in self.providers or provider in self.providers
+
+    @property
+    def key_id(self) -> str | None:
+        """The id of the API-made key this caller used; None for a config account."""
+        return self._key_id
+
+    @property
+    def holder(self) -> str:
+        """Whose quotas a submission counts against: the key's, else the account's."""
+        return f"key:{self._key_id}" if self._key_id is not None else f"account:{self.id}"
 
 
 Role = Literal["viewer", "decider", "admin"]

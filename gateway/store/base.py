@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
 from gateway import StoreError
+from gateway.core.keys import AgentKey
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.core.pacing import Pacer
+from gateway.settings.config import Quotas
 from gateway.store.auditlines import AuditLines
 
 T = TypeVar("T")
@@ -273,6 +275,48 @@ class Coordination:
         return time.time()
 
 
+class AgentKeys(abc.ABC):
+    """Agent keys made through the operator API, and the quota counts of submissions
+    (SPEC 25). Kept in the store so every replica sees a key, its revocation and the
+    counts at once. A key is stored as the sha256 of its token, never the token."""
+
+    @abc.abstractmethod
+    async def put_key(self, key: AgentKey) -> None:
+        """Store ``key`` (a new id and token digest)."""
+
+    @abc.abstractmethod
+    async def key_for(self, token_sha256: str) -> AgentKey | None:
+        """The key whose token has this sha256 hex digest, expired or not; None if none."""
+
+    @abc.abstractmethod
+    async def agent_keys(self) -> list[AgentKey]:
+        """Every stored key, oldest first (by created_at, then id)."""
+
+    @abc.abstractmethod
+    async def drop_key(self, key_id: str) -> AgentKey | None:
+        """Delete the key ``key_id`` (its quota counts with it): the key deleted, or None
+        when there was none. Once this returns, ``key_for`` finds it on no replica."""
+
+    @abc.abstractmethod
+    async def claim_quota(
+        self, holder: str, operation_id: str, quotas: Quotas, now: float, hold: float
+    ) -> float:
+        """Count a submission of ``holder`` (``key:ID`` or ``account:NAME``) about to be
+        forwarded, as operation ``operation_id``, if ``quotas`` allow it: 0 when counted,
+        else the seconds to wait (``keys.quota_wait``) and nothing counted. Atomic across
+        replicas: two claims never both take the last place.
+
+        Counted: for ``max_active_operations`` a place per operation id, held while its
+        record is pending (or reserved), or for ``hold`` seconds while it has no record
+        yet (a submission in flight), given back by ``release_quota`` or found free when
+        its record ended; for ``submits_per_hour`` the instant, for an hour."""
+
+    @abc.abstractmethod
+    async def release_quota(self, holder: str, operation_id: str) -> None:
+        """Give back ``operation_id``'s active place (its submission opened no operation);
+        the forwarded submission still counts in the hour."""
+
+
 class LeaseLost(StoreError):
     """A write-back refused because its poll lease expired or went to another holder (a
     pause longer than the lease): the old holder never writes."""
@@ -291,7 +335,7 @@ def newer_layout(kind: str, found: int, known: int) -> NewerLayout:
     )
 
 
-class Store(Records, Coordination):
+class Store(Records, Coordination, AgentKeys):
     """The one interface every backend implements: records and coordination, a poll's two
     steps that use both (one round trip each on shared stores), and the store's life."""
 

@@ -6,7 +6,11 @@ on the event loop without locks.
 
 from __future__ import annotations
 
+import builtins
+
+from gateway.core.keys import HOUR, AgentKey, quota_wait
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
+from gateway.settings.config import Quotas
 from gateway.store.base import PURGE_BATCH, Ids, Store, is_overdue, listed_at, matches, purgeable
 
 
@@ -16,6 +20,10 @@ class MemoryStore(Store):
         self._by_job: dict[tuple[str, str, str], str] = {}
         self._by_result: dict[tuple[str, str, str], str] = {}  # (account, provider, value)
         self._idempotency: dict[str, IdempotencyEntry] = {}
+        self._keys: dict[str, AgentKey] = {}  # by id
+        self._key_ids: dict[str, str] = {}  # token sha256 -> key id
+        self._active: dict[str, dict[str, float]] = {}  # holder -> operation id -> claimed at
+        self._submits: dict[str, dict[str, float]] = {}  # holder -> operation id -> at
 
     async def create(
         self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
@@ -106,6 +114,50 @@ class MemoryStore(Store):
 
     async def drop_idempotency(self, key: str) -> None:
         self._idempotency.pop(key, None)
+
+    # -- agent keys and quotas ------------------------------------------------------------
+    async def put_key(self, key: AgentKey) -> None:
+        self._keys[key.id] = key
+        self._key_ids[key.token_sha256] = key.id
+
+    async def key_for(self, token_sha256: str) -> AgentKey | None:
+        key_id = self._key_ids.get(token_sha256)
+        return None if key_id is None else self._keys.get(key_id)
+
+    async def agent_keys(self) -> builtins.list[AgentKey]:
+        return sorted(self._keys.values(), key=lambda k: (k.created_at, k.id))
+
+    async def drop_key(self, key_id: str) -> AgentKey | None:
+        key = self._keys.pop(key_id, None)
+        if key is not None:
+            self._key_ids.pop(key.token_sha256, None)
+            self._active.pop(f"key:{key_id}", None)
+            self._submits.pop(f"key:{key_id}", None)
+        return key
+
+    async def claim_quota(
+        self, holder: str, operation_id: str, quotas: Quotas, now: float, hold: float
+    ) -> float:
+        active = self._active.setdefault(holder, {})
+        for held, at in tuple(active.items()):
+            record = self._records.get(held)
+            ended = record is not None and record.outcome is not Outcome.PENDING
+            if ended or (record is None and at <= now - hold):
+                del active[held]
+        submits = self._submits.setdefault(holder, {})
+        for held, at in tuple(submits.items()):
+            if at <= now - HOUR:
+                del submits[held]
+        wait = quota_wait(quotas, len(active), submits.values(), now)
+        if wait == 0:
+            if quotas.max_active_operations is not None:
+                active[operation_id] = now
+            if quotas.submits_per_hour is not None:
+                submits[operation_id] = now
+        return wait
+
+    async def release_quota(self, holder: str, operation_id: str) -> None:
+        self._active.get(holder, {}).pop(operation_id, None)
 
     async def ping(self) -> None:
         return None

@@ -164,7 +164,12 @@ async def test_console_names_no_external_host_in_any_asset(harness: Harness) -> 
     them, and no served HTML, CSS or JS contains an http(s):// URL or inline script/style."""
     page = await (await harness.client.get("/console")).text()
     referenced = set(re.findall(r'(?:src|href)="([^"#]+)"', page))
-    assert referenced == {"/console/console.css", "/console/console.js", "/console/logo.png"}
+    assert referenced == {
+        "/console/console.css",
+        "/console/console.js",
+        "/console/keys.js",
+        "/console/logo.png",
+    }
     shipped = {p.name for p in Path(console.__file__).parent.iterdir() if p.suffix != ".py"}
     shipped.discard("__pycache__")
     assert shipped == set(console.ASSETS)
@@ -299,12 +304,12 @@ async def test_operations_filter_by_outcome_provider_and_account_and_page(
     await expect(rows.get_by_role("link")).to_have_text(escalated)
     await ui.button("Clear filters").click()
     await expect(rows).to_have_count(13)  # and the page size is 25 again
-    await ui.page.get_by_label("Account").fill("team-b")
-    await ui.page.get_by_label("Provider").fill("demo-jobs")
-    await ui.page.get_by_label("Account").press("Enter")
+    await ui.page.get_by_label("Account", exact=True).fill("team-b")
+    await ui.page.get_by_label("Provider", exact=True).fill("demo-jobs")
+    await ui.page.get_by_label("Account", exact=True).press("Enter")
     await expect(rows).to_have_count(1)
     await expect(rows.get_by_role("link")).to_have_text(team_b)
-    await ui.page.get_by_label("Provider").fill("azure-read")
+    await ui.page.get_by_label("Provider", exact=True).fill("azure-read")
     await ui.button("Apply filters").click()
     await expect(ui.page.get_by_text("No operations match.")).to_be_visible()
     await ui.button("Clear filters").click()

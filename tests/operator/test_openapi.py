@@ -167,6 +167,10 @@ OPERATOR_OPERATIONS = [
     ("GET", "/admin/operations/{operation_id}"),
     ("POST", "/admin/operations/{operation_id}/{action}"),
     ("POST", "/admin/reload"),
+    ("GET", "/admin/keys"),
+    ("POST", "/admin/keys"),
+    ("DELETE", "/admin/keys/{key_id}"),
+    ("POST", "/admin/keys/{key_id}/rotate"),
 ]
 
 

@@ -21,6 +21,8 @@ import pytest
 from gateway import StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url
+from gateway.store.postgres.layout import LAYOUT as POSTGRES_LAYOUT
+from gateway.store.redis.store import LAYOUT as REDIS_LAYOUT
 from gateway.store.sqlite.rows import LAYOUT
 
 from conftest import AGENT_TOKEN, RedisServer, Served, pending_record
@@ -117,7 +119,7 @@ async def test_redis_snapshot_restored_into_a_new_server(
                 await asyncio.sleep(0.1)
         else:
             raise AssertionError("the restored Redis never served the record")
-        assert await copy.migrate() == (1, 1)
+        assert await copy.migrate() == (REDIS_LAYOUT, REDIS_LAYOUT)
         await copy.close()
     finally:
         restored.stop()
@@ -129,8 +131,6 @@ async def test_postgres_dump_restored_into_another_database(
     """``pg_dump -n SCHEMA -Fc`` of a live store and ``pg_restore`` into another database:
     the restored schema opens as a store with the operations, its layout and its functions."""
     import psycopg
-
-    from gateway.store.postgres.layout import LAYOUT as POSTGRES_LAYOUT
 
     if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:
         pytest.skip("pg_dump and pg_restore are needed for the PostgreSQL backup procedure")

@@ -13,6 +13,8 @@ import pytest
 from test_postgres_readiness import admin
 from test_store_postgres import config_for, statusgate
 
+from gateway.store.postgres.layout import LAYOUT
+
 from conftest import real_time_harness
 
 pytest.importorskip("psycopg", reason="pip install -e '.[postgres]'")
@@ -60,7 +62,6 @@ async def test_the_owner_migrates_and_a_dml_only_role_serves(
     ``statusgate migrate`` (no traceback, nothing created); the owner's migrate creates the
     layout; a role granted only USAGE, SELECT/INSERT/UPDATE/DELETE and EXECUTE then serves
     a submit and a poll, is ready, and ships its audit lines to the database."""
-    from gateway.store.postgres.layout import LAYOUT
 
     owner_url, serving_url, serving = two_roles
     early = statusgate("serve", "--config", str(config_for(tmp_path / "early", serving_url)))

@@ -214,8 +214,11 @@ async def test_a_newer_sqlite_layout_stops_the_gateway(tmp_path: Path) -> None:
 
 async def test_the_previous_releases_redis_keys_are_upgraded(redis_url: str) -> None:
     """Keys written by the previous release (no schema_version key) are found as version 0
-    and recorded as 1, records intact; a newer version key stops the store."""
+    and recorded as the current layout, records intact; a newer version key stops the
+    store."""
     import redis
+
+    from gateway.store.redis.store import LAYOUT as REDIS_LAYOUT
 
     first = store_from_url(redis_url)
     await first.open()
@@ -226,14 +229,14 @@ async def test_the_previous_releases_redis_keys_are_upgraded(redis_url: str) -> 
     client.delete(f"{prefix}:schema_version")  # as the previous release left them
     second = store_from_url(redis_url)
     try:
-        assert await second.migrate() == (0, 1)
+        assert await second.migrate() == (0, REDIS_LAYOUT)
         assert await second.get("op_1") == created
-        assert await second.migrate() == (1, 1)
+        assert await second.migrate() == (REDIS_LAYOUT, REDIS_LAYOUT)
     finally:
         await second.close()
     client.set(f"{prefix}:schema_version", 4)
     third = store_from_url(redis_url)
-    with pytest.raises(NewerLayout, match=r"schema version 4.*\(1\)"):
+    with pytest.raises(NewerLayout, match=rf"schema version 4.*\({REDIS_LAYOUT}\)"):
         await third.open()
     await third.close()
     client.close()

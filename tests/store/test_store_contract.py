@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway import ConfigError, StoreError
+from gateway.core.keys import ACTIVE_RETRY, AgentKey
 from gateway.core.models import (
     Escalation,
     FinalResponse,
@@ -28,6 +29,7 @@ from gateway.core.models import (
     Reason,
     StoredResponse,
 )
+from gateway.settings.config import Quotas
 from gateway.store import Store, store_from_url
 
 from conftest import pending_record
@@ -547,3 +549,88 @@ async def test_the_default_find_result_pages_through_list() -> None:
     assert found is not None and found.operation_id == "op_first"
     assert await Store.find_result(store, "team-b", "demo-jobs", "file-first") is None
     assert await Store.find_result(store, "team-a", "demo-jobs", "file-none") is None
+
+
+# -- agent keys and quotas (SPEC 25) -------------------------------------------------------
+
+
+def agent_key(key_id: str = "key_1", digest: str = "a" * 64, at: float = 1.0) -> AgentKey:
+    return AgentKey(
+        id=key_id,
+        account="team-k",
+        providers=("demo-jobs",),
+        token_sha256=digest,
+        created_at=at,
+        expires_at=at + 3600,
+        quotas=Quotas(max_active_operations=2, submits_per_hour=10),
+        created_by="ops",
+    )
+
+
+async def test_agent_keys_are_found_by_digest_listed_and_dropped(store: Store) -> None:
+    """A stored key is found by its token's digest, listed oldest first, and once dropped
+    is found by neither; dropping an unknown id answers None."""
+    first, second = agent_key("key_1", "a" * 64, 1.0), agent_key("key_2", "b" * 64, 2.0)
+    await store.put_key(second)
+    await store.put_key(first)
+    assert await store.key_for("a" * 64) == first
+    assert await store.key_for("c" * 64) is None
+    assert await store.agent_keys() == [first, second]
+    assert await store.drop_key("key_1") == first
+    assert await store.key_for("a" * 64) is None
+    assert await store.agent_keys() == [second]
+    assert await store.drop_key("key_1") is None
+
+
+async def test_a_quota_counts_active_places_until_the_operation_ends(store: Store) -> None:
+    """max_active_operations: places are taken by submissions in flight and pending
+    operations; a place comes back when its operation ends or when released; a place with
+    no record is free after ``hold``."""
+    quotas = Quotas(max_active_operations=2)
+    now = time.time()
+    assert await store.claim_quota("key:k", "op_1", quotas, now, 60) == 0
+    assert await store.claim_quota("key:k", "op_2", quotas, now, 60) == 0
+    assert await store.claim_quota("key:k", "op_3", quotas, now, 60) == ACTIVE_RETRY
+    assert await store.claim_quota("key:other", "op_3", quotas, now, 60) == 0  # its own
+    await store.create(record("op_1", "job_1"))
+    assert await store.claim_quota("key:k", "op_3", quotas, now, 60) == ACTIVE_RETRY
+    await store.mutate("op_1", lambda r: (r.evolve(outcome=Outcome.SUCCEEDED, ended_at=now), 0))
+    assert await store.claim_quota("key:k", "op_3", quotas, now, 60) == 0  # op_1 ended
+    await store.release_quota("key:k", "op_3")
+    assert await store.claim_quota("key:k", "op_4", quotas, now, 60) == 0
+    assert await store.claim_quota("key:k", "op_5", quotas, now, 60) > 0
+    later = now + 61  # op_2 and op_4 never got a record: in flight for too long
+    assert await store.claim_quota("key:k", "op_5", quotas, later, 60) == 0
+
+
+async def test_a_quota_counts_submits_in_a_sliding_hour(store: Store) -> None:
+    """submits_per_hour: the wait is until the oldest counted submission is an hour old;
+    a release gives back no submission (it was forwarded)."""
+    quotas = Quotas(submits_per_hour=2)
+    now = time.time()
+    assert await store.claim_quota("account:a", "op_1", quotas, now, 60) == 0
+    assert await store.claim_quota("account:a", "op_2", quotas, now + 10, 60) == 0
+    await store.release_quota("account:a", "op_2")
+    wait = await store.claim_quota("account:a", "op_3", quotas, now + 20, 60)
+    assert wait == pytest.approx(3600 - 20, abs=0.01)
+    assert await store.claim_quota("account:a", "op_3", quotas, now + 3601, 60) == 0
+
+
+async def test_concurrent_quota_claims_never_take_more_than_the_limit(store: Store) -> None:
+    """Twenty claims at once for three places: exactly three are counted."""
+    quotas = Quotas(max_active_operations=3, submits_per_hour=100)
+    now = time.time()
+    waits = await asyncio.gather(
+        *(store.claim_quota("key:race", f"op_{n}", quotas, now, 60) for n in range(20))
+    )
+    assert sorted(waits)[:4] == [0, 0, 0, ACTIVE_RETRY]
+
+
+async def test_dropping_a_key_forgets_its_counts(store: Store) -> None:
+    """A key dropped takes its quota counts along (its id is never used again anyway)."""
+    await store.put_key(agent_key())
+    quotas = Quotas(max_active_operations=1)
+    now = time.time()
+    assert await store.claim_quota("key:key_1", "op_1", quotas, now, 60) == 0
+    await store.drop_key("key_1")
+    assert await store.claim_quota("key:key_1", "op_2", quotas, now, 60) == 0

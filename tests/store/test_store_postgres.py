@@ -30,6 +30,7 @@ from gateway.core.models import OperationRecord, Outcome
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url, store_kind
 from gateway.store.base import LeaseLost, NewerLayout
+from gateway.store.postgres.layout import LAYOUT
 
 from conftest import (
     AGENT_TOKEN,
@@ -189,8 +190,6 @@ async def test_records_survive_every_replica_closing(postgres_url: str) -> None:
     assert await first.save(created.evolve(status_requests_used=2, next_poll_at=123.5))
     await first.close()
     second = store_from_url(postgres_url)
-    from gateway.store.postgres.layout import LAYOUT
-
     assert await second.migrate() == (LAYOUT, LAYOUT)
     await second.open()
     try:
@@ -287,8 +286,6 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
     """``statusgate migrate`` creates the layout, then finds it current; ``check`` reports
     it; a layout newer than this release stops check, migrate and serve with one line naming
     both versions."""
-    from gateway.store.postgres.layout import LAYOUT
-
     postgres_url += "_fresh"  # a schema of its own no one migrated yet
     config = config_for(tmp_path, postgres_url)
     first = statusgate("migrate", "--config", str(config))

@@ -47,7 +47,7 @@ async def _call(request: AgentRequest) -> Call | web.Response:
     runtime = request.app[RUNTIME]
     name = request.match_info["provider"]
     policy = _policy(request)
-    account = auth.agent(runtime.settings, request.headers, policy)
+    account = await auth.agent_of(runtime, request.headers, policy)
     if account is None:
         return problem("unauthenticated", auth.hint(policy))
     note_account(account.id)

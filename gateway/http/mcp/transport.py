@@ -69,7 +69,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if not _origin_allowed(runtime, request.headers.get("Origin")):
         return _rpc(403, INVALID_REQUEST, "Forbidden: the Origin is not this gateway's.")
     account, token = (
-        auth.agent(runtime.settings, request.headers),
+        await auth.agent_of(runtime, request.headers),
         auth.agent_token(request.headers),
     )
     if account is None or token is None:

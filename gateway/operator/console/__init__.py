@@ -22,6 +22,7 @@ ASSETS = {
     PAGE: "text/html",
     "console.css": "text/css",
     "console.js": "text/javascript",
+    "keys.js": "text/javascript",
     "logo.png": "image/png",
 }
 CSP = "; ".join(

@@ -42,6 +42,7 @@
   };
 
   const $ = (id) => document.getElementById(id);
+  const VIEWS = ["queue-view", "operations-view", "operation-view", "keys-view"];
   let token = null;
   let me = null; // GET /admin/me: id, role, via, may
   let sso = null; // GET /console/oidc/config
@@ -170,7 +171,11 @@
     timer = null;
     queueIds = "";
     current = null;
-    for (const id of ["nav", "queue-view", "operations-view", "operation-view"]) $(id).hidden = true;
+    for (const id of VIEWS) $(id).hidden = true;
+    $("nav").hidden = true;
+    $("nav-keys").hidden = true;
+    if (keys) keys.reset();
+    $("keys-rows").replaceChildren();
     $("queue-rows").replaceChildren();
     $("operations-rows").replaceChildren();
     $("op-record").replaceChildren();
@@ -196,6 +201,7 @@
       $("token").value = "";
       $("sign-in").hidden = true;
       $("nav").hidden = false;
+      $("nav-keys").hidden = !(me.may && me.may.keys);
       notice("");
       renderQueue(queue);
       timer = setInterval(refreshQueue, REFRESH_MS);
@@ -743,15 +749,21 @@
     } else if (path === "/operations") {
       view = "operations-view";
       heading = "operations-title";
+    } else if (path === "/keys" && keys && me.may && me.may.keys) {
+      view = "keys-view";
+      heading = "keys-title";
     }
-    for (const id of ["queue-view", "operations-view", "operation-view"]) $(id).hidden = id !== view;
+    for (const id of VIEWS) $(id).hidden = id !== view;
     $("nav-queue").setAttribute("aria-current", view === "queue-view" ? "page" : "false");
     $("nav-operations").setAttribute("aria-current", view === "operations-view" ? "page" : "false");
+    $("nav-keys").setAttribute("aria-current", view === "keys-view" ? "page" : "false");
     if (view === "operation-view") {
       const id = decodeURIComponent(path.slice("/operation/".length));
       if (!(await showOperation(id, false))) return;
     } else if (view === "operations-view") {
       await showOperations(query || "");
+    } else if (view === "keys-view") {
+      await keys.show();
     } else {
       refreshQueue();
     }
@@ -806,5 +818,9 @@
     else showSignedOut("");
   }
 
+  // the keys page (keys.js, loaded first), given this page's API client and helpers
+  const keys = window.StatusgateKeys
+    ? window.StatusgateKeys({ $, api, failed, el, cell, instant, notice })
+    : null;
   start();
 })();

@@ -12,7 +12,7 @@ from gateway import StoreError
 from gateway.store.base import newer_layout
 from gateway.store.postgres.statements import found_layout, layout_sql
 
-LAYOUT = 2  # the layout this code writes (sql/layout_1.sql, then sql/layout_2.sql)
+LAYOUT = 3  # written by this code: sql/layout_1.sql, then _2 (audit lines), then _3 (keys)
 
 
 async def migrate_layout(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -25,6 +25,8 @@ writes a record touches keys of that one slot:
     PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
     PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
     PREFIX:schema_version             string: the layout version of these keys (LAYOUT)
+    PREFIX:agentkey..., agentkeys, qactive..., qsubmits...   agent keys and quota counts
+                                      (layout 2: gateway/store/redis/keys.py)
 
 A key's name is built here and nowhere else (``Keys``); the scripts are composed from the
 ``.lua`` files in gateway/store/redis/lua/ (shared functions first).

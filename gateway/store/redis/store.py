@@ -50,12 +50,15 @@ from gateway.store.base import (
 )
 from gateway.store.redis import layout as lua
 from gateway.store.redis.clients import call, cluster_client, single_clients
+from gateway.store.redis.keys import RedisKeys
 from gateway.store.redis.layout import Keys, millis, oldest, record_fields
 from gateway.store.redis.turns import Turns
 from gateway.store.redis.wire import Command
 from gateway.store.shared import Batch, Copies, SharedClock
 
-LAYOUT = 1  # the key layout above; version 0 is the previous release's, without its key
+# the key layout above; version 0 is the previous release's, without its key; version 2
+# added the agent keys and quota counts (redis/keys.py), nothing else changed
+LAYOUT = 2
 
 
 SCAN_PAGE = 500
@@ -63,7 +66,7 @@ JOB_IDS = 100_000  # job -> operation id mappings kept per process
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 
-class RedisStore(Store):
+class RedisStore(RedisKeys, Store):
     shared: ClassVar[bool] = True
 
     def __init__(

@@ -63,6 +63,24 @@ CREATE TABLE IF NOT EXISTS idempotency (
     expires_at REAL NOT NULL,
     data       TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS agent_keys (
+    id           TEXT PRIMARY KEY,
+    token_sha256 TEXT NOT NULL UNIQUE,
+    created_at   REAL NOT NULL,
+    data         TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quota_active (
+    holder       TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    claimed_at   REAL NOT NULL,
+    PRIMARY KEY (holder, operation_id)
+);
+CREATE TABLE IF NOT EXISTS quota_submits (
+    holder       TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    at           REAL NOT NULL,
+    PRIMARY KEY (holder, operation_id)
+);
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 """
 # Indexes that only make the store faster, created at every start (older files too, no
@@ -73,7 +91,10 @@ INDEXES = "CREATE INDEX IF NOT EXISTS idempotency_expires ON idempotency (expire
 # escalation queue look up in columns of their own (``COLUMNS``), so a poll's write, which
 # changes none of them, updates no index; versions 0 and 1 indexed them as
 # ``json_extract(data, ...)``, evaluated again at every write (``UPGRADE`` moves them).
-LAYOUT = 2
+# Version 3 added the agent keys made through the operator API and the quota counts
+# (``agent_keys``, ``quota_active``, ``quota_submits``; SCHEMA creates them in a version 2
+# file, nothing else changes).
+LAYOUT = 3
 COLUMNS = ("deadline_at", "ended_at", "escalation_at")
 UPGRADE = (
     *(f"ALTER TABLE operations ADD COLUMN {column} REAL" for column in COLUMNS),

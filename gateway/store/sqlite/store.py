@@ -69,6 +69,7 @@ from gateway.settings.config import DEFAULT_CACHE_BYTES
 from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_layout
 from gateway.store.sqlite.cache import Cache
 from gateway.store.sqlite.commit import GroupCommit, _Turn
+from gateway.store.sqlite.keys import SQLiteKeys
 from gateway.store.sqlite.loop_share import LoopShare
 from gateway.store.sqlite.rows import (
     INSERT,
@@ -103,7 +104,7 @@ CATCH_UP = 8 << 20  # bytes of WAL the writer's checkpoint may copy at most (on 
 WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint resets it
 
 
-class SQLiteStore(GroupCommit, Store):
+class SQLiteStore(GroupCommit, SQLiteKeys, Store):
     def __init__(
         self,
         path: str,
