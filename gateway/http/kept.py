@@ -16,7 +16,7 @@ from gateway.core.models import KeptResult, OperationRecord
 from gateway.flow.runtime import OUTCOME, Runtime
 from gateway.http.answers import Call, operation_headers
 from gateway.http.lane import Streamed
-from gateway.http.lane.stream import close
+from gateway.http.lane.stream import Prepended, close
 from gateway.store.results import ResultStoreError
 
 log = logging.getLogger("statusgate")
@@ -67,14 +67,4 @@ async def opened(
     except ResultStoreError as exc:
         log.warning("kept result of %s unreadable (%s): forwarded", record.operation_id, exc)
         return None
-    return _after(first, chunks)
-
-
-async def _after(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``first``, then ``rest``; closing this closes ``rest``."""
-    try:
-        yield first
-        async for chunk in rest:
-            yield chunk
-    finally:
-        await close(rest)
+    return Prepended(first, chunks)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 from aiohttp import web
@@ -61,10 +61,35 @@ class Streamed(web.StreamResponse):
 
 
 async def close(chunks: AsyncIterator[bytes]) -> None:
-    """Close ``chunks`` (an async generator gives back what it holds; a plain iterator has
-    nothing to close)."""
-    if isinstance(chunks, AsyncGenerator):
-        await chunks.aclose()
+    """Close ``chunks`` when it can be (an async generator, or any iterator with an
+    ``aclose``, gives back what it holds)."""
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class Prepended:
+    """``first``, then the chunks of ``rest``; closing it closes ``rest``, even before its
+    first chunk was asked for (an async generator's ``finally`` would not run then)."""
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, first: bytes, rest: AsyncIterator[bytes]) -> None:
+        self._first: bytes | None = first
+        self._rest = rest
+
+    def __aiter__(self) -> Prepended:
+        return self
+
+    async def __anext__(self) -> bytes:
+        first, self._first = self._first, None
+        if first is not None:
+            return first
+        return await anext(self._rest)
+
+    async def aclose(self) -> None:
+        self._first = None
+        await close(self._rest)
 
 
 class Connection(Protocol):
