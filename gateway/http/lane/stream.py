@@ -186,4 +186,3 @@ async def _body(
         if paused is not None:
             await paused
     return sent
-
