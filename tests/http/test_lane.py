@@ -60,7 +60,7 @@ async def answer(request: web.Request) -> web.StreamResponse:
         return await until_cancelled(request, "held cancelled")
     if tail.startswith("streamed"):  # a body from an iterator, its length known or not
         length = None if tail == "streamed-chunked" else len(b"".join(STREAMED))
-        chunks = Source(request.app[PAGE])
+        chunks = Source(request.app[PAGE], broken=tail == "streamed-broken")
         return lane.Streamed(chunks, headers={"X-Kind": "streamed"}, length=length)
     headers = {"Retry-After": "3600", "Statusgate-Operation": "op_1"}
     body = b'{"type":"/problems/too-early","status":429}'
@@ -77,9 +77,10 @@ class Source:
     copy's file is): "stream closed" on the page once it is closed, however the answer
     ended (HEAD: without a chunk asked for)."""
 
-    def __init__(self, page: list[str]) -> None:
+    def __init__(self, page: list[str], *, broken: bool = False) -> None:
         self.page = page
-        self.chunks = iter(STREAMED)
+        self.chunks = iter(STREAMED[:1] if broken else STREAMED)
+        self.broken = broken  # fails after its first chunk, as a store gone mid-read
 
     def __aiter__(self) -> Source:
         return self
@@ -87,6 +88,8 @@ class Source:
     async def __anext__(self) -> bytes:
         await asyncio.sleep(0)
         chunk = next(self.chunks, None)
+        if chunk is None and self.broken:
+            raise OSError("the source failed")
         if chunk is None:
             raise StopAsyncIteration
         return chunk
@@ -368,6 +371,19 @@ async def test_an_answer_has_the_bytes_aiohttp_writes(
     theirs = await talk(plain_port, parts)
     assert ours.startswith(b"HTTP/1.") and without_date(ours) == without_date(theirs)
     assert app[PAGE].count("stream closed") == (2 if b"streamed" in parts[0] else 0)
+
+
+async def test_a_streamed_answer_whose_source_fails_closes_the_connection(
+    servers: tuple[int, int, web.Application],
+) -> None:
+    """A streamed answer whose source fails after its head and first chunk went: the
+    connection closes (the Content-Length promised cannot be met), the request pipelined
+    after it is not answered, and the source is closed."""
+    lane_port, _, app = servers
+    got = await talk(lane_port, [GET % b"streamed-broken" + AFTER], wait=10.0)
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert got.endswith(b"\r\n\r\nfirst chunk;<closed>")
+    assert app[PAGE] == ["stream closed"]
 
 
 async def test_an_upgrade_request_pipelined_with_another_leaves_it_answered(
