@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Protocol
+from typing import Protocol, final
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -31,6 +31,7 @@ from gateway.http.lane.wire import serialize_head
 log = logging.getLogger("statusgate")
 
 
+@final  # the lane tells it by its exact type: isinstance on a response costs ~120 ns
 class Streamed(web.StreamResponse):
     """An answer whose body is ``chunks``; ``length`` (when known) is its Content-Length,
     else it is sent chunked (HTTP/1.1) or until the connection closes (HTTP/1.0)."""
