@@ -60,6 +60,8 @@ async def answer(request: web.Request) -> web.StreamResponse:
         return await until_cancelled(request, "held cancelled")
     if tail.startswith("streamed"):  # a body from an iterator, its length known or not
         length = None if tail == "streamed-chunked" else len(b"".join(STREAMED))
+        if tail == "streamed-short" and length is not None:  # promises more than comes
+            length += 10
         chunks = Source(request.app[PAGE], broken=tail == "streamed-broken")
         return lane.Streamed(chunks, headers={"X-Kind": "streamed"}, length=length)
     headers = {"Retry-After": "3600", "Statusgate-Operation": "op_1"}
@@ -373,16 +375,20 @@ async def test_an_answer_has_the_bytes_aiohttp_writes(
     assert app[PAGE].count("stream closed") == (2 if b"streamed" in parts[0] else 0)
 
 
+@pytest.mark.parametrize(
+    ("tail", "end"),
+    [(b"streamed-broken", b"\r\n\r\nfirst chunk;<closed>"), (b"streamed-short", b"xxx<closed>")],
+    ids=["fails", "short"],
+)
 async def test_a_streamed_answer_whose_source_fails_closes_the_connection(
-    servers: tuple[int, int, web.Application],
+    servers: tuple[int, int, web.Application], tail: bytes, end: bytes
 ) -> None:
-    """A streamed answer whose source fails after its head and first chunk went: the
-    connection closes (the Content-Length promised cannot be met), the request pipelined
-    after it is not answered, and the source is closed."""
+    """A streamed answer whose source fails after its head and first chunk went, or ends
+    short of its Content-Length: the connection closes (the length promised cannot be
+    met), the request pipelined after it is not answered, and the source is closed."""
     lane_port, _, app = servers
-    got = await talk(lane_port, [GET % b"streamed-broken" + AFTER], wait=10.0)
-    assert got.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert got.endswith(b"\r\n\r\nfirst chunk;<closed>")
+    got = await talk(lane_port, [GET % tail + AFTER], wait=10.0)
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(end)
     assert app[PAGE] == ["stream closed"]
 
 

@@ -26,7 +26,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.helpers import must_be_empty_body
 
 from gateway.http.lane.flow import FlowControl
-from gateway.http.lane.wire import serialize_head
+from gateway.http.lane.wire import internal_error, serialize, serialize_head
 
 log = logging.getLogger("statusgate")
 
@@ -134,9 +134,7 @@ async def write_stream(lane: Connection, response: Streamed, request: Asked) -> 
     try:
         if lane.transport is None:
             return False
-        head, keep, framing = serialize_head(
-            response, request.method, request.version, request.keep_alive
-        )
+        head, keep, framing = _head(response, request)
         lane.send(head)
         if framing == "empty":
             return keep
@@ -165,6 +163,18 @@ async def write_stream(lane: Connection, response: Streamed, request: Asked) -> 
         await close(chunks)
 
 
+def _head(response: Streamed, request: Asked) -> tuple[bytes, bool, str]:
+    """``serialize_head``; a 500 in its place for a head the lane cannot write (a
+    handler's bug, never the agent's)."""
+    method, version, keep_alive = request.method, request.version, request.keep_alive
+    try:
+        return serialize_head(response, method, version, keep_alive)
+    except (TypeError, ValueError) as exc:
+        log.error("cannot write the answer to %s %s: %s", method, request.path, exc)
+        data, keep = serialize(internal_error(), method, version, keep_alive)
+        return data, keep, "empty"
+
+
 async def _body(
     lane: Connection, chunks: AsyncIterator[bytes], chunked: bool, length: int | None
 ) -> int | None:
@@ -172,6 +182,8 @@ async def _body(
     Past ``length`` nothing is written (as aiohttp's writer cuts a body at its length)."""
     flow = lane.flow
     sent = 0
+    if length == 0:
+        return sent
     async for chunk in chunks:
         transport = lane.transport
         if transport is None or transport.is_closing():
@@ -186,4 +198,6 @@ async def _body(
         paused = flow.write_paused  # set by that write when the buffer passed its mark
         if paused is not None:
             await paused
+        if sent == length:  # the rest, if any, is not read
+            break
     return sent
