@@ -1,19 +1,22 @@
 """The result route answered from a kept copy (SPEC 23): ``Statusgate-Result: kept``, the
-copy's content type and length, no provider call. On aiohttp's server the copy is streamed
-chunk by chunk; the agent lane writes whole answers, so there it is read whole first. A copy
-that cannot be read (deleted under the gateway, the store down) answers nothing here: the
-route then forwards as before."""
+copy's content type and length, no provider call. The copy is streamed chunk by chunk on
+both listeners (a ``Streamed`` answer, gateway/http/lane/stream.py), never read whole;
+MCP's ``get_result`` reads it whole (``read_copy``), its answer being one JSON message. A
+copy that cannot be read (deleted under the gateway, the store down) answers nothing here:
+the route then forwards as before."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from gateway.core.models import KeptResult, OperationRecord
-from gateway.flow.runtime import OUTCOME
+from gateway.flow.runtime import OUTCOME, Runtime
 from gateway.http.answers import Call, operation_headers
-from gateway.http.lane import LaneRequest
+from gateway.http.lane import Streamed
+from gateway.http.lane.stream import Prepended, close
 from gateway.store.results import ResultStoreError
 
 log = logging.getLogger("statusgate")
@@ -25,28 +28,43 @@ async def from_copy(
 ) -> web.StreamResponse | None:
     """The answer from ``kept``, or None when the copy cannot be read."""
     runtime = call.runtime
+    chunks = await opened(runtime, record, kept)
+    if chunks is None:
+        return None
     headers = operation_headers(record, runtime.clock())
     headers[KEPT_HEADER] = "kept"
     headers["Content-Type"] = kept.content_type or "application/octet-stream"
+    call.request[OUTCOME] = "cached"
+    return Streamed(chunks, headers=headers, length=kept.size)
+
+
+async def read_copy(runtime: Runtime, record: OperationRecord, kept: KeptResult) -> bytes | None:
+    """The whole of ``kept`` (at most the policy's ``results.max_bytes``), or None when the
+    copy cannot be read, or fails part way."""
+    chunks = await opened(runtime, record, kept)
+    if chunks is None:
+        return None
+    body = bytearray()
+    try:
+        async for chunk in chunks:
+            body += chunk
+    except ResultStoreError as exc:
+        log.warning("kept result of %s unreadable (%s)", record.operation_id, exc)
+        return None
+    finally:
+        await close(chunks)
+    return bytes(body)
+
+
+async def opened(
+    runtime: Runtime, record: OperationRecord, kept: KeptResult
+) -> AsyncIterator[bytes] | None:
+    """The copy's chunks, its first read already (so a copy that cannot be opened is known
+    before an answer is begun), or None when it cannot be read."""
     try:
         chunks = (await runtime.keeper.store()).read(kept.name)
         first = await anext(chunks, b"")
     except ResultStoreError as exc:
         log.warning("kept result of %s unreadable (%s): forwarded", record.operation_id, exc)
         return None
-    call.request[OUTCOME] = "cached"
-    if isinstance(call.request, LaneRequest):
-        body = bytearray(first)
-        async for chunk in chunks:
-            body += chunk
-        return web.Response(body=bytes(body), headers=headers)
-    headers["Content-Length"] = str(kept.size)
-    response = web.StreamResponse(headers=headers)
-    request = call.request
-    assert isinstance(request, web.BaseRequest)
-    await response.prepare(request)
-    await response.write(first)
-    async for chunk in chunks:
-        await response.write(chunk)
-    await response.write_eof()
-    return response
+    return Prepended(first, chunks)

@@ -58,11 +58,46 @@ async def answer(request: web.Request) -> web.StreamResponse:
     if tail == "held":
         request.app[PAGE].append("held started")
         return await until_cancelled(request, "held cancelled")
+    if tail.startswith("streamed"):  # a body from an iterator, its length known or not
+        length = None if tail == "streamed-chunked" else len(b"".join(STREAMED))
+        if tail == "streamed-short" and length is not None:  # promises more than comes
+            length += 10
+        chunks = Source(request.app[PAGE], broken=tail == "streamed-broken")
+        return lane.Streamed(chunks, headers={"X-Kind": "streamed"}, length=length)
     headers = {"Retry-After": "3600", "Statusgate-Operation": "op_1"}
     body = b'{"type":"/problems/too-early","status":429}'
     return web.Response(
         status=429, body=body, headers=headers, content_type="application/problem+json"
     )
+
+
+STREAMED = [b"first chunk;", b"", b"second chunk;", b"x" * 70_000]  # an empty one is skipped
+
+
+class Source:
+    """STREAMED, a chunk a turn of the loop, from a source open from the start (as a kept
+    copy's file is): "stream closed" on the page once it is closed, however the answer
+    ended (HEAD: without a chunk asked for)."""
+
+    def __init__(self, page: list[str], *, broken: bool = False) -> None:
+        self.page = page
+        self.chunks = iter(STREAMED[:1] if broken else STREAMED)
+        self.broken = broken  # fails after its first chunk, as a store gone mid-read
+
+    def __aiter__(self) -> Source:
+        return self
+
+    async def __anext__(self) -> bytes:
+        await asyncio.sleep(0)
+        chunk = next(self.chunks, None)
+        if chunk is None and self.broken:
+            raise OSError("the source failed")
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        self.page.append("stream closed")
 
 
 async def until_cancelled(request: web.Request, line: str) -> web.Response:
@@ -198,6 +233,9 @@ def answer_end(data: bytes, method: bytes) -> int | None:
     size = int(length.group(1)) if length else 0
     if method == b"HEAD" or head.split(b" ")[1] in (b"204", b"304"):
         size = 0
+    elif re.search(rb"(?im)^transfer-encoding: chunked", head):  # up to the last chunk
+        last = data.find(b"\r\n0\r\n\r\n", head_end)
+        return None if last < 0 else last + 7
     end = head_end + 4 + size
     return end if len(data) >= end else None
 
@@ -295,6 +333,11 @@ UPGRADES = {  # what curl --http2 and Java's HttpClient send on http:// URLs, an
             AFTER,
         ],
         *UPGRADES.values(),
+        [GET % b"streamed", AFTER],
+        [b"HEAD /p/demo/v1/streamed HTTP/1.1\r\nHost: x\r\n\r\n", AFTER],
+        [GET % b"streamed-chunked", AFTER],
+        [b"GET /p/demo/streamed HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", AFTER],
+        [b"GET /p/demo/streamed HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", AFTER],
     ],
     ids=[
         "get",
@@ -307,6 +350,11 @@ UPGRADES = {  # what curl --http2 and Java's HttpClient send on http:// URLs, an
         "body",
         "chunked",
         *UPGRADES,
+        "streamed",
+        "streamed head",
+        "streamed chunked",
+        "streamed 1.0 keep-alive",
+        "streamed close",
     ],
 )
 async def test_an_answer_has_the_bytes_aiohttp_writes(
@@ -317,11 +365,31 @@ async def test_an_answer_has_the_bytes_aiohttp_writes(
     line, header order, Content-Length, Content-Type, Server, Connection, HEAD and 204
     without a body), and the connection kept or closed alike. A request asking to upgrade
     (``Upgrade: h2c`` as curl --http2 and Java's HttpClient send it, a WebSocket handshake,
-    CONNECT) is answered once, as HTTP/1.1, and the connection goes on."""
-    lane_port, plain_port, _ = servers
+    CONNECT) is answered once, as HTTP/1.1, and the connection goes on. A streamed answer
+    (a body from an iterator) too: with its length, chunked without it, HEAD without a body,
+    its source closed on both servers."""
+    lane_port, plain_port, app = servers
     ours = await talk(lane_port, parts)
     theirs = await talk(plain_port, parts)
     assert ours.startswith(b"HTTP/1.") and without_date(ours) == without_date(theirs)
+    assert app[PAGE].count("stream closed") == (2 if b"streamed" in parts[0] else 0)
+
+
+@pytest.mark.parametrize(
+    ("tail", "end"),
+    [(b"streamed-broken", b"\r\n\r\nfirst chunk;<closed>"), (b"streamed-short", b"xxx<closed>")],
+    ids=["fails", "short"],
+)
+async def test_a_streamed_answer_whose_source_fails_closes_the_connection(
+    servers: tuple[int, int, web.Application], tail: bytes, end: bytes
+) -> None:
+    """A streamed answer whose source fails after its head and first chunk went, or ends
+    short of its Content-Length: the connection closes (the length promised cannot be
+    met), the request pipelined after it is not answered, and the source is closed."""
+    lane_port, _, app = servers
+    got = await talk(lane_port, [GET % tail + AFTER], wait=10.0)
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(end)
+    assert app[PAGE] == ["stream closed"]
 
 
 async def test_an_upgrade_request_pipelined_with_another_leaves_it_answered(

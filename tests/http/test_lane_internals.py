@@ -20,7 +20,7 @@ from typing import Any
 from multidict import CIMultiDict
 
 LANE = Path(__file__).resolve().parents[2] / "gateway" / "http" / "lane"
-PUBLIC = ("aiohttp.web", "aiohttp.hdrs")  # aiohttp's public face: not counted as internals
+PUBLIC = ("aiohttp.web", "aiohttp.hdrs", "aiohttp.abc")  # aiohttp's public API: not internals
 
 
 def _source(thing: Any) -> str:

@@ -18,6 +18,9 @@ What it owns, split as uvicorn splits its httptools server:
   (``handler_cancellation``, deferred while the handler polls the provider);
 - ``flow``: reading paused and resumed, writing waited for, and the answers of a turn of
   the event loop written together at its end (``Outbox``);
+- ``stream``: a streamed answer (``Streamed``, a body from an async iterator, as a kept
+  result is served) written chunk by chunk, waiting while the socket's buffer is full, its
+  iterator closed however it ends;
 - ``body``: a body read as it arrives, with backpressure (an answered request's unread
   rest dropped for a while at most);
 - ``head``: the head as aiohttp reads it (aiohttp's limits as its C parser counts them,
@@ -45,6 +48,7 @@ from gateway.http.lane.head import MAX_FIELD, MAX_FIELDS, MAX_LINE, wants_lane
 from gateway.http.lane.protocol import QUEUE_HIGH
 from gateway.http.lane.request import LaneRequest
 from gateway.http.lane.site import LaneSite
+from gateway.http.lane.stream import Streamed
 
 __all__ = [
     "BODY_HIGH",
@@ -56,5 +60,6 @@ __all__ = [
     "LaneRequest",
     "LaneSite",
     "Middleware",
+    "Streamed",
     "wants_lane",
 ]

@@ -1,10 +1,10 @@
 """The request cycle of a lane connection (as uvicorn's RequestResponseCycle, one a
 connection rather than one a request): a request's middleware and handler run in a task of
 their own, the answer is made into bytes as aiohttp would write them and queued on the
-connection in order; and when that task may be cancelled (its client gone, a stop past its
-grace): at once, but not while the handler polls the provider (``Uncancelled``), then at
-the poll's end. It never reads a byte and never decides what comes next on the connection
-(``Connection.next_request``).
+connection in order (a streamed answer's chunks as they come, stream.py); and when that
+task may be cancelled (its client gone, a stop past its grace): at once, but not while the
+handler polls the provider (``Uncancelled``), then at the poll's end. It never reads a byte
+and never decides what comes next on the connection (``Connection.next_request``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gateway.flow.requests import AgentRequest
 from gateway.http.lane.body import Body
 from gateway.http.lane.flow import FlowControl
 from gateway.http.lane.request import LaneRequest, Uncancelled
+from gateway.http.lane.stream import Streamed, write_stream
 from gateway.http.lane.wire import CONTINUE, internal_error, serialize
 
 log = logging.getLogger("statusgate")
@@ -37,6 +38,8 @@ class Connection(Protocol):
     def flow(self) -> FlowControl: ...
 
     def send(self, data: bytes) -> None: ...
+
+    def flush(self) -> None: ...
 
     def end(self) -> None: ...
 
@@ -85,10 +88,13 @@ class Cycle:
         body.drop()
         if not body.complete:  # the rest is read and dropped, for a while
             lane.linger(body)
-        data, keep = _bytes(response, request)
-        if lane.transport is None:
-            return
-        lane.send(data)
+        if type(response) is Streamed:  # a body from an iterator: a path of its own (12 ns)
+            keep = await write_stream(lane, response, request)
+        else:
+            data, keep = _bytes(response, request)
+            if lane.transport is None:
+                return
+            lane.send(data)
         paused = lane.flow.write_paused  # set by the flush of an earlier answer
         if paused is not None:
             await paused

@@ -381,7 +381,8 @@ class Lane(asyncio.Protocol):
         self._out.append(data)
 
     def flush(self) -> None:
-        """Write what this connection queued (the Outbox, at the end of a turn)."""
+        """Write what this connection queued (the Outbox, at the end of a turn; a streamed
+        answer before each chunk it writes itself, stream.py)."""
         out, self._out = self._out, []
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))

@@ -75,3 +75,41 @@ def bad_request(detail: str) -> bytes:
 
 def internal_error() -> web.Response:
     return problem("internal-error", INTERNAL)
+
+
+def serialize_head(
+    response: web.StreamResponse, method: str, version: tuple[int, int], keep_alive: bool
+) -> tuple[bytes, bool, str]:
+    """The head aiohttp would write for a streamed ``response`` (its body to come), whether
+    the connection stays open after it, and how its body is framed: ``empty`` (none is
+    sent: HEAD, 204, 304), ``length`` (Content-Length), ``chunked`` (HTTP/1.1 without a
+    length) or ``close`` (HTTP/1.0 without one: the close ends it)."""
+    headers = response.headers
+    status = response.status
+    empty = must_be_empty_body(method, status)
+    keep = response.keep_alive if response.keep_alive is not None else keep_alive
+    framing = "length"
+    if empty:  # StreamResponse._prepare_headers
+        framing = "empty"
+        if hdrs.CONTENT_LENGTH in headers and should_remove_content_length(method, status):
+            del headers[hdrs.CONTENT_LENGTH]
+        headers.pop(hdrs.TRANSFER_ENCODING, None)
+    elif response.content_length is None:
+        if version >= (1, 1):
+            framing = "chunked"
+            headers[hdrs.TRANSFER_ENCODING] = "chunked"
+        else:
+            framing, keep = "close", False
+    if not empty and response.content_length != 0:
+        headers.setdefault(hdrs.CONTENT_TYPE, "application/octet-stream")
+    if hdrs.DATE not in headers:
+        headers[hdrs.DATE] = rfc822_formatted_time()
+    headers.setdefault(hdrs.SERVER, SERVER_SOFTWARE)
+    if hdrs.CONNECTION not in headers:
+        if keep:
+            if version == (1, 0):
+                headers[hdrs.CONNECTION] = "keep-alive"
+        elif version == (1, 1):
+            headers[hdrs.CONNECTION] = "close"
+    line = f"HTTP/{version[0]}.{version[1]} {status} {response.reason}"
+    return _serialize_headers(line, headers), bool(keep), framing

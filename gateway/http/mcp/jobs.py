@@ -1,6 +1,7 @@
 """Starting a job and fetching its result over MCP: the start_job and get_result tools run
 the provider's submit and result routes for the caller's account exactly as ``POST /p/...``
-and the result route do (http.submit.run, http.proxy.fetch_result), then read their answers.
+and the result route do (http.submit.run, http.proxy.fetch_result), then read their answers;
+a result kept by the gateway (SPEC 23) is read from its copy, as the result route serves it.
 
 Owns turning a tool's arguments into what an agent would have sent, and an HTTP answer of
 those routes into an operation and a view of the provider's answer, or a Refused naming the
@@ -17,8 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.core import results
 from gateway.core.models import OperationRecord
 from gateway.core.routing import Match, job_id_from_body
+from gateway.flow import keeping
+from gateway.http import kept
 from gateway.http.answers import Call
 from gateway.http.mcp.caller import Caller, Refused, owned, policy_of
 from gateway.http.problems import CONTENT_TYPE
@@ -127,6 +131,11 @@ async def result(caller: Caller, operation_id: str) -> tuple[OperationRecord, di
     if route is None:
         detail = f"Provider {record.provider!r} declares no result route."
         raise Refused("route-not-allowed", detail, record.operation_id)
+    if policy.results.keep:  # SPEC 23: from the kept copy, as the result route answers
+        record = await keeping.settled(caller.runtime, policy, record)
+        view = await _kept(caller, record)
+        if view is not None:
+            return record, view
     fixed = route.match.headers.items() if route.match is not None else []
     match = Match("result", record.provider_job_id, {"job_id": record.provider_job_id})
     answer = await fetch_result(_call(caller, policy, match), record, to_provider(fixed, policy))
@@ -143,13 +152,30 @@ def _call(caller: Caller, policy: ProviderPolicy, match: Match) -> Call:
     return Call(caller.request, caller.runtime, caller.account, policy, match)
 
 
+async def _kept(caller: Caller, record: OperationRecord) -> dict[str, Any] | None:
+    """The view of the operation's kept result (no provider call, no fetch counted), or
+    None when there is none to serve or it cannot be read (then it is fetched as before)."""
+    runtime = caller.runtime
+    copy = results.served_copy(record, runtime.clock())
+    body = await kept.read_copy(runtime, record, copy) if copy is not None else None
+    if copy is None or body is None:
+        return None
+    view = _view_of(200, copy.content_type or "application/octet-stream", body)
+    view["kept"] = True
+    return view
+
+
 def _view(answer: web.StreamResponse) -> dict[str, Any]:
-    """A provider answer as MCP results show it: status, content type, the body as text
-    (base64 when it is not UTF-8) and, when it is JSON, parsed."""
+    """A provider answer as MCP results show it."""
     raw = answer.body if isinstance(answer, web.Response) else None
     body = raw if isinstance(raw, bytes) else b""
-    content_type = answer.headers.get("Content-Type", "")
-    view: dict[str, Any] = {"status": answer.status, "content_type": content_type}
+    return _view_of(answer.status, answer.headers.get("Content-Type", ""), body)
+
+
+def _view_of(status: int, content_type: str, body: bytes) -> dict[str, Any]:
+    """An answer as MCP results show it: status, content type, the body as text (base64
+    when it is not UTF-8) and, when it is JSON, parsed."""
+    view: dict[str, Any] = {"status": status, "content_type": content_type}
     try:
         view["body"] = body.decode("utf-8")
     except UnicodeDecodeError:

@@ -234,7 +234,8 @@ async def start_job(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
 
 async def get_result(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
     """The job's result through the provider's result route: after success only, counted
-    against max_result_fetches and audited (SPEC 21)."""
+    against max_result_fetches and audited (SPEC 21); from the kept copy when the gateway
+    keeps it (SPEC 23), with no provider call."""
     args = _checked(args, {"operation_id"})
     operation_id = _text(args, "operation_id", required=True)
     assert operation_id is not None
@@ -249,6 +250,8 @@ async def get_result(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         f"Result of operation {record.operation_id}: provider answered {fetched['status']} "
         f"(fetch {record.result_fetches} of {limit})."
     )
+    if fetched.get("kept"):
+        text = f"Result of operation {record.operation_id}: the gateway's kept copy."
     return result(structured, text)
 
 

@@ -124,6 +124,10 @@ ANSWER_SCHEMA: dict[str, Any] = {
         "body": {**STRING, "description": "The answer body as text (empty when base64)."},
         "body_base64": {**STRING, "description": "The body, when it is not UTF-8 text."},
         "json": {"description": "The body parsed, when it is JSON."},
+        "kept": {
+            "type": "boolean",
+            "description": "True: the gateway's kept copy of the result (no provider call).",
+        },
     },
     "required": ["status", "content_type", "body"],
 }
