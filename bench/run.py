@@ -622,6 +622,13 @@ def _serving(
     and the agent paths of those operations."""
     port = free_port()
     config = gateway_config(folder, port, store, audit, limits)
+    if store.startswith("postgres"):  # serve only checks the layout: the owner migrates
+        subprocess.run(
+            [PY, "-m", entry(env), "migrate", "--config", str(config)],
+            env={**os.environ, "DEMO_API_KEY": KEY, **(env or {})},
+            check=True,
+            capture_output=True,
+        )
     with spawn(
         [PY, "-m", entry(env), "serve", "--config", str(config), *args],
         port,
