@@ -6,7 +6,8 @@ range of its own that conflicts with it (docs/results.md).
 A copy is a multipart upload (parts of PART_SIZE, the last one smaller): the object exists
 only once the upload is completed, so a crash leaves an incomplete upload, never a partial
 object; ``forget_partial`` aborts the ones a dead process left. Credentials are AWS-style,
-read by botocore's chain (environment, shared files, web identity) when the store opens.
+found by botocore's chain (environment, shared files, web identity) when the store opens
+and refreshed by it before they expire.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
+from botocore.exceptions import BotoCoreError
 
 from gateway.settings.keeping import S3Target
 from gateway.store.results import CHUNK, CopyWriter, ResultStore, ResultStoreError
@@ -39,11 +41,9 @@ class S3Results(ResultStore):
     async def open(self) -> None:
         import botocore.session
 
-        def read_credentials() -> Any:
-            found = botocore.session.get_session().get_credentials()
-            return None if found is None else found.get_frozen_credentials()
-
-        self._credentials = await asyncio.to_thread(read_credentials)
+        self._credentials = await asyncio.to_thread(
+            lambda: botocore.session.get_session().get_credentials()
+        )
         if self._credentials is None:
             raise ResultStoreError(
                 "results_store: no AWS credentials found (set AWS_ACCESS_KEY_ID and"
@@ -61,13 +61,22 @@ class S3Results(ResultStore):
         url = f"{self.target.endpoint}/{self.target.bucket}/{key}"
         return url + ("?" + urlencode(sorted(query.items()), quote_via=quote) if query else "")
 
-    def _signed(self, method: str, url: str, body: bytes) -> dict[str, str]:
+    async def _current(self) -> Any:
+        """The credentials to sign with now: expiring ones (a web identity's last an hour)
+        fetched again by botocore before they run out, off the loop (a refresh is a call)."""
+        source = self._credentials
+        refresh_needed = getattr(source, "refresh_needed", None)
+        if refresh_needed is not None and refresh_needed():
+            return await asyncio.to_thread(source.get_frozen_credentials)
+        return source.get_frozen_credentials()
+
+    def _signed(self, credentials: Any, method: str, url: str, body: bytes) -> dict[str, str]:
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
         payload = hashlib.sha256(body).hexdigest()
         request = AWSRequest(method, url, headers={"X-Amz-Content-SHA256": payload}, data=body)
-        S3SigV4Auth(self._credentials, "s3", self.target.region).add_auth(request)
+        S3SigV4Auth(credentials, "s3", self.target.region).add_auth(request)
         return dict(request.headers.items())
 
     async def call(
@@ -84,7 +93,10 @@ class S3Results(ResultStore):
     async def send(self, method: str, url: str, body: bytes) -> AsyncIterator[Any]:
         if self._session is None:
             raise ResultStoreError("the result store is not open")
-        headers = self._signed(method, url, body)
+        try:
+            headers = self._signed(await self._current(), method, url, body)
+        except BotoCoreError as exc:
+            raise ResultStoreError(f"S3 credentials unavailable: {type(exc).__name__}") from None
         try:
             async with self._session.request(method, url, data=body, headers=headers) as answer:
                 yield answer
