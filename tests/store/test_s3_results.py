@@ -4,6 +4,7 @@ not read once when the store opens."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.settings.keeping import S3Target
+from gateway.store.results import s3
 from gateway.store.results.s3 import S3Results
 
 BUCKET = "s3-results"
@@ -95,3 +97,27 @@ def test_credential_script_answers_as_botocore_expects(
     assert found.get_frozen_credentials().access_key.startswith("AKIDTEST")
     assert hasattr(found, "refresh_needed")
 
+
+async def test_a_slow_reader_gets_the_whole_copy(
+    moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy read for longer than one S3 request may take (an agent reading a large kept
+    result slowly) arrives whole: the bound is on connecting and on each read, not on the
+    whole answer."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
+    monkeypatch.setattr(s3, "TIMEOUT", 3.0)
+    store = S3Results(S3Target(BUCKET, "slow/", moto_endpoint, "us-east-1"))
+    await store.open()
+    try:
+        data = bytes(range(256)) * 4096  # 1 MiB: 16 chunks or more
+        writer = store.writer("00000000001-op_slow")
+        await writer.write(data)
+        await writer.commit()
+        body = bytearray()
+        async for chunk in store.read("00000000001-op_slow"):
+            body += chunk
+            await asyncio.sleep(0.25)  # a reader slower than the whole answer's bound
+        assert bytes(body) == data
+    finally:
+        await store.close()

@@ -28,7 +28,7 @@ from gateway.settings.keeping import S3Target
 from gateway.store.results import CHUNK, CopyWriter, ResultStore, ResultStoreError
 
 PART_SIZE = 8 * 1024 * 1024  # S3 takes parts of 5 MiB or more, the last one excepted
-TIMEOUT = 60.0  # seconds per request
+TIMEOUT = 60.0  # seconds to connect, and between two reads of an answer
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
@@ -49,7 +49,9 @@ class S3Results(ResultStore):
                 "results_store: no AWS credentials found (set AWS_ACCESS_KEY_ID and"
                 " AWS_SECRET_ACCESS_KEY, or a profile or web identity)"
             )
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        # no bound on a whole answer: a copy read by a slow agent streams for as long as it reads
+        bounds = aiohttp.ClientTimeout(total=None, sock_connect=TIMEOUT, sock_read=TIMEOUT)
+        self._session = aiohttp.ClientSession(timeout=bounds)
 
     async def close(self) -> None:
         if self._session is not None:
