@@ -31,7 +31,7 @@ from gateway.core.models import (
 )
 from gateway.core.problems import PROBLEMS
 from gateway.core.roles import NEEDS
-from gateway.settings.config import ROLES
+from gateway.settings.config import MAX_QUOTA, ROLES
 
 ACTIONS = ["extend", "cancel", "abandon", "resume"]
 PERMITTED_ACTIONS = ["extend", "cancel_at_provider", "resume", "abandon"]
@@ -460,7 +460,7 @@ def _reload() -> dict[str, Any]:
 
 
 KEY_ID = {"name": "key_id", "in": "path", "required": True, "schema": STRING}
-LIMIT_OR_NONE = nullable({"type": "integer", "minimum": 1})
+LIMIT_OR_NONE = nullable({"type": "integer", "minimum": 1, "maximum": MAX_QUOTA})
 
 
 def key_schemas() -> dict[str, Any]:

@@ -96,10 +96,13 @@ class AuditSettings(Strict):
     replica are kept there too); unset: the host name."""
 
 
+MAX_QUOTA = 1_000_000_000  # a quota every store counts (PostgreSQL's sg_quota takes integers)
+
+
 class Quotas(Strict):
-    max_active_operations: Annotated[int, Field(ge=1)] | None = None
+    max_active_operations: Annotated[int, Field(ge=1, le=MAX_QUOTA)] | None = None
     """Pending operations at once (submissions in flight included); unset: no limit."""
-    submits_per_hour: Annotated[int, Field(ge=1)] | None = None
+    submits_per_hour: Annotated[int, Field(ge=1, le=MAX_QUOTA)] | None = None
     """Submissions forwarded in any sliding hour; unset: no limit."""
 
     @property

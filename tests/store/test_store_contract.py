@@ -29,7 +29,7 @@ from gateway.core.models import (
     Reason,
     StoredResponse,
 )
-from gateway.settings.config import Quotas
+from gateway.settings.config import MAX_QUOTA, Quotas
 from gateway.store import Store, store_from_url
 
 from conftest import pending_record
@@ -614,6 +614,13 @@ async def test_a_quota_counts_submits_in_a_sliding_hour(store: Store) -> None:
     wait = await store.claim_quota("account:a", "op_3", quotas, now + 20, 60)
     assert wait == pytest.approx(3600 - 20, abs=0.01)
     assert await store.claim_quota("account:a", "op_3", quotas, now + 3601, 60) == 0
+
+
+async def test_the_largest_quotas_a_key_may_have_are_counted(store: Store) -> None:
+    """A quota as large as the settings accept is counted by every backend (PostgreSQL's
+    function takes integers: a larger one was a store error, every submission a 503)."""
+    quotas = Quotas(max_active_operations=MAX_QUOTA, submits_per_hour=MAX_QUOTA)
+    assert await store.claim_quota("key:big", "op_1", quotas, time.time(), 60) == 0
 
 
 async def test_concurrent_quota_claims_never_take_more_than_the_limit(store: Store) -> None:
