@@ -380,14 +380,17 @@ async def test_an_answer_has_the_bytes_aiohttp_writes(
     [(b"streamed-broken", b"\r\n\r\nfirst chunk;<closed>"), (b"streamed-short", b"xxx<closed>")],
     ids=["fails", "short"],
 )
+@pytest.mark.parametrize("server", ["lane", "aiohttp"])
 async def test_a_streamed_answer_whose_source_fails_closes_the_connection(
-    servers: tuple[int, int, web.Application], tail: bytes, end: bytes
+    servers: tuple[int, int, web.Application], tail: bytes, end: bytes, server: str
 ) -> None:
     """A streamed answer whose source fails after its head and first chunk went, or ends
     short of its Content-Length: the connection closes (the length promised cannot be
-    met), the request pipelined after it is not answered, and the source is closed."""
-    lane_port, _, app = servers
-    got = await talk(lane_port, [GET % tail + AFTER], wait=10.0)
+    met), the request pipelined after it is not answered, and the source is closed; on the
+    lane and on aiohttp's own server (which answers a TLS listener)."""
+    lane_port, plain_port, app = servers
+    port = lane_port if server == "lane" else plain_port
+    got = await talk(port, [GET % tail + AFTER], wait=10.0)
     assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(end)
     assert app[PAGE] == ["stream closed"]
 

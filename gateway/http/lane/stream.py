@@ -50,12 +50,26 @@ class Streamed(web.StreamResponse):
             self.content_length = length
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        """On aiohttp's server (as ``web.FileResponse``): the head, then every chunk."""
+        """On aiohttp's server (as ``web.FileResponse``): the head, then every chunk; a
+        source ending short of the Content-Length closes the connection, as on the lane
+        (else the next answer on it would be read as the rest of this body)."""
         try:
             writer = await super().prepare(request)
             if writer is not None and not must_be_empty_body(request.method, self.status):
+                sent = 0
                 async for chunk in self.chunks:
+                    sent += len(chunk)
                     await self.write(chunk)
+                if self.content_length is not None and sent < self.content_length:
+                    log.warning(
+                        "the streamed answer to %s %s ended after %d of %d bytes:"
+                        " connection closed",
+                        request.method,
+                        request.path,
+                        sent,
+                        self.content_length,
+                    )
+                    self.force_close()
             return writer
         finally:
             await close(self.chunks)
