@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.settings.keeping import S3Target
-from gateway.store.results import s3
+from gateway.store.results import ResultStoreError, s3
 from gateway.store.results.s3 import S3Results
 
 BUCKET = "s3-results"
@@ -121,3 +121,20 @@ async def test_a_slow_reader_gets_the_whole_copy(
         assert bytes(body) == data
     finally:
         await store.close()
+
+
+async def test_credentials_that_cannot_be_read_are_a_result_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile that does not exist (or a credential process that fails) is a
+    ResultStoreError naming the problem, which the result route answers by forwarding as
+    before, never an error of botocore's own (a 500)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    store = S3Results(S3Target(BUCKET, "p/", "http://127.0.0.1:9", "us-east-1"))
+    with pytest.raises(ResultStoreError, match="no-such-profile"):
+        await store.open()
+    await store.close()

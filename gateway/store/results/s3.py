@@ -41,9 +41,12 @@ class S3Results(ResultStore):
     async def open(self) -> None:
         import botocore.session
 
-        self._credentials = await asyncio.to_thread(
-            lambda: botocore.session.get_session().get_credentials()
-        )
+        try:
+            self._credentials = await asyncio.to_thread(
+                lambda: botocore.session.get_session().get_credentials()
+            )
+        except BotoCoreError as exc:  # a profile named that is not there, a failing process
+            raise ResultStoreError(f"results_store: cannot read AWS credentials: {exc}") from None
         if self._credentials is None:
             raise ResultStoreError(
                 "results_store: no AWS credentials found (set AWS_ACCESS_KEY_ID and"
