@@ -21,7 +21,7 @@ from gateway.observe import logs
 from gateway.settings.config import GatewayFile, Listen, Settings, load_settings
 
 log = logging.getLogger("statusgate")
-FIXED = ("store", "audit")  # need a restart
+FIXED = ("store", "audit", "results_store")  # need a restart (the result store is opened once)
 LISTENERS = ("listen", "admin_listen")  # their sockets need a restart, their TLS files not
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,7 +27,7 @@ from gateway.flow import keeping
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.store.results.files import PARTIAL
 
-from conftest import FakeClock
+from conftest import OPERATOR_TOKEN, PROVIDER_ENV, FakeClock
 from kept_doubles import (
     AUTH,
     RESULT_TYPE,
@@ -300,3 +301,33 @@ async def test_a_copy_gone_from_the_store_is_forwarded_as_before(tmp_path: Path)
     finally:
         await client.close()
         await server.close()
+
+
+async def test_a_reload_that_moves_the_result_store_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """results_store is opened at start (docs/results.md: changing it takes a restart): a
+    reload that changes it is refused naming it, not taken while copies go on to the old
+    place (on a shared store with none set at start, a folder of the process's own, removed
+    when it stops)."""
+    for name, value in PROVIDER_ENV.items():  # what a reload reads the policies with
+        monkeypatch.setenv(name, value)
+    double = ResultDouble(result_body(100))
+    server, upstream = await serve(double)
+    path = kept_config(tmp_path, upstream, results={"keep": False})
+    client = await gateway(path, FakeClock())
+    try:
+        config = yaml.safe_load(path.read_text())
+        config["results_store"] = f"file://{tmp_path / 'elsewhere'}"
+        path.write_text(yaml.safe_dump(config))
+        ops = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        answer = await client.post("/admin/reload", headers=ops)
+        body = await answer.json()
+    finally:
+        await client.close()
+        await server.close()
+    assert answer.status == 422, body
+    assert any(
+        p.endswith("results_store: cannot change while the gateway runs; restart it to apply")
+        for p in body["problems"]
+    )
