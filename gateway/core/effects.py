@@ -345,6 +345,9 @@ def _counts(record: OperationRecord, event: Event, plan: Plan | None) -> list[Co
         found.append(Count("operations_finished", (provider, record.outcome.value)))
         used = float(record.status_requests_used)
         found.append(Count("requests_per_operation", (provider,), used, observe=True))
+        for kind, number in record.usage if event is Event.FINISHED else ():
+            if number > 0:  # a counter only goes up
+                found.append(Count("usage", (provider, record.account, kind), float(number)))
     if plan is not None:
         if plan.source in (DelaySource.PROVIDER_RETRY_AFTER, DelaySource.PROVIDER_POLL_HINT):
             found.append(Count("provider_guidance", (provider, plan.source.value)))

@@ -170,6 +170,11 @@ class OperationRecord:
     # the submit path's named segments besides the job (fal's owner and app): the gateway's
     # own polls and cancels are sent there; (name, value) pairs, sorted
     route_values: tuple[tuple[str, str], ...] = ()
+    # SPEC 23: the policy's usage numbers found in the final answer, (kind, number) sorted
+    usage: tuple[tuple[str, int | float], ...] = ()
+    # SPEC 23: an operation.completed event is owed for this terminal record (a webhook was
+    # configured when it ended); stores put it in their outbox in the same write
+    announce: bool = False
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:
@@ -197,6 +202,12 @@ class OperationRecord:
             data["route_values"] = dict(self.route_values)
         else:  # records written before them, and most, have none
             del data["route_values"]
+        if self.usage:
+            data["usage"] = dict(self.usage)
+        else:  # records written before SPEC 23, and many after, have none
+            del data["usage"]
+        if not self.announce:
+            del data["announce"]
         if final is not None:
             data["final_response"] = {
                 "status": final.status,
@@ -236,6 +247,7 @@ class OperationRecord:
             )
         data["result_values"] = tuple(data.get("result_values", ()))
         data["route_values"] = tuple(sorted(data.get("route_values", {}).items()))
+        data["usage"] = tuple(sorted(data.get("usage", {}).items()))
         esc = data.get("escalation")
         if esc is not None:
             data["escalation"] = Escalation(

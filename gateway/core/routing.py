@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.core import arns
-from gateway.core.decide import lookup
+from gateway.core.values import lookup
 from gateway.core.models import OperationRecord
 from gateway.core.values import parse_json
 from gateway.settings.policy import (

@@ -70,6 +70,7 @@ from gateway.store.base import PURGE_BATCH, Ids, Mutation, Queue, Store, newer_l
 from gateway.store.sqlite.cache import Cache
 from gateway.store.sqlite.commit import GroupCommit, _Turn
 from gateway.store.sqlite.loop_share import LoopShare
+from gateway.store.sqlite.outbox import SQLiteOutbox
 from gateway.store.sqlite.rows import (
     INSERT,
     LAYOUT,
@@ -103,7 +104,7 @@ CATCH_UP = 8 << 20  # bytes of WAL the writer's checkpoint may copy at most (on 
 WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint resets it
 
 
-class SQLiteStore(GroupCommit, Store):
+class SQLiteStore(GroupCommit, SQLiteOutbox, Store):
     def __init__(
         self,
         path: str,
@@ -565,6 +566,7 @@ class SQLiteStore(GroupCommit, Store):
                 gone = [(i,) for i in ids]
                 conn.executemany("DELETE FROM operations WHERE operation_id = ?", gone)
                 conn.executemany("DELETE FROM result_values WHERE operation_id = ?", gone)
+                conn.executemany("DELETE FROM completions WHERE operation_id = ?", gone)
             for operation_id in ids:
                 self._cache.gone(operation_id)
             return len(ids)
