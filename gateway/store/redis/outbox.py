@@ -1,0 +1,55 @@
+"""The Redis store's completion outbox (SPEC 23): each provider's ``outbox`` sorted set in
+every shard, which the CAS script fills in the record's own write (layout.py); read and
+marked here. Owed entries are scored by ended_at, sent ones +inf."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from gateway.core.models import OperationRecord
+from gateway.store.redis.layout import Keys, oldest
+
+SENT = "+inf"
+
+
+class _Host(Protocol):
+    keys: Keys
+
+    async def _call(self, operation: str, work: Any) -> Any: ...
+
+    async def _each_shard(self, operation: str, command: Any) -> tuple[tuple[str, Any], ...]: ...
+
+    async def _providers(self, operation: str) -> tuple[str, ...]: ...
+
+    async def get(self, operation_id: str) -> OperationRecord | None: ...
+
+    @property
+    def _redis(self) -> Any: ...
+
+
+class RedisOutbox:
+    async def owed_completions(self: _Host, limit: int) -> list[str]:
+        found: list[tuple[str, Any]] = []
+        for provider in await self._providers("owed_completions"):
+            found += await self._each_shard(
+                "owed_completions",
+                lambda pipe, shard, p=provider: pipe.zrangebyscore(
+                    self.keys.indexes(p, shard)[5], "-inf", f"({SENT}", 0, limit, withscores=True
+                ),
+            )
+        return [raw.decode() for _, raw in oldest(tuple(found), limit)]
+
+    async def completion_owed(self: _Host, operation_id: str) -> bool:
+        record = await self.get(operation_id)
+        if record is None:
+            return False
+        key = self.keys.indexes(record.provider, self.keys.shard(operation_id))[5]
+        score = await self._call("completion_owed", self._redis.zscore(key, operation_id))
+        return score is not None and score != float("inf")
+
+    async def completion_sent(self: _Host, operation_id: str) -> None:
+        record = await self.get(operation_id)
+        if record is not None:
+            key = self.keys.indexes(record.provider, self.keys.shard(operation_id))[5]
+            marked = self._redis.zadd(key, {operation_id: float("inf")}, xx=True)
+            await self._call("completion_sent", marked)
