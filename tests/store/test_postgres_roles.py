@@ -67,7 +67,7 @@ async def test_the_owner_migrates_and_a_dml_only_role_serves(
     with admin(owner_url) as conn:
         assert conn.execute("SELECT to_regclass('public.operations')").fetchone() == (None,)
     done = statusgate("migrate", "--config", str(config_for(tmp_path / "owner", owner_url)))
-    assert done.returncode == 0 and "created at schema version 1" in done.stdout, done.stderr
+    assert done.returncode == 0 and "created at schema version 2" in done.stdout, done.stderr
     with admin(owner_url) as conn:
         conn.execute(GRANTS.format(role=serving))
     policy = {"demo-jobs": {"polling": {"base_delay": "100ms", "jitter": {"min": 1}}}}

@@ -288,10 +288,10 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
     postgres_url += "_fresh"  # a schema of its own no one migrated yet
     config = config_for(tmp_path, postgres_url)
     first = statusgate("migrate", "--config", str(config))
-    assert first.returncode == 0 and "created at schema version 1" in first.stdout
+    assert first.returncode == 0 and "created at schema version 2" in first.stdout
     again = statusgate("migrate", "--config", str(config))
-    assert "schema version 1, up to date" in again.stdout
-    assert "(schema version 1)" in statusgate("check", "--config", str(config)).stdout
+    assert "schema version 2, up to date" in again.stdout
+    assert "(schema version 2)" in statusgate("check", "--config", str(config)).stdout
     schema = postgres_url.rsplit("schema=", 1)[1]
     with admin(postgres_url) as conn:
         conn.execute(f'UPDATE "{schema}".schema_version SET version = 9')

@@ -12,7 +12,7 @@ from gateway.errors import StoreError
 from gateway.store.base import newer_layout
 from gateway.store.postgres.statements import found_layout, layout_sql
 
-LAYOUT = 1  # the layout this code writes (sql/layout_1.sql)
+LAYOUT = 2  # the layout this code writes (sql/layout_1.sql, then layout_2.sql)
 
 
 async def migrate_layout(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -53,6 +53,7 @@ from gateway.store.base import (
     stop,
 )
 from gateway.store.postgres.layout import LAYOUT, migrate_layout
+from gateway.store.postgres.outbox import PostgresOutbox
 from gateway.store.postgres.probe import create_query, reserve_query, write_probe
 from gateway.store.postgres.rows import (
     CASArgs,
@@ -68,7 +69,7 @@ from gateway.store.shared import Batch, Copies, Job, SharedClock
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
 
 
-class PostgresStore(Store):
+class PostgresStore(PostgresOutbox, Store):
     shared: ClassVar[bool] = True
 
     def __init__(

@@ -9,10 +9,7 @@ from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
-OWED = (
-    "SELECT operation_id FROM completions WHERE sent = 0"
-    " ORDER BY ended_at, operation_id LIMIT ?"
-)
+OWED = "SELECT operation_id FROM completions WHERE sent = 0 ORDER BY ended_at, operation_id LIMIT ?"
 
 
 class _Host(Protocol):
@@ -36,7 +33,8 @@ class SQLiteOutbox:
     async def completion_owed(self: _Host, operation_id: str) -> bool:
         sql = "SELECT 1 FROM completions WHERE operation_id = ? AND sent = 0"
         return await self._read(
-            "completion_owed", lambda conn: conn.execute(sql, (operation_id,)).fetchone() is not None
+            "completion_owed",
+            lambda conn: conn.execute(sql, (operation_id,)).fetchone() is not None,
         )
 
     async def completion_sent(self: _Host, operation_id: str) -> None:
