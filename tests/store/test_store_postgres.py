@@ -30,6 +30,7 @@ from gateway.errors import ConfigError, NotAdmissible, StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url, store_kind
 from gateway.store.base import LeaseLost, NewerLayout
+from gateway.store.postgres.layout import LAYOUT
 
 from conftest import (
     AGENT_TOKEN,
@@ -189,7 +190,7 @@ async def test_records_survive_every_replica_closing(postgres_url: str) -> None:
     assert await first.save(created.evolve(status_requests_used=2, next_poll_at=123.5))
     await first.close()
     second = store_from_url(postgres_url)
-    assert await second.migrate() == (1, 1)
+    assert await second.migrate() == (LAYOUT, LAYOUT)
     await second.open()
     try:
         stored = await second.get("op_p")
@@ -288,10 +289,10 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
     postgres_url += "_fresh"  # a schema of its own no one migrated yet
     config = config_for(tmp_path, postgres_url)
     first = statusgate("migrate", "--config", str(config))
-    assert first.returncode == 0 and "created at schema version 2" in first.stdout
+    assert first.returncode == 0 and f"created at schema version {LAYOUT}" in first.stdout
     again = statusgate("migrate", "--config", str(config))
-    assert "schema version 2, up to date" in again.stdout
-    assert "(schema version 2)" in statusgate("check", "--config", str(config)).stdout
+    assert f"schema version {LAYOUT}, up to date" in again.stdout
+    assert f"(schema version {LAYOUT})" in statusgate("check", "--config", str(config)).stdout
     schema = postgres_url.rsplit("schema=", 1)[1]
     with admin(postgres_url) as conn:
         conn.execute(f'UPDATE "{schema}".schema_version SET version = 9')
@@ -299,7 +300,7 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
         done = statusgate(command, "--config", str(config))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, command
-        assert len(lines) == 1 and "schema version 9" in lines[0] and "(1)" in lines[0], lines
+        assert len(lines) == 1 and "schema version 9" in lines[0] and f"({LAYOUT})" in lines[0], lines
     store = store_from_url(postgres_url)
     with pytest.raises(NewerLayout):
         await store.open()
@@ -721,3 +722,30 @@ async def test_a_full_database_disk_fails_closed_and_recovers(
         with admin(base) as conn:
             conn.execute("DROP DATABASE sgfull WITH (FORCE)")
             conn.execute("DROP TABLESPACE small")
+
+
+async def test_a_layout_1_schema_gets_the_completion_outbox(postgres_base_url: str) -> None:
+    """Layout 1 to 2 (``statusgate migrate``): the completions table and its trigger are
+    added, records stay as they were, and a record that ends afterwards owes its event."""
+    from gateway.store.postgres.statements import layout_sql
+
+    schema = f"sgtest_{uuid.uuid4().hex[:12]}"
+    base = postgres_base_url.split("?", 1)[0]
+    url = f"{postgres_base_url}{'&' if '?' in postgres_base_url else '?'}schema={schema}"
+    with admin(base) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(layout_sql(schema, 1))
+        conn.execute(f'CREATE TABLE "{schema}".schema_version (version integer NOT NULL)')
+        conn.execute(f'INSERT INTO "{schema}".schema_version VALUES (1)')
+    store = store_from_url(url)
+    try:
+        assert await store.migrate() == (1, LAYOUT)
+        await store.open()
+        created = await store.create(record())
+        ended = created.evolve(outcome=Outcome.SUCCEEDED, ended_at=time.time(), announce=True)
+        assert await store.save(ended)
+        assert await store.owed_completions(10) == ["op_p"]
+    finally:
+        await store.close()
+        with admin(base) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
