@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from gateway import mcp
 from gateway.core.models import Clock
 from gateway.errors import StoreError
-from gateway.flow import pausing, polls, sweep
+from gateway.flow import completions, pausing, polls, sweep
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http import hooks, middleware, proxy
 from gateway.http.a2a import routes as a2a_routes
@@ -114,6 +114,7 @@ async def _start(app: web.Application) -> None:
         log.warning("store unreachable at start (%s); recovery runs once it answers", exc)
         runtime.spawn(_recover_when_up(runtime))
     app[SWEEPER] = asyncio.create_task(sweep.run(runtime))
+    runtime.spawn(completions.run(runtime))  # SPEC 23: looks only with a webhook configured
     if MULTIPROCESS:  # the other workers' scrapes read this worker's counts from files
         runtime.spawn(_flush_metrics(effects.metrics))
 

@@ -311,6 +311,16 @@ def of_delivery(notice: Mapping[str, Any], outcome: str, now: float) -> Effects:
     return (Count("webhook_deliveries", (result,)), Line(line))
 
 
+def of_completion(record: OperationRecord, outcome: str, now: float) -> Effects:
+    """An ``operation.completed`` post (SPEC 23): counted by result, and a ``notified``
+    line saying what came of it."""
+    result = "delivered" if outcome == "delivered" else "failed"
+    line = line_fields(
+        record, event=Event.NOTIFIED.value, at=now, decision="operation.completed", detail=outcome
+    )
+    return (Count("completion_deliveries", (result,)), Line(line))
+
+
 def notice_body(notice: Notice, message_id: str, now: float) -> dict[str, Any]:
     """A webhook body: ``type`` (Standard Webhooks event type), a message ``id`` kept
     across retries, and what an operator needs to decide."""

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core import decide
-from gateway.core.decide import Decision, lookup
+from gateway.core.decide import Decision
 from gateway.core.models import OperationRecord, Outcome, ProviderAnswer
-from gateway.core.values import parse_json
+from gateway.core.values import lookup, parse_json
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.push import Push
 

@@ -301,7 +301,9 @@ class ProviderPolicy(Strict):
         """Changes whenever the policy's rules change; the credential is left out."""
         # the shape only fills fields (compared as filled); answers' headers change no rule
         # a push section that is off (no secret) changes no rule either
-        left_out = {"credential", "shape", "answers", "usage"} | ({"push"} if self.pushes is None else set())
+        left_out = {"credential", "shape", "answers", "usage"} | (
+            {"push"} if self.pushes is None else set()
+        )
         data = self.model_dump(mode="json", by_alias=True, exclude=left_out)
         return digest(json.dumps(unset_as_before(data), sort_keys=True))
 

@@ -300,7 +300,9 @@ async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Pat
         done = statusgate(command, "--config", str(config))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, command
-        assert len(lines) == 1 and "schema version 9" in lines[0] and f"({LAYOUT})" in lines[0], lines
+        assert len(lines) == 1 and "schema version 9" in lines[0] and f"({LAYOUT})" in lines[0], (
+            lines
+        )
     store = store_from_url(postgres_url)
     with pytest.raises(NewerLayout):
         await store.open()

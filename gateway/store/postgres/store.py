@@ -445,7 +445,8 @@ class PostgresStore(PostgresOutbox, Store):
             " AND outcome <> 'pending' AND ended_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
             " RETURNING operation_id),"
             f" leases AS (DELETE FROM {s}.leases WHERE name IN"
-            " (SELECT 'poll:' || operation_id FROM gone)),"
+            " (SELECT 'poll:' || operation_id FROM gone"
+            " UNION ALL SELECT 'completion:' || operation_id FROM gone)),"
             # pushes' deliveries past their replay window (claim_delivery's leases)
             f" seen AS (DELETE FROM {s}.leases WHERE name IN (SELECT name FROM {s}.leases"
             f" WHERE name LIKE 'seen:%%' AND expires_at < {s}.sg_now() LIMIT %s"
