@@ -40,11 +40,10 @@ LEASE_MARGIN = 30.0  # seconds a post's lease outlives the post's own timeout
 
 @dataclass
 class Sender:
-    """One process's sender: its lease token, its failure counts, its HTTP session."""
+    """One process's sender: its failure counts and its HTTP session."""
 
     runtime: Runtime
     wallclock: Callable[[], float] = time.time  # the signature's timestamp: wall time
-    token: str = field(default_factory=lambda: secrets.token_hex(12))
     failures: dict[str, int] = field(default_factory=dict)
     session: aiohttp.ClientSession | None = None
 
@@ -62,24 +61,25 @@ class Sender:
         store, hook = self.runtime.store, self.runtime.settings.file.escalation
         lease = f"completion:{operation_id}"
         ttl = hook.webhook_timeout + LEASE_MARGIN
-        if not await store.acquire_lease(lease, self.token, self.runtime.clock(), ttl):
-            return 0  # another replica is posting it, or waiting to try it again
+        token = secrets.token_hex(12)  # an attempt's own: a failed one's lease stops us too
+        if not await store.acquire_lease(lease, token, self.runtime.clock(), ttl):
+            return 0  # another replica is posting it, or its retry time has not come
         record = await store.get(operation_id)
         if record is None or not await store.completion_owed(operation_id):
-            await store.release_lease(lease, self.token)  # sent meanwhile, or purged
+            await store.release_lease(lease, token)  # sent meanwhile, or purged
             return 0
         body = completion.event_body(record, effects.iso(record.ended_at))
         problem = await self._post(body)
         now = self.runtime.clock()
         if problem is None:
             await store.completion_sent(operation_id)
-            await store.release_lease(lease, self.token)
+            await store.release_lease(lease, token)
             self.failures.pop(operation_id, None)
             outcome = "delivered"
         else:
             failed = self.failures[operation_id] = self.failures.get(operation_id, 0) + 1
             delay = completion.retry_delay(failed, hook.webhook_backoff, self.runtime.rng.random())
-            await store.acquire_lease(lease, self.token, now, delay)  # nobody before then
+            await store.acquire_lease(lease, token, now, delay)  # nobody before then
             outcome = f"failed (attempt {failed}, {problem}); next in {delay:.1f} s"
         await self.runtime.effects.carry_out(effects.of_completion(record, outcome, now))
         return 1 if problem is None else 0
