@@ -133,6 +133,11 @@ async def test_an_ended_operation_records_usage_and_sends_one_signed_event(
     assert (await admin.json())["record"]["usage"] == usage
     notified = [x for x in harness.audit_lines() if x["decision"] == "operation.completed"]
     assert [x["detail"] for x in notified] == ["delivered"]
+    metrics = await (await harness.client.get("/metrics")).text()
+    for kind, number in usage.items():
+        series = f'statusgate_usage_total{{account="team-a",kind="{kind}",provider="demo-jobs"}}'
+        assert f"{series} {float(number)}" in metrics
+    assert 'statusgate_completion_deliveries_total{result="delivered"} 1.0' in metrics
 
 
 async def test_a_receiver_failing_twice_gets_the_event_once_after_backoff(
