@@ -54,6 +54,8 @@ class Sender:
             return 0
         delivered = 0
         for operation_id in await self.runtime.store.owed_completions(BATCH):
+            if self.runtime.stopping.is_set():
+                break  # shutting down: take no new event (an unsent one stays owed)
             delivered += await self._one(operation_id)
         return delivered
 
@@ -116,7 +118,7 @@ async def run(runtime: Runtime, interval: float = SEND_SECONDS) -> None:
     """Look at the outbox every ``interval`` seconds while the gateway runs."""
     sender = Sender(runtime)
     try:
-        while True:
+        while not runtime.stopping.is_set():
             try:
                 await sender.send_owed()
             except StoreError:
