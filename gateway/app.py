@@ -41,6 +41,7 @@ CHORES_GRACE = 2.0  # seconds cancelled background work gets to end before the s
 RECOVER_RETRY = 2.0  # seconds between start-up recovery attempts while the store is down
 WORKER_ENV = "STATUSGATE_WORKER"  # set by serve --workers in each worker process
 SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
+SENDER = web.AppKey("completion sender", asyncio.Task[None])  # SPEC 23
 
 
 def create_app(
@@ -114,7 +115,7 @@ async def _start(app: web.Application) -> None:
         log.warning("store unreachable at start (%s); recovery runs once it answers", exc)
         runtime.spawn(_recover_when_up(runtime))
     app[SWEEPER] = asyncio.create_task(sweep.run(runtime))
-    runtime.spawn(completions.run(runtime))  # SPEC 23: looks only with a webhook configured
+    app[SENDER] = asyncio.create_task(completions.run(runtime))  # posts only with a webhook
     if MULTIPROCESS:  # the other workers' scrapes read this worker's counts from files
         runtime.spawn(_flush_metrics(effects.metrics))
 
@@ -162,8 +163,8 @@ async def _stop(app: web.Application) -> None:
     polling = list(runtime.inflight.values())
     if polling:
         await asyncio.wait(polling, timeout=runtime.settings.file.limits.upstream_timeout)
-    sweeper = app.get(SWEEPER)
-    chores = [*([sweeper] if sweeper else []), *runtime.background, *runtime.releases.loops]
+    loops = [task for task in (app.get(SWEEPER), app.get(SENDER)) if task is not None]
+    chores = [*loops, *runtime.background, *runtime.releases.loops]
     for task in chores:
         task.cancel()
     if chores:  # bounded: a driver may swallow a cancellation (redis-py has)
