@@ -8,6 +8,7 @@ in). The store's outbox keeps which events are owed; gateway/flow/completions.py
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,25 +16,35 @@ from gateway.core.models import OperationRecord, Outcome
 from gateway.core.values import lookup, parse_json
 
 EVENT = "operation.completed"
-MAX_DELAY = 900.0  # a failing receiver is tried again at least every 15 minutes
+MAX_DELAY = 900.0
+NUMERAL = re.compile(
+    r"-?[0-9]{1,30}(\.[0-9]{1,30})?"
+)  # a failing receiver is tried again at least every 15 minutes
 
 
 def usage_found(paths: Mapping[str, str], body: bytes) -> tuple[tuple[str, int | float], ...]:
     """The policy's usage numbers in a final answer, (kind, number) sorted by kind. A path
-    that is missing, or holds anything but a finite JSON number, is left out: usage is
+    that is missing, or holds anything but a number (``_number``), is left out: usage is
     reported, never required."""
     if not paths:
         return ()
     data = parse_json(body)
     found: list[tuple[str, int | float]] = []
     for kind, path in paths.items():
-        value = lookup(data, path)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            continue
-        found.append((kind, value))
+        number = _number(lookup(data, path))
+        if number is not None:
+            found.append((kind, number))
     return tuple(sorted(found))
+
+
+def _number(value: Any) -> int | float | None:
+    """A finite JSON number, or a decimal numeral in a string (Google's APIs write their
+    int64 counts so: ``"requestCount": "100"``); anything else None."""
+    if isinstance(value, str) and NUMERAL.fullmatch(value):
+        value = float(value) if "." in value else int(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def completed(
