@@ -273,13 +273,16 @@ class ProviderPolicy(Strict):
     @pydantic.field_validator("usage")
     @classmethod
     def _usage(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = []
         for kind, path in value.items():
             if not USAGE_KIND.fullmatch(kind):
-                raise ValueError(f"usage kind {kind!r} must match [a-z][a-z0-9_]{{0,62}}")
+                problems.append(f"usage kind {kind!r} must match [a-z][a-z0-9_]{{0,62}}")
             if not path or any(not part for part in path.split(".")):
-                raise ValueError(
+                problems.append(
                     f"usage.{kind}: {path!r} is not a dotted path (such as usage.input_tokens)"
                 )
+        if problems:
+            raise ValueError("; ".join(problems))
         return value
 
     def state_class(self, state: Any) -> str | None:
