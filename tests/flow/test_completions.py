@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from test_pushes import PUSHES, push, submitted
 
 from gateway.core.models import Outcome
 from gateway.flow.completions import Sender
@@ -172,3 +173,20 @@ async def test_without_a_webhook_nothing_is_owed(make_harness: Any) -> None:
     record = await harness.record(job)
     assert dict(record.usage)["pages"] == 3 and not record.announce
     assert await harness.client.app[RUNTIME].store.owed_completions(10) == []
+
+
+async def test_a_push_that_ends_the_operation_records_usage_and_owes_the_event(
+    make_harness: Any, receiver_of: Any
+) -> None:
+    """A verified push carrying the final status object ends the operation with no provider
+    call: its usage numbers are recorded and the one completion event goes out."""
+    receiver, hook = await receiver_of()
+    harness: Harness = await make_harness(config_changes=hook, policy_changes=PUSHES)
+    job = await submitted(harness, [{"state": "running"}])
+    final = {"id": job, "state": "succeeded", "result": {"pages": 7}, "usage": {"input_tokens": 5}}
+    assert await push(harness, {"type": "job.updated", "data": final}) == (200, "applied")
+    record = await harness.record(job)
+    assert dict(record.usage) == {"input_tokens": 5, "pages": 7} and record.announce
+    assert harness.provider_calls(job) == []
+    await until(lambda: len(receiver.attempts) == 1)
+    assert json.loads(receiver.attempts[0][1])["usage"] == {"input_tokens": 5, "pages": 7}

@@ -544,6 +544,14 @@ async def test_a_terminal_write_that_announces_owes_one_completion(store: Store)
     assert not await store.completion_owed("op_d")
 
 
+async def test_a_record_created_ended_owes_its_completion_too(store: Store) -> None:
+    """The rule is the write's, not the path's: a record created terminal and announcing
+    (as a restore or an import writes it) owes the event as a save would."""
+    ended = record().evolve(outcome=Outcome.FAILED, ended_at=time.time(), announce=True)
+    await store.create(ended)
+    assert await store.owed_completions(10) == ["op_1"]
+
+
 async def test_a_completion_marked_sent_is_never_owed_again(store: Store) -> None:
     """Once sent, writing the terminal record again (any later change) owes nothing."""
     await _end(store, "op_1", "job_1", time.time())
