@@ -17,8 +17,6 @@ class _Host(Protocol):
 
     async def _call(self, operation: str, work: Any) -> Any: ...
 
-    async def _each_shard(self, operation: str, command: Any) -> tuple[tuple[str, Any], ...]: ...
-
     async def _providers(self, operation: str) -> tuple[str, ...]: ...
 
     async def get(self, operation_id: str) -> OperationRecord | None: ...
@@ -29,15 +27,20 @@ class _Host(Protocol):
 
 class RedisOutbox:
     async def owed_completions(self: _Host, limit: int) -> list[str]:
-        found: list[tuple[str, Any]] = []
-        for provider in await self._providers("owed_completions"):
-            found += await self._each_shard(
-                "owed_completions",
-                lambda pipe, shard, p=provider: pipe.zrangebyscore(
-                    self.keys.indexes(p, shard)[5], "-inf", f"({SENT}", 0, limit, withscores=True
-                ),
-            )
-        return [raw.decode() for _, raw in oldest(tuple(found), limit)]
+        """Every provider's outbox in every shard, read in one pipeline (a sender asks
+        every second)."""
+        providers = await self._providers("owed_completions")
+        if not providers:
+            return []
+        shards = self.keys.every_shard()
+        pipe = self._redis.pipeline(transaction=False)
+        for provider in providers:
+            for shard in shards:
+                outbox = self.keys.indexes(provider, shard)[5]
+                pipe.zrangebyscore(outbox, "-inf", f"({SENT}", 0, limit, withscores=True)
+        answers = await self._call("owed_completions", pipe.execute())
+        found = tuple(zip(shards * len(providers), answers, strict=True))
+        return [raw.decode() for _, raw in oldest(found, limit)]
 
     async def completion_owed(self: _Host, operation_id: str) -> bool:
         record = await self.get(operation_id)
