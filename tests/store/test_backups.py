@@ -18,9 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.core.models import Outcome
 from gateway.errors import StoreError
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url
+from gateway.store.postgres.layout import LAYOUT as POSTGRES_LAYOUT
 from gateway.store.sqlite.rows import LAYOUT
 
 from conftest import AGENT_TOKEN, RedisServer, Served, pending_record
@@ -158,8 +160,11 @@ async def test_postgres_dump_restored_into_another_database(
         await copy.open()
         try:
             assert await copy.get("op_1") == created
-            assert await copy.migrate() == (1, 1)
+            assert await copy.migrate() == (POSTGRES_LAYOUT, POSTGRES_LAYOUT)
             assert await copy.acquire_lease("poll:op_1", "t", 0.0, 5.0)  # functions restored
+            ended = created.evolve(outcome=Outcome.SUCCEEDED, ended_at=1.0, announce=True)
+            assert await copy.save(ended)
+            assert await copy.owed_completions(10) == ["op_1"]  # the outbox trigger too
         finally:
             await copy.close()
     finally:
