@@ -69,6 +69,7 @@ class Sender:
         record = await store.get(operation_id)
         if record is None or not await store.completion_owed(operation_id):
             await store.release_lease(lease, token)  # sent meanwhile, or purged
+            self.failures.pop(operation_id, None)
             return 0
         body = completion.event_body(record, effects.iso(record.ended_at))
         problem = await self._post(body)
