@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core import a2a, arns
+from gateway.core import a2a, arns, completion
 from gateway.core.models import (
     DelaySource,
     Escalation,
@@ -31,7 +31,7 @@ from gateway.core.models import (
     evolver,
 )
 from gateway.core.schedule import AnswerKind, Guidance, Plan, guidance, parse_instant, plan
-from gateway.core.values import bounded, parse_json
+from gateway.core.values import bounded, lookup, parse_json
 from gateway.settings.policy import ProviderPolicy, RequiredField, placeholders
 
 
@@ -349,14 +349,23 @@ def classify(
     answer: ProviderAnswer,
     now: float,
     u: float,
+    *,
+    announce: bool = False,
 ) -> Decision:
     """Step 9: what one provider answer to a status request means (SPEC table).
 
-    Recording the answer clears the reservation's ``inflight_at`` whatever it says."""
+    Recording the answer clears the reservation's ``inflight_at`` whatever it says. An
+    answer that ends the operation records its usage numbers and, with ``announce`` (a
+    webhook is configured), owes the ``operation.completed`` event in the same write."""
     if record.outcome is not Outcome.PENDING:  # decided meanwhile: the answer changes nothing
         decision = superseded(record, now)
     else:
         decision = _classify(policy, record, answer, now, u)
+        if decision.record.outcome.terminal:
+            ended = completion.completed(
+                record, decision.record, policy.usage, answer.body, announce=announce
+            )
+            decision = decision.evolve(record=ended)
         if decision.shown is not None:  # replays show the still-pending answer too
             answer = dataclasses.replace(answer, body=decision.shown)
         decision = _remember(decision, answer, now, keep=policy.polling.early_calls == "replay")
@@ -654,21 +663,6 @@ def present(body: Any, field: RequiredField) -> bool:
         node = lookup(body, parent) if parent else body
         return isinstance(node, dict) and leaf in node
     return lookup(body, field.path) is not None
-
-
-def lookup(data: Any, dotted: str | None) -> Any:
-    """The value at a dotted path in parsed JSON, or None when any step is missing."""
-    if dotted is None:
-        return None
-    node = data
-    for part in dotted.split("."):
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
 
 
 def _json(body: bytes) -> Any:

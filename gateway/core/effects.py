@@ -329,6 +329,16 @@ def of_delivery(notice: Mapping[str, Any], outcome: str, now: float) -> Effects:
     return (Count("webhook_deliveries", (result,)), Line(line))
 
 
+def of_completion(record: OperationRecord, outcome: str, now: float) -> Effects:
+    """An ``operation.completed`` post (SPEC 23): counted by result, and a ``notified``
+    line saying what came of it."""
+    result = "delivered" if outcome == "delivered" else "failed"
+    line = line_fields(
+        record, event=Event.NOTIFIED.value, at=now, decision="operation.completed", detail=outcome
+    )
+    return (Count("completion_deliveries", (result,)), Line(line))
+
+
 def notice_body(notice: Notice, message_id: str, now: float) -> dict[str, Any]:
     """A webhook body: ``type`` (Standard Webhooks event type), a message ``id`` kept
     across retries, and what an operator needs to decide."""
@@ -363,6 +373,9 @@ def _counts(record: OperationRecord, event: Event, plan: Plan | None) -> list[Co
         found.append(Count("operations_finished", (provider, record.outcome.value)))
         used = float(record.status_requests_used)
         found.append(Count("requests_per_operation", (provider,), used, observe=True))
+        for kind, number in record.usage if event is Event.FINISHED else ():
+            if number > 0:  # a counter only goes up
+                found.append(Count("usage", (provider, record.account, kind), float(number)))
     if plan is not None:
         if plan.source in (DelaySource.PROVIDER_RETRY_AFTER, DelaySource.PROVIDER_POLL_HINT):
             found.append(Count("provider_guidance", (provider, plan.source.value)))

@@ -195,6 +195,11 @@ class OperationRecord:
     # own polls and cancels are sent there; (name, value) pairs, sorted
     route_values: tuple[tuple[str, str], ...] = ()
     kept_result: KeptResult | None = None  # the result's kept copy (policy results.keep)
+    # SPEC 23: the policy's usage numbers found in the final answer, (kind, number) sorted
+    usage: tuple[tuple[str, int | float], ...] = ()
+    # SPEC 23: an operation.completed event is owed for this terminal record (a webhook was
+    # configured when it ended); stores put it in their outbox in the same write
+    announce: bool = False
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:
@@ -227,6 +232,12 @@ class OperationRecord:
             data["kept_result"] = dataclasses.asdict(kept)
         else:  # records written before it, and most, have none
             del data["kept_result"]
+        if self.usage:
+            data["usage"] = dict(self.usage)
+        else:  # records written before SPEC 23, and many after, have none
+            del data["usage"]
+        if not self.announce:
+            del data["announce"]
         if final is not None:
             data["final_response"] = {
                 "status": final.status,
@@ -269,6 +280,7 @@ class OperationRecord:
         kept = data.get("kept_result")
         if kept is not None:
             data["kept_result"] = KeptResult(**kept)
+        data["usage"] = tuple(sorted(data.get("usage", {}).items()))
         esc = data.get("escalation")
         if esc is not None:
             data["escalation"] = Escalation(

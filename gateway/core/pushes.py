@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.core import decide
-from gateway.core.decide import Decision, lookup
+from gateway.core.decide import Decision
 from gateway.core.models import OperationRecord, Outcome, ProviderAnswer
-from gateway.core.values import parse_json
+from gateway.core.values import lookup, parse_json
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.push import Push
 
@@ -68,7 +68,13 @@ class Action:
 
 
 def step(
-    policy: ProviderPolicy, record: OperationRecord, reading: Reading, now: float, u: float
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    reading: Reading,
+    now: float,
+    u: float,
+    *,
+    announce: bool = False,
 ) -> Action:
     """What a verified push for ``record`` does. A push whose state the state table
     classifies is applied when its status object holds that same state (and, on success,
@@ -83,7 +89,7 @@ def step(
     obj = reading.status_object
     if kind is not None and obj is not None and _backs(policy, obj, kind):
         answer = ProviderAnswer(200, json.dumps(obj).encode(), "application/json")
-        decision = decide.classify(policy, record, answer, now, u)
+        decision = decide.classify(policy, record, answer, now, u, announce=announce)
         if decision.record.outcome is not Outcome.ESCALATED:
             return Action(Step.APPLIED, decision)
     return Action(Step.POLL, _due_now(record, now))

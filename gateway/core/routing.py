@@ -22,9 +22,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.core import arns
-from gateway.core.decide import lookup
 from gateway.core.models import OperationRecord
-from gateway.core.values import parse_json
+from gateway.core.values import lookup, parse_json
 from gateway.settings.policy import (
     PLACEHOLDER,
     Passthrough,

@@ -43,3 +43,18 @@ def parse_json(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, RecursionError):
         return None
+
+
+def lookup(data: Any, dotted: str | None) -> Any:
+    """The value at a dotted path in parsed JSON, or None when any step is missing."""
+    if dotted is None:
+        return None
+    node = data
+    for part in dotted.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node

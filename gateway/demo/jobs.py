@@ -56,6 +56,8 @@ class Family:
     new_id: NewId | None = None  # a new job id (default: id_prefix + 12 hex digits)
     cancelled_script: tuple[dict[str, Any], ...] = ({"state": "cancelled"},)
     """The script a job follows once a cancel is accepted."""
+    usage: dict[str, int] | None = None
+    """Numbers a success reports under ``usage`` (demo-jobs: tokens, for SPEC 23's usage)."""
 
 
 @dataclass
@@ -279,6 +281,8 @@ class Jobs:
             body = {"id": job.id, family.state_field: state}
             if state == family.success:
                 body[family.result_field] = family.result_value
+                if family.usage is not None:
+                    body["usage"] = dict(family.usage)
             if state in ("failed", "Failed"):
                 body[family.error_field] = {"code": "demo_failure", "message": "scripted failure"}
         if "poll_after_seconds" in step:

@@ -100,6 +100,7 @@ FAMILIES = {
     "jobs": Family(
         "jobs", "state", "job_", "succeeded", "result", {"pages": 3}, "error",
         tuple(DEFAULT_SCRIPT), "running",
+        usage={"input_tokens": 1200, "output_tokens": 350},
     ),
     "batches": Family(
         "batches", "status", "batch_", "completed", "output_file_id", "file-demo-output",

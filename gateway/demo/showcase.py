@@ -214,6 +214,7 @@ async def show(name: str, folder: Path) -> list[str]:
             record = await app[RUNTIME].store.get(operation_id)
             assert record is not None
             seen, outcome = await _agents(http, base, policy, record, clock)
+            ended = await app[RUNTIME].store.get(operation_id) or record
         job_calls = [e for e in provider.log if e["job_id"] == record.provider_job_id]
         audit = list(records(audit_dir / "audit.jsonl"))
     minutes = (clock.now - started) / 60
@@ -230,6 +231,7 @@ async def show(name: str, folder: Path) -> list[str]:
         + ", ".join(f"{k}: {v}" for k, v in sorted(Counter(e["kind"] for e in job_calls).items()))
         + ")",
         f"Outcome: {outcome}",
+        *(["Usage: " + ", ".join(f"{k} {v}" for k, v in ended.usage)] if ended.usage else []),
         "",
         f"Audit story of {operation_id}:",
     ]

@@ -39,7 +39,8 @@ async def note_task(
     def change(current: OperationRecord) -> tuple[OperationRecord | None, Decision | None]:
         if current.outcome is not Outcome.PENDING:
             return None, None
-        return decide.as_write(decide.classify(policy, current, answer, now, u))
+        ended = decide.classify(policy, current, answer, now, u, announce=runtime.announces)
+        return decide.as_write(ended)
 
     decision = await runtime.records.mutate(record.operation_id, change, known=record)
     if decision is None:

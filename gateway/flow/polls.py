@@ -474,10 +474,11 @@ async def _record(
     it releasing the lease, and carry out its effects."""
     runtime, policy = asker.runtime, asker.policy
     done, u = runtime.clock(), runtime.rng.random()
+    announce = runtime.announces
     decided = await runtime.store.finish_poll(
         reserved.operation_id,
         lambda current: _persisting(
-            decide.classify(policy, current, answer, done, u)
+            decide.classify(policy, current, answer, done, u, announce=announce)
             if decide.still_ours(reserved, current)
             else decide.superseded(current, done)
         ),

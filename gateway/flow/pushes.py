@@ -94,7 +94,7 @@ async def _apply(
     now, u = runtime.clock(), runtime.rng.random()
 
     def change(current: OperationRecord) -> tuple[OperationRecord | None, pushes.Action]:
-        action = pushes.step(policy, current, reading, now, u)
+        action = pushes.step(policy, current, reading, now, u, announce=runtime.announces)
         written, _ = decide.as_write(action.decision)
         return written, action
 

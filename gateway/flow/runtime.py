@@ -125,6 +125,12 @@ class Runtime:
             return self.routes[policy.provider]
         return RouteTable(policy)
 
+    @property
+    def announces(self) -> bool:
+        """Operations that end now owe an ``operation.completed`` event (SPEC 23): a
+        webhook is configured."""
+        return self.settings.file.escalation.webhook_url is not None
+
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, kept until it ends or the gateway stops."""
         task = asyncio.create_task(work)

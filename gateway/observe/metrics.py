@@ -283,6 +283,19 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.usage = Counter(
+            "statusgate_usage",
+            "Usage numbers the final answers reported (the policies' usage: keys), counted"
+            " once per operation when recorded",
+            ["provider", "account", "kind"],
+            registry=r,
+        )
+        self.completion_deliveries = Counter(
+            "statusgate_completion_deliveries",
+            "operation.completed attempts by result (delivered, failed: tried again later)",
+            ["result"],
+            registry=r,
+        )
         self.pushes = Counter(
             "statusgate_pushes",
             "Provider pushes at /hooks/<provider> by result (applied, polled, pending,"
@@ -310,6 +323,8 @@ class Metrics:
             self.webhook_deliveries.labels(result)
         for result in ("ok", "error"):
             self.config_reloads.labels(result)
+        for result in ("delivered", "failed"):
+            self.completion_deliveries.labels(result)
         self.last_reload_ok = Gauge(
             "statusgate_config_last_reload_successful",
             "1 if the last reload was applied (or none was tried), 0 if it was refused",

@@ -102,6 +102,8 @@ def view(record: OperationRecord) -> dict[str, Any]:
         data["last_answer"]["at"] = iso(record.last_answer.at)
     if record.escalation is not None:
         data["escalation"]["at"] = iso(record.escalation.at)
+    data["usage"] = dict(record.usage)  # SPEC 23: shown even while empty
+    data["announce"] = record.announce
     return data
 
 

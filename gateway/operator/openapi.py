@@ -76,6 +76,17 @@ def _field_schema(name: str, kind: Any) -> dict[str, Any]:
         return ref(f"Record{kind.__name__}")
     if name == "route_values":  # (name, value) pairs, shown as an object (to_json)
         return {"type": "object", "additionalProperties": {"type": "string"}}
+    if name == "usage":  # (kind, number) pairs, shown as an object (admin.view)
+        return {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "Numbers the final answer reported, by the policy's usage keys.",
+        }
+    if name == "announce":
+        return {
+            "type": "boolean",
+            "description": "An operation.completed event is owed (a webhook was configured).",
+        }
     if typing.get_origin(kind) is tuple:
         return {"type": "array", "items": JSON_TYPES[args[0]]}
     return JSON_TYPES[kind]

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote_plus, urljoin, urlsplit
 
-from gateway.core.decide import lookup
+from gateway.core.values import lookup
 from gateway.observe import tracing
 from gateway.settings.policy import ProviderPolicy
 

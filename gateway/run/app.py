@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from gateway import StoreError
 from gateway.core.models import Clock
-from gateway.flow import keeping, pausing, polls, sweep
+from gateway.flow import completions, keeping, pausing, polls, sweep
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http import hooks, mcp, middleware, proxy
 from gateway.http.a2a import routes as a2a_routes
@@ -41,6 +41,7 @@ CHORES_GRACE = 2.0  # seconds cancelled background work gets to end before the s
 RECOVER_RETRY = 2.0  # seconds between start-up recovery attempts while the store is down
 WORKER_ENV = "STATUSGATE_WORKER"  # set by serve --workers in each worker process
 SWEEPER = web.AppKey("sweeper", asyncio.Task[None])
+SENDER = web.AppKey("completion sender", asyncio.Task[None])  # SPEC 23
 
 
 def create_app(
@@ -116,6 +117,7 @@ async def _start(app: web.Application) -> None:
         log.warning("store unreachable at start (%s); recovery runs once it answers", exc)
         runtime.spawn(_recover_when_up(runtime))
     app[SWEEPER] = asyncio.create_task(sweep.run(runtime))
+    app[SENDER] = asyncio.create_task(completions.run(runtime))  # posts only with a webhook
     if MULTIPROCESS:  # the other workers' scrapes read this worker's counts from files
         runtime.spawn(_flush_metrics(effects.metrics))
 
@@ -179,8 +181,8 @@ async def _stop(app: web.Application) -> None:
     polling = list(runtime.inflight.values())
     if polling:
         await asyncio.wait(polling, timeout=runtime.settings.file.limits.upstream_timeout)
-    sweeper = app.get(SWEEPER)
-    chores = [*([sweeper] if sweeper else []), *runtime.background, *runtime.releases.loops]
+    loops = [task for task in (app.get(SWEEPER), app.get(SENDER)) if task is not None]
+    chores = [*loops, *runtime.background, *runtime.releases.loops]
     for task in chores:
         task.cancel()
     if chores:  # bounded: a driver may swallow a cancellation (redis-py has)

@@ -78,6 +78,7 @@ __all__ = [
     "placeholders",
 ]
 PROVIDER_NAME = re.compile(r"[a-z0-9-]+")
+USAGE_KIND = re.compile(r"[a-z][a-z0-9_]{0,62}")  # a metric label value, a JSON key
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
@@ -256,6 +257,9 @@ class ProviderPolicy(Strict):
     """The provider's webhooks accepted at /hooks/NAME (SPEC 23); on when its secret is set."""
     results: Results = Results()
     """Keep each succeeded job's result and serve the result route from it (SPEC 23)."""
+    usage: dict[str, str] = {}
+    """Numbers the final answer reports, kind -> dotted path (SPEC 23): recorded on the
+    operation, counted in statusgate_usage_total and sent in operation.completed."""
 
     @pydantic.field_validator("provider")
     @classmethod
@@ -268,6 +272,21 @@ class ProviderPolicy(Strict):
     @classmethod
     def _upstream(cls, value: str) -> str:
         return http_url(value)
+
+    @pydantic.field_validator("usage")
+    @classmethod
+    def _usage(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = []
+        for kind, path in value.items():
+            if not USAGE_KIND.fullmatch(kind):
+                problems.append(f"usage kind {kind!r} must match [a-z][a-z0-9_]{{0,62}}")
+            if not path or any(not part for part in path.split(".")):
+                problems.append(
+                    f"usage.{kind}: {path!r} is not a dotted path (such as usage.input_tokens)"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
     def state_class(self, state: Any) -> str | None:
         """Which class of the state table ``state`` (a JSON value, None when absent)
@@ -288,7 +307,9 @@ class ProviderPolicy(Strict):
         """Changes whenever the policy's rules change; the credential is left out."""
         # the shape only fills fields (compared as filled); answers' headers change no rule
         # a push section that is off (no secret) changes no rule either
-        left_out = {"credential", "shape", "answers"} | ({"push"} if self.pushes is None else set())
+        left_out = {"credential", "shape", "answers", "usage"} | (
+            {"push"} if self.pushes is None else set()
+        )
         data = self.model_dump(mode="json", by_alias=True, exclude=left_out)
         return digest(json.dumps(unset_as_before(data), sort_keys=True))
 

@@ -155,6 +155,28 @@ class Records(abc.ABC):
             await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 20)))
         raise StoreError(f"{operation_id}: too many concurrent writers", operation="mutate")
 
+    # -- the completion outbox (SPEC 23) ---------------------------------------------------
+    @abc.abstractmethod
+    async def owed_completions(self, limit: int) -> Ids:
+        """Ids of operations whose ``operation.completed`` event is owed and not marked
+        sent, the earliest ended first, at most ``limit``, across everything the store holds.
+
+        The contract: the write that stores a record with a terminal outcome and
+        ``announce`` set makes its entry, in that same write (a crash leaves both or
+        neither); an operation has at most one entry, so writing the record again never
+        owes the event again, nor does it once ``completion_sent`` marked it; the entry
+        goes with its record (``purge``)."""
+
+    @abc.abstractmethod
+    async def completion_owed(self, operation_id: str) -> bool:
+        """True while the operation's completion event is owed and not marked sent: a
+        sender asks again after taking the event's lease, so a replica that read the owed
+        list before another sent it never sends it twice."""
+
+    @abc.abstractmethod
+    async def completion_sent(self, operation_id: str) -> None:
+        """Mark the operation's completion event delivered: never owed again."""
+
     # -- idempotency --------------------------------------------------------------------
     @abc.abstractmethod
     async def claim_idempotency(
@@ -447,6 +469,11 @@ def purgeable(record: OperationRecord, provider: str, ended_before: float) -> bo
         and record.ended_at < ended_before
         and record.outcome is not Outcome.PENDING
     )
+
+
+def owes(record: OperationRecord) -> bool:
+    """The record, as written, owes an ``operation.completed`` event (SPEC 23)."""
+    return record.announce and record.outcome.terminal
 
 
 def is_overdue(record: OperationRecord, provider: str, now: float) -> bool:

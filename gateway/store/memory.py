@@ -11,7 +11,16 @@ import builtins
 from gateway.core.keys import HOUR, AgentKey, quota_wait
 from gateway.core.models import IdempotencyEntry, OperationFilter, OperationRecord, Outcome
 from gateway.settings.config import Quotas
-from gateway.store.base import PURGE_BATCH, Ids, Store, is_overdue, listed_at, matches, purgeable
+from gateway.store.base import (
+    PURGE_BATCH,
+    Ids,
+    Store,
+    is_overdue,
+    listed_at,
+    matches,
+    owes,
+    purgeable,
+)
 
 
 class MemoryStore(Store):
@@ -24,6 +33,8 @@ class MemoryStore(Store):
         self._key_ids: dict[str, str] = {}  # token sha256 -> key id
         self._active: dict[str, dict[str, float]] = {}  # holder -> operation id -> claimed at
         self._submits: dict[str, dict[str, float]] = {}  # holder -> operation id -> at
+        self._owed: dict[str, float] = {}  # completion events owed: id -> ended_at
+        self._sent: set[str] = set()  # completion events delivered
 
     async def create(
         self, record: OperationRecord, idempotency: IdempotencyEntry | None = None
@@ -35,6 +46,7 @@ class MemoryStore(Store):
         self._records[record.operation_id] = record
         self._by_job[job] = record.operation_id
         self._index(record)
+        self._owe(record)
         if idempotency is not None:
             self._idempotency[idempotency.key] = idempotency
         return record
@@ -61,7 +73,23 @@ class MemoryStore(Store):
             return False
         self._records[record.operation_id] = record.evolve(version=record.version + 1)
         self._index(record)
+        self._owe(record)
         return True
+
+    def _owe(self, record: OperationRecord) -> None:
+        operation_id = record.operation_id
+        if owes(record) and operation_id not in self._sent:
+            self._owed.setdefault(operation_id, record.ended_at or 0.0)
+
+    async def owed_completions(self, limit: int) -> Ids:
+        return sorted(self._owed, key=lambda i: (self._owed[i], i))[:limit]
+
+    async def completion_owed(self, operation_id: str) -> bool:
+        return operation_id in self._owed
+
+    async def completion_sent(self, operation_id: str) -> None:
+        if self._owed.pop(operation_id, None) is not None:
+            self._sent.add(operation_id)
 
     async def list(self, where: OperationFilter) -> list[OperationRecord]:
         found = [r for r in self._records.values() if matches(r, where)]
@@ -71,6 +99,8 @@ class MemoryStore(Store):
         gone = [r for r in self._records.values() if purgeable(r, provider, ended_before)]
         for record in gone[:PURGE_BATCH]:
             del self._records[record.operation_id]
+            self._owed.pop(record.operation_id, None)
+            self._sent.discard(record.operation_id)
             self._by_job.pop((record.account, record.provider, record.provider_job_id), None)
             for value in record.result_values:
                 indexed = (record.account, record.provider, value)

@@ -64,6 +64,9 @@ async def test_demo_of_one_shipped_policy_reaches_its_outcome(name: str) -> None
     assert 1 <= polls <= budget, text
     assert "finished: succeeded" in text
     assert showcase.KEY not in text
+    if showcase.shipped_policy(name, ROOT / "policies").usage:  # SPEC 23: the double reports them
+        usage = next((line for line in lines if line.startswith("Usage: ")), None)
+        assert usage is not None and any(c.isdigit() for c in usage), text
 
 
 def test_demo_of_an_unknown_policy_names_the_shipped_ones(

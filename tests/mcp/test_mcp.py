@@ -92,6 +92,10 @@ async def test_sdk_client_lists_and_calls_every_tool(
         assert data["final_response"]["json"]["result"] == {"pages": 3}
         assert data["wait_applied_seconds"] == 20
         assert "succeeded" in waited.content[0].text
+        assert one.structured_content["usage"] == {}  # pending: nothing reported yet
+        ended = await session.call_tool("get_operation", {"operation_id": operation_id})
+        usage = {"input_tokens": 1200, "output_tokens": 350, "pages": 3}  # SPEC 23
+        assert ended.structured_content["usage"] == usage
     polls = [e for e in demo.log if e["job_id"] == job and e["kind"] == "status"]
     assert 1 <= len(polls) <= permitted_polls(polling, data["waited_seconds"] + 1)
 

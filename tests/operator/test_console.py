@@ -565,3 +565,19 @@ async def test_screenshots(harness: Harness, open_console: Any, tmp_path: Path) 
     await narrow.page.locator("#nav-queue").click()
     await narrow.page.screenshot(path=str(tmp_path / "queue-narrow-first-screen.png"))
     assert ui.errors == [] and narrow.errors == []
+
+
+async def test_an_ended_operation_shows_its_usage(harness: Harness, open_console: Any) -> None:
+    """SPEC 23: the operation page lists the usage numbers the final answer reported."""
+    response = await harness.submit([{"state": "succeeded"}], key="u1")
+    job, operation = (await response.json())["id"], response.headers["Statusgate-Operation"]
+    assert (await harness.poll_when_due(job)).status == 200
+    ui = await open_console()
+    await ui.sign_in()
+    await ui.page.get_by_role("link", name="Operations", exact=True).click()
+    await ui.page.locator("#operations-rows").get_by_role("link", name=operation).click()
+    await expect(ui.page.get_by_role("heading", name=f"Operation {operation}")).to_be_visible()
+    await expect(ui.page.locator("#op-record")).to_contain_text(
+        "Usageinput_tokens 1200, output_tokens 350, pages 3"
+    )
+    assert ui.errors == []

@@ -51,6 +51,9 @@ BAD_POLICIES: list[tuple[dict[str, Any], str, str]] = [
     ({"polling": {"base_delay": "5 seconds"}}, "polling.base_delay", 'duration like "5s"'),
     ({"polling": {"max_status_requests": "12"}}, "polling.max_status_requests", "integer"),
     ({"provider": "Acme_Extract"}, "provider", "[a-z0-9-]+"),
+    ({"usage": {"Input Tokens": "usage.input"}}, "usage", "must match [a-z][a-z0-9_]"),
+    ({"usage": {"cost": "usage..total"}}, "usage", "usage.cost: 'usage..total' is not a dotted"),
+    ({"usage": {"cost": ["usage"]}}, "usage.cost", "string"),
     (
         {"credential": {"header": "Authorization", "value": "${NOT_SET_ANYWHERE}"}},
         "credential.value",

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from gateway import StoreError
+from gateway.core.models import Outcome
 from gateway.observe.audit import read_lines, verify
 from gateway.store import store_from_url
 from gateway.store.postgres.layout import LAYOUT as POSTGRES_LAYOUT
@@ -162,6 +163,9 @@ async def test_postgres_dump_restored_into_another_database(
             assert await copy.get("op_1") == created
             assert await copy.migrate() == (POSTGRES_LAYOUT, POSTGRES_LAYOUT)
             assert await copy.acquire_lease("poll:op_1", "t", 0.0, 5.0)  # functions restored
+            ended = created.evolve(outcome=Outcome.SUCCEEDED, ended_at=1.0, announce=True)
+            assert await copy.save(ended)
+            assert await copy.owed_completions(10) == ["op_1"]  # the outbox trigger too
         finally:
             await copy.close()
     finally:

@@ -18,7 +18,7 @@ import pytest
 from gateway.core.models import Escalation, OperationRecord, Outcome, Reason
 from gateway.store import Store, store_from_url
 from gateway.store.base import NewerLayout
-from gateway.store.sqlite.rows import LAYOUT, SCHEMA
+from gateway.store.sqlite.rows import INSERT, LAYOUT, SCHEMA, dump
 
 from conftest import PROVIDER_ENV, pending_record, write_config
 
@@ -240,3 +240,29 @@ async def test_the_previous_releases_redis_keys_are_upgraded(redis_url: str) -> 
         await third.open()
     await third.close()
     client.close()
+
+
+async def test_a_layout_2_sqlite_file_gets_the_completion_outbox(tmp_path: Path) -> None:
+    """Layout 2 to 3: the completions table is created, the records stay as they were,
+    and a record that ends after the upgrade owes its completion event."""
+    db = tmp_path / "layout2.db"
+    layout_2 = SCHEMA.split("CREATE TABLE IF NOT EXISTS completions")[0]
+    waiting = pending_record(operation_id="op_w", provider_job_id="j1")
+    with sqlite3.connect(db) as conn:
+        conn.executescript(layout_2)
+        conn.execute("INSERT INTO schema_version VALUES (2)")
+        conn.execute(INSERT, dump(waiting))
+    config = write_config(tmp_path, "http://127.0.0.1:1", store=f"sqlite:///{db}")
+    migrated = statusgate("migrate", "--config", str(config))
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.strip() == f"sqlite store: schema version 2 upgraded to {LAYOUT}"
+    store = store_from_url(f"sqlite:///{db}")
+    await store.open()
+    try:
+        stored = await store.get("op_w")
+        assert stored == waiting
+        ended = waiting.evolve(outcome=Outcome.SUCCEEDED, ended_at=time.time(), announce=True)
+        assert await store.save(ended)
+        assert await store.owed_completions(10) == ["op_w"]
+    finally:
+        await store.close()

@@ -641,3 +641,84 @@ async def test_dropping_a_key_forgets_its_counts(store: Store) -> None:
     assert await store.claim_quota("key:key_1", "op_1", quotas, now, 60) == 0
     await store.drop_key("key_1")
     assert await store.claim_quota("key:key_1", "op_2", quotas, now, 60) == 0
+
+
+async def _end(store: Store, op: str, job: str, at: float, *, announce: bool = True) -> None:
+    """Create ``op`` pending, then end it with one compare-and-set write (as a poll does)."""
+    created = await store.create(record(op, job))
+    ended = created.evolve(outcome=Outcome.SUCCEEDED, ended_at=at, announce=announce)
+    assert await store.save(ended)
+
+
+async def test_a_terminal_write_that_announces_owes_one_completion(store: Store) -> None:
+    """The write that ends an operation with ``announce`` set owes its completion event,
+    oldest ended first; one without ``announce``, or still pending, owes none."""
+    now = time.time()
+    await _end(store, "op_b", "job_b", now + 2)
+    await _end(store, "op_a", "job_a", now + 1)
+    await _end(store, "op_c", "job_c", now, announce=False)
+    await store.create(record("op_d", "job_d").evolve(announce=True))  # pending: owes nothing
+    assert await store.owed_completions(10) == ["op_a", "op_b"]
+    assert await store.owed_completions(1) == ["op_a"]
+    assert await store.completion_owed("op_a")
+    assert not await store.completion_owed("op_c")
+    assert not await store.completion_owed("op_d")
+
+
+async def test_a_record_created_ended_owes_its_completion_too(store: Store) -> None:
+    """The rule is the write's, not the path's: a record created terminal and announcing
+    (as a restore or an import writes it) owes the event as a save would."""
+    ended = record().evolve(outcome=Outcome.FAILED, ended_at=time.time(), announce=True)
+    await store.create(ended)
+    assert await store.owed_completions(10) == ["op_1"]
+
+
+async def test_a_completion_marked_sent_is_never_owed_again(store: Store) -> None:
+    """Once sent, writing the terminal record again (any later change) owes nothing."""
+    await _end(store, "op_1", "job_1", time.time())
+    await store.completion_sent("op_1")
+    assert await store.owed_completions(10) == []
+    assert not await store.completion_owed("op_1")
+    stored = await store.get("op_1")
+    assert stored is not None and await store.save(stored.evolve(early_refusals=3))
+    assert await store.owed_completions(10) == []
+    assert not await store.completion_owed("op_1")
+
+
+async def test_writing_an_owing_record_again_owes_it_once(store: Store) -> None:
+    """A second write of an owing terminal record keeps one entry, not two."""
+    await _end(store, "op_1", "job_1", time.time())
+    stored = await store.get("op_1")
+    assert stored is not None and await store.save(stored.evolve(early_refusals=1))
+    assert await store.owed_completions(10) == ["op_1"]
+
+
+async def test_a_lost_compare_and_set_owes_nothing(store: Store) -> None:
+    """A terminal write that loses its compare-and-set makes no outbox entry."""
+    created = await store.create(record())
+    assert await store.save(created.evolve(early_refusals=1))
+    stale = created.evolve(outcome=Outcome.SUCCEEDED, ended_at=time.time(), announce=True)
+    assert not await store.save(stale)
+    assert await store.owed_completions(10) == []
+
+
+async def test_purge_takes_the_outbox_entry_with_its_record(store: Store) -> None:
+    """A purged record's completion entry goes with it, owed or sent."""
+    now = time.time()
+    await _end(store, "op_1", "job_1", now - 100)
+    await _end(store, "op_2", "job_2", now - 100)
+    await store.completion_sent("op_2")
+    assert await store.purge("demo-jobs", now, now) == 2
+    assert await store.owed_completions(10) == []
+    assert not await store.completion_owed("op_1")
+
+
+async def test_usage_round_trips(store: Store) -> None:
+    """A record's usage numbers (whole and fractional) come back as written."""
+    await _end(store, "op_1", "job_1", time.time())
+    stored = await store.get("op_1")
+    assert stored is not None
+    usage = (("cost", 0.25), ("input_tokens", 1200))
+    assert await store.save(stored.evolve(usage=usage))
+    again = await store.get("op_1")
+    assert again is not None and again.usage == usage and again.announce

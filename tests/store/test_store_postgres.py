@@ -723,3 +723,30 @@ async def test_a_full_database_disk_fails_closed_and_recovers(
         with admin(base) as conn:
             conn.execute("DROP DATABASE sgfull WITH (FORCE)")
             conn.execute("DROP TABLESPACE small")
+
+
+async def test_a_layout_1_schema_gets_the_completion_outbox(postgres_base_url: str) -> None:
+    """Layout 1 to 2 (``statusgate migrate``): the completions table and its trigger are
+    added, records stay as they were, and a record that ends afterwards owes its event."""
+    from gateway.store.postgres.statements import layout_sql
+
+    schema = f"sgtest_{uuid.uuid4().hex[:12]}"
+    base = postgres_base_url.split("?", 1)[0]
+    url = f"{postgres_base_url}{'&' if '?' in postgres_base_url else '?'}schema={schema}"
+    with admin(base) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(layout_sql(schema, 1))
+        conn.execute(f'CREATE TABLE "{schema}".schema_version (version integer NOT NULL)')
+        conn.execute(f'INSERT INTO "{schema}".schema_version VALUES (1)')
+    store = store_from_url(url)
+    try:
+        assert await store.migrate() == (1, LAYOUT)
+        await store.open()
+        created = await store.create(record())
+        ended = created.evolve(outcome=Outcome.SUCCEEDED, ended_at=time.time(), announce=True)
+        assert await store.save(ended)
+        assert await store.owed_completions(10) == ["op_p"]
+    finally:
+        await store.close()
+        with admin(base) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

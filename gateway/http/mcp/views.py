@@ -42,8 +42,13 @@ def operation(record: OperationRecord) -> dict[str, Any]:
 
 
 def detailed(record: OperationRecord, policy: ProviderPolicy | None) -> dict[str, Any]:
-    """``operation`` plus the escalation (null unless waiting ended for a person)."""
-    return {**operation(record), "escalation": escalation(record, policy)}
+    """``operation`` plus the escalation (null unless waiting ended for a person) and the
+    usage numbers the final answer reported (SPEC 23; empty until it ended)."""
+    return {
+        **operation(record),
+        "escalation": escalation(record, policy),
+        "usage": dict(record.usage),
+    }
 
 
 def escalation(record: OperationRecord, policy: ProviderPolicy | None) -> dict[str, Any] | None:
@@ -131,7 +136,13 @@ ANSWER_SCHEMA: dict[str, Any] = {
     },
     "required": ["status", "content_type", "body"],
 }
+USAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {"type": "number"},
+    "description": "Numbers the final answer reported, by the policy's usage keys.",
+}
 DETAILED_PROPERTIES: dict[str, Any] = {
     **OPERATION_PROPERTIES,
     "escalation": nullable(ESCALATION_SCHEMA),
+    "usage": USAGE_SCHEMA,
 }

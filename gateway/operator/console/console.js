@@ -451,6 +451,7 @@
         : "not yet"],
       ["Cancel requested", record.cancel_requested_at ? instant(record.cancel_requested_at) : null],
       ["Stopped waiting", record.ended_at ? instant(record.ended_at) : null],
+      ["Usage", usageText(record.usage)],
     ];
     const list = $("op-record");
     list.replaceChildren();
@@ -458,6 +459,13 @@
       if (value === null || value === undefined || value === "—") continue;
       list.append(el("dt", null, name), el("dd", null, value));
     }
+  }
+
+  // SPEC 23: the numbers the final answer reported, as "input_tokens 1200, pages 3"
+  function usageText(usage) {
+    const kinds = Object.keys(usage || {}).sort();
+    if (kinds.length === 0) return null;
+    return kinds.map((kind) => kind + " " + usage[kind]).join(", ");
   }
 
   function formatSeconds(seconds) {

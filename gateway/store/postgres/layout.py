@@ -12,7 +12,7 @@ from gateway import StoreError
 from gateway.store.base import newer_layout
 from gateway.store.postgres.statements import found_layout, layout_sql
 
-LAYOUT = 3  # written by this code: sql/layout_1.sql, then _2 (audit lines), then _3 (keys)
+LAYOUT = 4  # written by this code: sql/layout_1.sql, then _2 (audit lines), _3 (keys), _4 (outbox)
 
 
 async def migrate_layout(conn: psycopg.AsyncConnection[Any], schema: str) -> int | None:

@@ -56,6 +56,7 @@ from gateway.store.base import (
 from gateway.store.postgres.audit import AuditRows
 from gateway.store.postgres.keys import PostgresKeys
 from gateway.store.postgres.layout import LAYOUT, migrate_layout
+from gateway.store.postgres.outbox import PostgresOutbox
 from gateway.store.postgres.probe import create_query, reserve_query, write_probe
 from gateway.store.postgres.rows import (
     CASArgs,
@@ -71,7 +72,7 @@ from gateway.store.shared import Batch, Copies, Job, SharedClock
 RECONNECT = 2.0  # seconds a pool's connection attempt keeps retrying before a fresh one
 
 
-class PostgresStore(PostgresKeys, Store):
+class PostgresStore(PostgresKeys, PostgresOutbox, Store):
     shared: ClassVar[bool] = True
 
     def __init__(
@@ -448,7 +449,8 @@ class PostgresStore(PostgresKeys, Store):
             " AND outcome <> 'pending' AND ended_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
             " RETURNING operation_id),"
             f" leases AS (DELETE FROM {s}.leases WHERE name IN"
-            " (SELECT 'poll:' || operation_id FROM gone)),"
+            " (SELECT 'poll:' || operation_id FROM gone"
+            " UNION ALL SELECT 'completion:' || operation_id FROM gone)),"
             # pushes' deliveries past their replay window (claim_delivery's leases)
             f" seen AS (DELETE FROM {s}.leases WHERE name IN (SELECT name FROM {s}.leases"
             f" WHERE name LIKE 'seen:%%' AND expires_at < {s}.sg_now() LIMIT %s"

@@ -21,6 +21,9 @@ writes a record touches keys of that one slot:
     PREFIX:queue:SHARDPROVIDER        sorted set: open escalations by escalation time
                                       (the console's queue, oldest first, read a page
                                       at a time)
+    PREFIX:outbox:SHARDPROVIDER       sorted set: operation.completed events (SPEC 23),
+                                      owed ones by ended_at, sent ones at +inf (kept
+                                      so a later write never owes one again)
     PREFIX:providers                  set: providers seen
     PREFIX:pace:{pace:PROVIDER}       sorted set: recent status calls (the pacing window)
     PREFIX:tight:{pace:PROVIDER}      hash: rate, until (the provider asked to slow down)
@@ -108,8 +111,8 @@ class Keys:
 
     def indexes(self, provider: str, shard: str) -> list[str]:
         """The provider's active set, deadlines and ended sorted sets, open-escalations
-        hash and escalation queue in one shard, in CAS's KEYS order."""
-        kinds = ("active", "deadlines", "ended", "open", "queue")
+        hash, escalation queue and completion outbox in one shard, in CAS's KEYS order."""
+        kinds = ("active", "deadlines", "ended", "open", "queue", "outbox")
         return [f"{self.prefix}:{kind}:{shard}{provider}" for kind in kinds]
 
     def cas(

@@ -46,12 +46,14 @@ from gateway.store.base import (
     T,
     matches,
     newer_layout,
+    owes,
     purgeable,
 )
 from gateway.store.redis import layout as lua
 from gateway.store.redis.clients import call, cluster_client, single_clients
 from gateway.store.redis.keys import RedisKeys
 from gateway.store.redis.layout import Keys, millis, oldest, record_fields
+from gateway.store.redis.outbox import RedisOutbox
 from gateway.store.redis.turns import Turns
 from gateway.store.redis.wire import Command
 from gateway.store.shared import Batch, Copies, SharedClock
@@ -66,7 +68,7 @@ JOB_IDS = 100_000  # job -> operation id mappings kept per process
 Position = tuple[float, str]  # (started_at, operation_id): a place in list order
 
 
-class RedisStore(RedisKeys, Store):
+class RedisStore(RedisKeys, RedisOutbox, Store):
     shared: ClassVar[bool] = True
 
     def __init__(
@@ -206,7 +208,11 @@ class RedisStore(RedisKeys, Store):
         """What the CAS script does to the provider's sets, for a record created whole."""
         operation_id = record.operation_id
         shard = self.keys.shard(operation_id)
-        active, deadlines, ended, escalated, queue = self.keys.indexes(record.provider, shard)
+        active, deadlines, ended, escalated, queue, outbox = self.keys.indexes(
+            record.provider, shard
+        )
+        if owes(record):
+            pipe.zadd(outbox, {operation_id: record.ended_at or 0.0}, nx=True)
         if record.outcome is Outcome.PENDING:
             pipe.sadd(active, operation_id)
             pipe.zadd(deadlines, {operation_id: record.deadline_at})
@@ -438,7 +444,7 @@ class RedisStore(RedisKeys, Store):
         for (shard, raw), record in zip(batch, records, strict=True):
             if record is not None and not purgeable(record, provider, ended_before):
                 continue  # waiting again: the CAS script took it out of the ended set
-            active, deadlines, ended, escalated, queue = self.keys.indexes(provider, shard)
+            active, deadlines, ended, escalated, queue, outbox = self.keys.indexes(provider, shard)
             delete.zrem(ended, raw)
             if record is None:
                 continue  # deleted already
@@ -452,6 +458,7 @@ class RedisStore(RedisKeys, Store):
             delete.zrem(deadlines, raw)
             delete.hdel(escalated, raw)
             delete.zrem(queue, raw)
+            delete.zrem(outbox, raw)
             gone += 1
         await self._call("purge", delete.execute())
         return gone

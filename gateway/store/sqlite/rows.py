@@ -22,7 +22,7 @@ import orjson
 
 from gateway import StoreError
 from gateway.core.models import IdempotencyEntry, OperationRecord
-from gateway.store.base import newer_layout
+from gateway.store.base import newer_layout, owes
 
 PROBE_KEY = "statusgate readiness probe"
 PROBE_BYTES = 4096  # the readiness probe's write: about one record's pages
@@ -82,6 +82,13 @@ CREATE TABLE IF NOT EXISTS quota_submits (
     PRIMARY KEY (holder, operation_id)
 );
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS completions (
+    operation_id TEXT PRIMARY KEY,
+    ended_at     REAL NOT NULL,
+    sent         INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS completions_owed
+    ON completions (ended_at, operation_id) WHERE sent = 0;
 """
 # Indexes that only make the store faster, created at every start (older files too, no
 # new layout): purge deletes expired idempotency entries on the loop, found by this one.
@@ -94,7 +101,8 @@ INDEXES = "CREATE INDEX IF NOT EXISTS idempotency_expires ON idempotency (expire
 # Version 3 added the agent keys made through the operator API and the quota counts
 # (``agent_keys``, ``quota_active``, ``quota_submits``; SCHEMA creates them in a version 2
 # file, nothing else changes).
-LAYOUT = 3
+# Version 4 added the completions table: the outbox of operation.completed events (SPEC 23).
+LAYOUT = 4
 COLUMNS = ("deadline_at", "ended_at", "escalation_at")
 UPGRADE = (
     *(f"ALTER TABLE operations ADD COLUMN {column} REAL" for column in COLUMNS),
@@ -228,7 +236,7 @@ def _cas(
     data = orjson.dumps(written.to_dict()).decode()
     indexed = _indexed(written)
     key = (record.operation_id, record.version)
-    with _atomic(conn) if record.result_values else contextlib.nullcontext():
+    with _atomic(conn) if record.result_values or owes(record) else contextlib.nullcontext():
         if (
             stored is not None
             and stored.version == record.version
@@ -269,7 +277,14 @@ def _atomic(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 def _index(conn: sqlite3.Connection, record: OperationRecord) -> None:
-    """The record's result values, in the transaction that writes it (SPEC 20)."""
+    """The record's result values (SPEC 20) and its completion event when it owes one
+    (SPEC 23: once; kept, marked sent, until the record goes), in the transaction that
+    writes it."""
+    if owes(record):
+        conn.execute(
+            "INSERT OR IGNORE INTO completions (operation_id, ended_at) VALUES (?, ?)",
+            (record.operation_id, record.ended_at or 0.0),
+        )
     if record.result_values:
         conn.executemany(
             "INSERT OR REPLACE INTO result_values VALUES (?, ?, ?, ?)",

@@ -71,6 +71,7 @@ from gateway.store.sqlite.cache import Cache
 from gateway.store.sqlite.commit import GroupCommit, _Turn
 from gateway.store.sqlite.keys import SQLiteKeys
 from gateway.store.sqlite.loop_share import LoopShare
+from gateway.store.sqlite.outbox import SQLiteOutbox
 from gateway.store.sqlite.rows import (
     INSERT,
     LAYOUT,
@@ -104,7 +105,7 @@ CATCH_UP = 8 << 20  # bytes of WAL the writer's checkpoint may copy at most (on 
 WAL_LIMIT = 64 << 20  # bytes the WAL file is truncated to after a checkpoint resets it
 
 
-class SQLiteStore(GroupCommit, SQLiteKeys, Store):
+class SQLiteStore(GroupCommit, SQLiteKeys, SQLiteOutbox, Store):
     def __init__(
         self,
         path: str,
@@ -566,6 +567,7 @@ class SQLiteStore(GroupCommit, SQLiteKeys, Store):
                 gone = [(i,) for i in ids]
                 conn.executemany("DELETE FROM operations WHERE operation_id = ?", gone)
                 conn.executemany("DELETE FROM result_values WHERE operation_id = ?", gone)
+                conn.executemany("DELETE FROM completions WHERE operation_id = ?", gone)
             for operation_id in ids:
                 self._cache.gone(operation_id)
             return len(ids)

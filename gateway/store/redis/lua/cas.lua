@@ -2,7 +2,8 @@
 -- request, also re-checks outcome, deadline, budget and next_poll_at against Redis TIME,
 -- and keeps the provider's index keys in step.
 -- KEYS: the record, the provider's active set, deadlines and ended sorted sets, its
--- open-escalations hash and its escalation queue (by escalation time). ARGV: expected version, record JSON, clock tolerance, operation
+-- open-escalations hash, its escalation queue (by escalation time) and its completion
+-- outbox (owed events by ended_at, sent ones at +inf; NX: one entry an operation). ARGV: expected version, record JSON, clock tolerance, operation
 -- id, deadline_at, ended_at ('' when none).
 -- cas(k, a) takes those KEYS and ARGV as tables k and a; it returns 1 written, 0 stale version, -1 no record, -2 refused by Redis time.
 local function cas(k, a)
@@ -41,6 +42,10 @@ local function cas(k, a)
   else
     redis.call('HDEL', k[5], a[4])
     redis.call('ZREM', k[6], a[4])
+  end
+  if new.announce == true and (new.outcome == 'succeeded' or new.outcome == 'failed'
+      or new.outcome == 'cancelled' or new.outcome == 'expired') then
+    redis.call('ZADD', k[7], 'NX', tonumber(a[6]) or 0, a[4])
   end
   return 1
 end
