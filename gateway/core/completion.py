@@ -16,10 +16,8 @@ from gateway.core.models import OperationRecord, Outcome
 from gateway.core.values import lookup, parse_json
 
 EVENT = "operation.completed"
-MAX_DELAY = 900.0
-NUMERAL = re.compile(
-    r"-?[0-9]{1,30}(\.[0-9]{1,30})?"
-)  # a failing receiver is tried again at least every 15 minutes
+MAX_DELAY = 900.0  # a failing receiver is tried again at least every 15 minutes
+NUMERAL = re.compile(r"-?[0-9]{1,30}(\.[0-9]{1,30})?")  # a number written as a string
 
 
 def usage_found(paths: Mapping[str, str], body: bytes) -> tuple[tuple[str, int | float], ...]:
@@ -75,8 +73,8 @@ def message_id(operation_id: str) -> str:
 def event_body(
     record: OperationRecord, at: str | None, result_url: str | None = None
 ) -> dict[str, Any]:
-    """The ``operation.completed`` body (SPEC 23). ``result_url`` is set only when a kept
-    result exists (the kept-results work passes it; None leaves it out)."""
+    """The ``operation.completed`` body (SPEC 23); ``result_url``, the gateway's URL of the
+    kept result, only when a copy is kept (None leaves it out)."""
     body: dict[str, Any] = {
         "type": EVENT,
         "id": message_id(record.operation_id),

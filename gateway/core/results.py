@@ -78,6 +78,8 @@ def _not_succeeded(record: OperationRecord) -> Refusal:
 
 # -- kept results (SPEC 23) ----------------------------------------------------------------
 
+COPY_WAIT = 60.0  # seconds a completion event waits for its operation's kept copy
+
 
 def owes_copy(policy: ProviderPolicy, record: OperationRecord, now: float) -> bool:
     """The record's result should be fetched and kept now: its policy keeps results, the
@@ -93,6 +95,14 @@ def owes_copy(policy: ProviderPolicy, record: OperationRecord, now: float) -> bo
         and record.result_fetches < policy.polling.max_result_fetches
         and (record.ended_at is None or record.ended_at + keeping.ttl > now)
     )
+
+
+def awaits_copy(policy: ProviderPolicy, record: OperationRecord, now: float) -> bool:
+    """The event waits: its policy keeps results and the copy of this one is still owed,
+    for at most COPY_WAIT after the operation ended, so the event names the kept result
+    (``result_url``) when there will be one, and is never held up by a copy that fails."""
+    ended = record.ended_at if record.ended_at is not None else now
+    return owes_copy(policy, record, now) and now < ended + COPY_WAIT
 
 
 def served_copy(record: OperationRecord, now: float) -> KeptResult | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from gateway import StoreError
-from gateway.core import completion, effects
+from gateway.core import completion, effects, results
 from gateway.flow.runtime import Runtime
 from gateway.observe.notify import signed_headers
 from gateway.settings.config import secret_key
@@ -71,7 +71,14 @@ class Sender:
             await store.release_lease(lease, token)  # sent meanwhile, or purged
             self.failures.pop(operation_id, None)
             return 0
-        body = completion.event_body(record, effects.iso(record.ended_at))
+        now = self.runtime.clock()
+        policy = self.runtime.settings.policies.get(record.provider)
+        if policy is not None and results.awaits_copy(policy, record, now):
+            await store.release_lease(lease, token)  # the kept copy is being made: next look
+            return 0
+        path = None if policy is None else results.kept_result_path(policy, record)
+        url = None if path is None else f"{self.runtime.settings.file.public_base_url}{path}"
+        body = completion.event_body(record, effects.iso(record.ended_at), url)
         problem = await self._post(body)
         now = self.runtime.clock()
         if problem is None:

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from gateway.core.models import KeptResult, OperationRecord, Outcome
 from gateway.core.results import (
+    COPY_WAIT,
+    awaits_copy,
     copy_expiry,
     copy_name,
     kept_result_path,
@@ -50,6 +52,17 @@ def test_a_copy_is_owed_only_after_success_once_within_budget_and_ttl(tmp_path: 
     assert not owes_copy(policy, succeeded(), NOW + 3600)
     off = keeping_policy(tmp_path, keep=False)
     assert not owes_copy(off, succeeded(), NOW)
+
+
+def test_a_completion_event_waits_for_an_owed_copy_for_a_minute_at_most(tmp_path: Path) -> None:
+    """The event names the kept result when there will be one: it waits while the copy is
+    owed, never past COPY_WAIT after the end, and never for a policy that keeps nothing."""
+    policy = keeping_policy(tmp_path)
+    assert awaits_copy(policy, succeeded(), NOW)
+    assert awaits_copy(policy, succeeded(), NOW + COPY_WAIT - 1)
+    assert not awaits_copy(policy, succeeded(), NOW + COPY_WAIT)
+    assert not awaits_copy(policy, succeeded(kept_result=copy()), NOW)
+    assert not awaits_copy(keeping_policy(tmp_path, keep=False), succeeded(), NOW)
 
 
 def test_a_copy_is_served_until_it_expires_and_never_when_too_large() -> None:

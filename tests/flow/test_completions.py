@@ -20,7 +20,7 @@ from gateway.core.models import Outcome
 from gateway.flow.completions import Sender
 from gateway.flow.runtime import RUNTIME
 
-from conftest import OPERATOR_TOKEN, Harness
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, Harness
 
 SECRET = "whsec_" + base64.b64encode(b"completion-test-key-0123456789ab").decode()
 DONE = [{"state": "running"}, {"state": "succeeded"}]
@@ -139,6 +139,28 @@ async def test_an_ended_operation_records_usage_and_sends_one_signed_event(
         series = f'statusgate_usage_total{{account="team-a",kind="{kind}",provider="demo-jobs"}}'
         assert f"{series} {float(number)}" in metrics
     assert 'statusgate_completion_deliveries_total{result="delivered"} 1.0' in metrics
+
+
+async def test_the_event_of_a_kept_result_names_its_gateway_url(
+    make_harness: Any, receiver_of: Any
+) -> None:
+    """With results.keep the event waits for the copy (made just after success) and carries
+    result_url, the gateway's URL of the kept result, which answers from the copy."""
+    receiver, hook = await receiver_of()
+    harness: Harness = await make_harness(
+        config_changes=hook, policy_changes={"demo-jobs": {"results": {"keep": True}}}
+    )
+    job = await finish(harness)
+    await until(lambda: len(receiver.attempts) == 1)
+    record = await harness.record(job)
+    assert record.kept_result is not None and record.kept_result.kept
+    event = json.loads(receiver.attempts[0][1])
+    runtime = harness.client.app[RUNTIME]
+    base = runtime.settings.file.public_base_url
+    assert event["result_url"] == f"{base}/p/demo-jobs/v1/jobs/{job}/result"
+    path = event["result_url"].removeprefix(base)
+    kept = await harness.client.get(path, headers=harness.auth(AGENT_TOKEN))
+    assert kept.status == 200 and kept.headers["Statusgate-Result"] == "kept"
 
 
 async def test_a_receiver_failing_twice_gets_the_event_once_after_backoff(
