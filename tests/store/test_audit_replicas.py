@@ -37,6 +37,7 @@ from conftest import (
     PROVIDER_KEY,
     drop_schema,
     free_port,
+    real_time_harness,
     start_statusgate,
     wait_until_up,
     write_config,
@@ -440,3 +441,40 @@ async def test_a_role_without_rights_on_the_audit_tables_serves_and_loses_no_lin
     finally:
         await owner.close()
     assert found.verdict.intact and found.verdict.records == written and found.first == 1
+
+
+async def test_a_malformed_line_in_the_database_is_skipped_and_said(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Lines of the operation kept in the database that cannot be told (a seq that is not a
+    number, missing fields, not a JSON object, an instant that is a number) are left out of
+    the admin API's story and counted in its note; the view still answers 200 with every
+    good line."""
+    async with real_time_harness(tmp_path, store_url=postgres_url) as harness:
+        submitted = await harness.submit([{"state": "running"}])
+        operation = submitted.headers["Statusgate-Operation"]
+        path = f"/admin/operations/{operation}"
+        good = await (await harness.client.get(path, headers=ADMIN)).json()
+        assert good["story_note"] is None and len(good["story"]) == 1
+        bad = [
+            {"seq": "x", "at": "2026-12-01T10:00:00.000Z", "operation_id": operation},
+            {"operation_id": operation},
+            [operation],
+            {"seq": 4, "at": 5, "operation_id": operation, "event": "polled"},
+        ]
+        schema = postgres_url.rsplit("schema=", 1)[1].split("&", 1)[0]
+        with connect(postgres_url) as conn:
+            conn.execute(
+                f'INSERT INTO "{schema}".audit_chains VALUES (%s, %s, %s, 0)',
+                ("tampered00000000", "replica-t", len(bad)),
+            )
+            for seq, line in enumerate(bad, start=1):
+                conn.execute(
+                    f'INSERT INTO "{schema}".audit_lines VALUES (%s, %s, 0, %s, %s)',
+                    ("tampered00000000", seq, operation, json.dumps(line)),
+                )
+        shown = await harness.client.get(path, headers=ADMIN)
+        assert shown.status == 200, await shown.text()
+        body = await shown.json()
+        assert body["story"] == good["story"]
+        assert body["story_note"] == "4 lines unreadable (left out)"
