@@ -34,6 +34,28 @@ class AgentKey:
     expires_at: float | None = None
     quotas: Quotas = NO_QUOTAS
     created_by: str = ""  # the operator who made it
+    quota_id: str = ""  # the key id its quotas count under: its own (""), or, rotated, its first's
+
+    @property
+    def holder(self) -> str:
+        """Whose quota counts this key's submissions go to (store/base.py, claim_quota):
+        a rotated key shares its predecessor's, so rotating never resets a count."""
+        return f"key:{self.quota_id or self.id}"
+
+    def successor(self, key_id: str, token_sha256: str, created_at: float, by: str) -> AgentKey:
+        """The key that replaces this one at rotation: a new id and token, the same account,
+        providers, expiry and quotas, counting under the same holder."""
+        return AgentKey(
+            id=key_id,
+            account=self.account,
+            providers=self.providers,
+            token_sha256=token_sha256,
+            created_at=created_at,
+            expires_at=self.expires_at,
+            quotas=self.quotas,
+            created_by=by,
+            quota_id=self.quota_id or self.id,
+        )
 
     def live(self, now: float) -> bool:
         """Whether the key is still good at ``now``: an expired key is no key."""
@@ -49,6 +71,7 @@ class AgentKey:
             quotas=self.quotas,
         )
         account._key_id = self.id
+        account._holder = self.holder
         return account
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,6 +84,7 @@ class AgentKey:
             "expires_at": self.expires_at,
             "quotas": self.quotas.model_dump(),
             "created_by": self.created_by,
+            "quota_id": self.quota_id or self.id,
         }
 
     @classmethod
@@ -74,7 +98,14 @@ class AgentKey:
             expires_at=None if data.get("expires_at") is None else float(data["expires_at"]),
             quotas=Quotas(**data.get("quotas") or {}),
             created_by=str(data.get("created_by", "")),
+            quota_id=_own_or(str(data.get("quota_id") or ""), str(data["id"])),
         )
+
+
+def _own_or(quota_id: str, key_id: str) -> str:
+    """ "" for a key counting under its own id (as keys stored before rotation shared
+    counts were), so a key read back equals the key stored."""
+    return "" if quota_id == key_id else quota_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,31 @@ from typing import Any
 GUIDED = {"provider_retry_after", "provider_poll_hint"}
 
 
-def _clock(stamp: str | None) -> str:
+def _clock(stamp: object) -> str:
     """``2026-11-30T10:20:05.123Z`` -> ``10:20:05``."""
-    return stamp[11:19] if stamp and len(stamp) >= 19 else "--:--:--"
+    return stamp[11:19] if isinstance(stamp, str) and len(stamp) >= 19 else "--:--:--"
+
+
+def readable(line: object) -> bool:
+    """Whether an audit line read back (from a file or a store, so possibly tampered with)
+    can be told: a JSON object with a whole-number ``seq``, and ``at`` and ``event`` as
+    text. Its other members are told whatever their type."""
+    if not isinstance(line, dict):
+        return False
+    seq = line.get("seq")
+    return (
+        isinstance(seq, int)
+        and not isinstance(seq, bool)
+        and isinstance(line.get("at"), str)
+        and isinstance(line.get("event"), str)
+    )
+
+
+def unreadable_note(count: int) -> str | None:
+    """What a story says of the lines it left out as unreadable; None when there were none."""
+    if count == 0:
+        return None
+    return f"{count} line{'' if count == 1 else 's'} unreadable (left out)"
 
 
 def _next(line: dict[str, Any]) -> str:
@@ -29,7 +51,7 @@ def _next(line: dict[str, Any]) -> str:
 def _answer(line: dict[str, Any]) -> str:
     status = line.get("http_status")
     detail = line.get("detail") or ""
-    if status is not None and 200 <= status < 300:
+    if isinstance(status, int) and 200 <= status < 300:
         return f"polled, state {line.get('provider_state')}" + (f", {detail}" if detail else "")
     what = f"received {status}" if status is not None else f"received {detail or 'no answer'}"
     if status is not None and detail:

@@ -10,7 +10,9 @@ with backoff while the gateway serves; the lines wait in the file meanwhile and 
 shipped, in order, once it answers (after a restart too: the chain's ``last_seq`` says
 where to go on). A chain is a file: its id is the start of the hash of the file's first
 line (with the replica's name), so the workers of ``serve --workers`` (one file) share one
-chain, and a file that starts over is a new chain.
+chain, and a file that starts over is a new chain: one truncated in place (logrotate's
+copytruncate) or replaced at the path is noticed at the next batch (``same_file``) and
+shipped from its first line.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -53,9 +57,14 @@ def chain_of(path: Path, replica: str) -> str | None:
     two replicas, are two chains); None while the file has no complete line."""
     try:
         with path.open("rb") as handle:
-            first = handle.readline()
+            return _chain_in(handle, replica)
     except FileNotFoundError:
         return None
+
+
+def _chain_in(handle: BinaryIO, replica: str) -> str | None:
+    handle.seek(0)
+    first = handle.readline()
     line = parse_line(first) if first.endswith(b"\n") else None
     digest = line.get("hash") if line is not None else None
     if not isinstance(digest, str):
@@ -106,24 +115,49 @@ def _seq_at(handle: Any, start: int) -> tuple[int | None, int]:
     return (seq if isinstance(seq, int) else None), start + len(raw)
 
 
-def read_from(path: Path, offset: int) -> tuple[list[bytes], int]:
+def _read(handle: BinaryIO, offset: int) -> tuple[list[bytes], int]:
     """The complete lines from ``offset`` on (SHIP_LINES, about SHIP_BYTES at most; a line
     longer than that alone) and where the next read starts."""
-    with path.open("rb") as handle:
+    handle.seek(offset)
+    data = handle.read(SHIP_BYTES)
+    if b"\n" not in data:
         handle.seek(offset)
-        data = handle.read(SHIP_BYTES)
-        if b"\n" not in data:
-            handle.seek(offset)
-            data = handle.readline()  # a line longer than SHIP_BYTES, or the file's end
-        lines = data.split(b"\n")[:-1][:SHIP_LINES]  # the part after the last newline waits
+        data = handle.readline()  # a line longer than SHIP_BYTES, or the file's end
+    lines = data.split(b"\n")[:-1][:SHIP_LINES]  # the part after the last newline waits
     return lines, offset + sum(len(line) + 1 for line in lines)
 
 
-def read_batch(path: Path, offset: int) -> tuple[list[ShippedLine], int, int]:
-    """``read_from``, each line made what the store keeps (on a thread: the loop never
-    parses a batch); (lines, how many were read, where the next read starts)."""
-    raw, offset = read_from(path, offset)
-    return [line for line in map(shipped, raw) if line is not None], len(raw), offset
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one read of the file found: the lines from an offset on, made what the store
+    keeps, and the file they were read from, to tell whether it is still the same one."""
+
+    lines: list[ShippedLine]
+    count: int  # lines read (some may not be audit lines)
+    offset: int  # where the next read starts
+    chain: str | None  # the chain of the file as read (its first line's)
+    inode: tuple[int, int]  # its device and inode
+    size: int  # its size when read
+
+
+def read_batch(path: Path, offset: int, replica: str) -> Batch:
+    """The complete lines from ``offset`` on, each made what the store keeps (on a thread:
+    the loop never parses a batch), and which file was read, all through one open handle."""
+    with path.open("rb") as handle:
+        stat = os.fstat(handle.fileno())
+        chain = _chain_in(handle, replica)
+        raw, end = _read(handle, offset)
+    lines = [line for line in map(shipped, raw) if line is not None]
+    return Batch(lines, len(raw), end, chain, (stat.st_dev, stat.st_ino), stat.st_size)
+
+
+def same_file(batch: Batch, chain: str, inode: tuple[int, int] | None, offset: int) -> bool:
+    """Whether ``batch`` was read from the file the mirror has been shipping as ``chain``:
+    not when the file was replaced (another inode, or another first line: a rename and a
+    new file) or truncated (smaller than where the mirror had read to; or, written past
+    that again, another first line, logrotate's copytruncate)."""
+    same_inode = inode is None or batch.inode == inode
+    return same_inode and batch.chain == chain and batch.size >= offset
 
 
 def shipped(raw: bytes) -> ShippedLine | None:
@@ -168,6 +202,7 @@ class AuditMirror:
         self._wake = asyncio.Event()
         self._chain: str | None = None
         self._offset: int | None = None  # where the next line to ship starts
+        self._inode: tuple[int, int] | None = None  # the file's (device, inode) once read
         self._task: asyncio.Task[None] | None = None
         self._failing: str | None = None
         self.shipped = 0  # lines shipped by this process
@@ -215,21 +250,38 @@ class AuditMirror:
             self._failing = None
         return count
 
-    async def ship_once(self) -> int:
-        """One batch: the lines after the last one shipped, up to SHIP_LINES; how many."""
-        if self._chain is None:
-            self._chain = await asyncio.to_thread(chain_of, self.path, self.replica)
+    async def ship_once(self, *, again: bool = True) -> int:
+        """One batch: the lines after the last one shipped, up to SHIP_LINES; how many.
+        A file truncated or replaced since the last batch starts over as a new chain
+        (``same_file``), shipped from its first line."""
+        try:
             if self._chain is None:
-                return 0  # no complete line yet
-        if self._offset is None:
-            last = await self._lines.last_seq(self._chain)
-            self._offset = await asyncio.to_thread(offset_after, self.path, last or 0)
-        lines, count, offset = await asyncio.to_thread(read_batch, self.path, self._offset)
-        if lines:
-            await self._lines.ship(self._chain, self.replica, lines)
-        self._offset = offset
-        self.shipped += len(lines)
-        return count
+                self._chain = await asyncio.to_thread(chain_of, self.path, self.replica)
+                if self._chain is None:
+                    return 0  # no complete line yet
+            if self._offset is None:
+                last = await self._lines.last_seq(self._chain)
+                self._offset = await asyncio.to_thread(offset_after, self.path, last or 0)
+            batch = await asyncio.to_thread(read_batch, self.path, self._offset, self.replica)
+        except FileNotFoundError:  # renamed away, its successor not made yet
+            self._start_over()
+            return 0
+        if not same_file(batch, self._chain, self._inode, self._offset):
+            log.info(
+                "audit file %s was truncated or replaced: shipping it as a new chain", self.path
+            )
+            self._start_over()
+            return await self.ship_once(again=False) if again else 0
+        if batch.lines:
+            await self._lines.ship(self._chain, self.replica, batch.lines)
+        self._offset, self._inode = batch.offset, batch.inode
+        self.shipped += len(batch.lines)
+        return batch.count
+
+    def _start_over(self) -> None:
+        """Forget the file shipped so far: the next batch finds the chain of the file now
+        at the path, and where to go on in it, afresh."""
+        self._chain, self._offset, self._inode = None, None, None
 
     def _failed(self, problem: str) -> None:
         if self._failing is None:

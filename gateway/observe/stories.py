@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway import StoreError
-from gateway.core.story import Entry, merged
+from gateway.core.story import Entry, merged, readable, unreadable_note
 from gateway.observe.audit import GENESIS, Verdict, link_problem, parse_line, read_lines, verify
 from gateway.observe.mirror import chain_of
 from gateway.store.auditlines import AuditLines, Chain
@@ -24,39 +24,53 @@ from gateway.store.auditlines import AuditLines, Chain
 VERIFY_PAGE = 5000  # lines read from the store at a time by verify_chains
 
 
-def file_entries(path: Path, operation_id: str, replica: str) -> list[Entry]:
-    """``operation_id``'s lines in one file (a torn tail skipped), as ``replica``'s."""
+def file_entries(path: Path, operation_id: str, replica: str) -> tuple[list[Entry], int]:
+    """``operation_id``'s lines in one file, as ``replica``'s, and how many of its lines
+    could not be told (``story.readable``; a complete line that is no JSON object counts
+    when it names the operation; a torn tail, still being written, is skipped)."""
     if not path.exists():
-        return []
+        return [], 0
     chain = chain_of(path, replica) or f"file:{path}"
-    found = []
+    found, unreadable = [], 0
     for raw in read_lines(path):
         line = parse_line(raw)
-        if line is not None and line.get("operation_id") == operation_id:
-            found.append(Entry(replica, chain, int(line.get("seq") or 0), line))
-    return found
+        if line is None:
+            unreadable += raw.endswith(b"\n") and operation_id.encode() in raw
+        elif line.get("operation_id") != operation_id:
+            continue
+        elif readable(line):
+            found.append(Entry(replica, chain, line["seq"], line))
+        else:
+            unreadable += 1
+    return found, unreadable
 
 
 async def gathered(
     operation_id: str, *, path: Path | None, replica: str, lines: AuditLines | None
 ) -> tuple[list[Entry], str | None]:
     """The operation's lines from this replica's file and, when the store keeps them,
-    every replica's, merged in time order; and why the store's are missing, if they are."""
+    every replica's, merged in time order; and a note saying why some are missing, if
+    they are (the store's unavailable, lines that could not be told left out)."""
     local: list[Entry] = []
+    unreadable, own = 0, None
     if path is not None:  # a large file: read it off the event loop
-        local = await asyncio.to_thread(file_entries, path, operation_id, replica)
+        local, unreadable = await asyncio.to_thread(file_entries, path, operation_id, replica)
+        own = await asyncio.to_thread(chain_of, path, replica)
     if lines is None:
-        return local, None
+        return local, unreadable_note(unreadable)
     try:
         kept = await lines.of_operation(operation_id)
     except StoreError as exc:
-        return merged(local), f"only this replica's lines: the store's are unavailable ({exc})"
+        said = f"only this replica's lines: the store's are unavailable ({exc})"
+        return merged(local), "; ".join(filter(None, [said, unreadable_note(unreadable)]))
     stored = []
     for row in kept:
         line = parse_line(row.line)
-        if line is not None:
+        if line is not None and readable(line):
             stored.append(Entry(row.replica, row.chain, row.seq, line))
-    return merged([*local, *stored]), None
+        elif row.chain != own:  # this file's own lines were counted as the file was read
+            unreadable += 1
+    return merged([*local, *stored]), unreadable_note(unreadable)
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,7 @@ def from_files(
                 said = f"chain broken at seq {verdict.bad_seq}: {verdict.problem}"
                 problems.append(FileProblem(path, said))
                 continue
-            entries += file_entries(path, operation_id, label)
+            entries += file_entries(path, operation_id, label)[0]  # the chain is intact
         except OSError as exc:
             problems.append(FileProblem(path, f"cannot read ({exc.strerror or exc})"))
     return merged(entries), problems

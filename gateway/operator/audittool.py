@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway import ConfigError, StoreError
-from gateway.core.story import Entry, told
+from gateway.core.story import Entry, told, unreadable_note
 from gateway.observe import stories
 from gateway.observe.audit import read_lines, verify
 from gateway.observe.mirror import replica_name
@@ -146,7 +146,9 @@ def story_command(request: Request) -> int:
         if not path.exists():
             print(f"{path}: no audit log yet", file=sys.stderr)
             return 1
-        entries = stories.file_entries(path, request.operation_id, "")
+        entries, unreadable = stories.file_entries(path, request.operation_id, "")
+        if unreadable:
+            print(unreadable_note(unreadable), file=sys.stderr)
         return _tell(entries, named=False, where=str(path), operation_id=request.operation_id)
     replica = replica_name(gateway.audit.replica)
     entries = asyncio.run(_gather(store, request.operation_id, path, replica))

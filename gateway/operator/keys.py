@@ -8,6 +8,8 @@
   (flow/keys.py caches a lookup for at most CACHE_SECONDS).
 - ``POST /admin/keys/{id}/rotate``: 201, a new key (new id and token) with the old one's
   account, providers, expiry and quotas; the old one revoked once the new one is stored.
+  The new key counts under the old one's quota holder (``AgentKey.holder``), so its
+  pending operations and the hour's submissions still count: rotating resets no quota.
 
 Only the admin role manages keys (``NEEDS["keys"]``; ``403 forbidden-role`` below it).
 Made and revoked keys are audited ``key_created`` / ``key_revoked`` before the answer, by
@@ -56,25 +58,37 @@ def view(key: AgentKey, now: float) -> dict[str, Any]:
     }
 
 
-async def _made(runtime: Runtime, asked: KeyRequest, actor: str, detail: str) -> dict[str, Any]:
-    """A new key stored and audited: its view with the token, the one time it is shown."""
+def _drawn() -> tuple[str, str, str]:
+    """A new key id, token and the token's sha256 hex digest."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    now = runtime.clock()
-    key = AgentKey(
-        id=f"key_{secrets.token_hex(8)}",
-        account=asked.account,
-        providers=asked.providers,
-        token_sha256=hashlib.sha256(token.encode()).hexdigest(),
-        created_at=now,
-        expires_at=asked.expires_at,
-        quotas=asked.quotas,
-        created_by=actor,
-    )
+    return f"key_{secrets.token_hex(8)}", token, hashlib.sha256(token.encode()).hexdigest()
+
+
+async def _stored(
+    runtime: Runtime, key: AgentKey, token: str, actor: str, detail: str
+) -> dict[str, Any]:
+    """A new key stored and audited: its view with the token, the one time it is shown."""
     await runtime.store.put_key(key)
+    now = runtime.clock()
     await runtime.effects.carry_out(
         effects.of_key(Event.KEY_CREATED, key, now, actor=actor, detail=detail)
     )
     return {**view(key, now), "token": token}
+
+
+async def _made(runtime: Runtime, asked: KeyRequest, actor: str, detail: str) -> dict[str, Any]:
+    key_id, token, digest = _drawn()
+    key = AgentKey(
+        id=key_id,
+        account=asked.account,
+        providers=asked.providers,
+        token_sha256=digest,
+        created_at=runtime.clock(),
+        expires_at=asked.expires_at,
+        quotas=asked.quotas,
+        created_by=actor,
+    )
+    return await _stored(runtime, key, token, actor, detail)
 
 
 async def create_key(request: web.Request) -> web.StreamResponse:
@@ -134,7 +148,8 @@ async def rotate_key(request: web.Request) -> web.StreamResponse:
     old = next((k for k in await runtime.store.agent_keys() if k.id == key_id), None)
     if old is None:
         return problem("unknown-key", f"No agent key {key_id[:100]!r}.")
-    asked = KeyRequest(old.account, old.providers, old.expires_at, old.quotas)
-    made = await _made(runtime, asked, operator.id, f"rotated from {old.id}")
+    key_id, token, digest = _drawn()
+    new = old.successor(key_id, digest, runtime.clock(), operator.id)
+    made = await _stored(runtime, new, token, operator.id, f"rotated from {old.id}")
     await _revoke(runtime, old.id, operator.id, f"rotated to {made['id']}")
     return web.json_response(made, status=201, headers={"Cache-Control": "no-store"})

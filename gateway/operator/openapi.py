@@ -219,7 +219,7 @@ def answer_schemas() -> dict[str, Any]:
                     {
                         **STRING,
                         "description": "Why lines may be missing (the store's copy"
-                        " could not be read), or null.",
+                        " could not be read; lines that cannot be told left out), or null.",
                     }
                 ),
                 "extension_left": nullable(_obj(left, list(left))),

@@ -121,6 +121,7 @@ class Account(Strict):
     """Limits on this account's submissions (429 quota-exceeded past one)."""
     # set only on the Account an agent key made through the operator API stands for
     _key_id: str | None = pydantic.PrivateAttr(default=None)
+    _holder: str | None = pydantic.PrivateAttr(default=None)  # a rotated key's shared counts
 
     def allows(self, provider: str) -> bool:
         return "*" in self.providers or provider in self.providers
@@ -132,7 +133,10 @@ class Account(Strict):
 
     @property
     def holder(self) -> str:
-        """Whose quotas a submission counts against: the key's, else the account's."""
+        """Whose quotas a submission counts against: the key's (a rotated key's first's,
+        core/keys.py AgentKey.holder), else the account's."""
+        if self._holder is not None:
+            return self._holder
         return f"key:{self._key_id}" if self._key_id is not None else f"account:{self.id}"
 
 

@@ -316,8 +316,9 @@ class AgentKeys(abc.ABC):
 
     @abc.abstractmethod
     async def drop_key(self, key_id: str) -> AgentKey | None:
-        """Delete the key ``key_id`` (its quota counts with it): the key deleted, or None
-        when there was none. Once this returns, ``key_for`` finds it on no replica."""
+        """Delete the key ``key_id`` (its quota counts with it, unless another key counts
+        under the same holder: a rotated key's successor): the key deleted, or None when
+        there was none. Once this returns, ``key_for`` finds it on no replica."""
 
     @abc.abstractmethod
     async def claim_quota(

@@ -161,8 +161,9 @@ class MemoryStore(Store):
         key = self._keys.pop(key_id, None)
         if key is not None:
             self._key_ids.pop(key.token_sha256, None)
-            self._active.pop(f"key:{key_id}", None)
-            self._submits.pop(f"key:{key_id}", None)
+            if all(other.holder != key.holder for other in self._keys.values()):
+                self._active.pop(key.holder, None)
+                self._submits.pop(key.holder, None)
         return key
 
     async def claim_quota(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -486,3 +487,25 @@ async def test_resume_is_offered_only_once_the_policy_changed(harness: Harness) 
     polling = policy.polling.model_copy(update={"max_delay": policy.polling.max_delay + 1})
     changed = policy.model_copy(update={"polling": polling})
     assert problem_members(escalated, changed)["permitted_actions"] == ["resume", "abandon"]
+
+
+async def test_a_malformed_audit_line_is_skipped_and_said_not_a_500(harness: Harness) -> None:
+    """Lines of the operation in the audit file that cannot be told (a seq that is not a
+    number, missing fields, a field of the wrong type, broken JSON) are left out of the
+    story and counted in its note; the operation's view still answers 200."""
+    _, operation = await escalate_budget(harness)
+    good = await (await harness.client.get(f"/admin/operations/{operation}", headers=OPS)).json()
+    assert good["story_note"] is None
+    bad = [
+        {"seq": "x", "at": "2026-12-01T10:00:00.000Z", "operation_id": operation, "event": "x"},
+        {"operation_id": operation},
+        {"seq": 999, "at": 5, "operation_id": operation, "event": "polled", "http_status": "x"},
+    ]
+    with harness.audit_path.open("a") as handle:
+        handle.writelines(json.dumps(line) + "\n" for line in bad)
+        handle.write(f'{{"operation_id": "{operation}", "seq": \n')
+    shown = await harness.client.get(f"/admin/operations/{operation}", headers=OPS)
+    assert shown.status == 200, await shown.text()
+    body = await shown.json()
+    assert body["story"] == good["story"]
+    assert body["story_note"] == "4 lines unreadable (left out)"

@@ -261,3 +261,22 @@ async def test_a_submission_the_provider_refused_gives_its_place_back(gateway: H
     assert refused.status == 400
     accepted = await gateway.submit([{"state": "running"}], token=made["token"], key="good")
     assert accepted.status in (200, 201, 202), await accepted.text()
+
+
+async def test_a_rotated_key_keeps_counting_against_the_same_quotas(gateway: Harness) -> None:
+    """Rotation does not reset a key's quota counts: with max_active_operations 2 and two
+    operations pending under the old token, the new token's third submission is 429
+    quota-exceeded with nothing forwarded; a second rotation still counts them too."""
+    made = await make_key(gateway, quotas={"max_active_operations": 2})
+    for n in (1, 2):
+        opened = await gateway.submit([{"state": "running"}], token=made["token"], key=f"o{n}")
+        assert opened.status in (200, 201, 202), await opened.text()
+    sent = submits(gateway)
+    for _ in range(2):
+        rotated = await gateway.client.post(f"/admin/keys/{made['id']}/rotate", headers=ADMIN)
+        assert rotated.status == 201
+        made = await rotated.json()
+        refused = await gateway.submit([{"state": "running"}], token=made["token"], key="o3")
+        body = await refused.json()
+        assert refused.status == 429 and body["type"] == "/problems/quota-exceeded", body
+        assert submits(gateway) == sent

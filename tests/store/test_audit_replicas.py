@@ -37,6 +37,7 @@ from conftest import (
     PROVIDER_KEY,
     drop_schema,
     free_port,
+    real_time_harness,
     start_statusgate,
     wait_until_up,
     write_config,
@@ -440,3 +441,113 @@ async def test_a_role_without_rights_on_the_audit_tables_serves_and_loses_no_lin
     finally:
         await owner.close()
     assert found.verdict.intact and found.verdict.records == written and found.first == 1
+
+
+async def test_a_malformed_line_in_the_database_is_skipped_and_said(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Lines of the operation kept in the database that cannot be told (a seq that is not a
+    number, missing fields, not a JSON object, an instant that is a number) are left out of
+    the admin API's story and counted in its note; the view still answers 200 with every
+    good line."""
+    async with real_time_harness(tmp_path, store_url=postgres_url) as harness:
+        submitted = await harness.submit([{"state": "running"}])
+        operation = submitted.headers["Statusgate-Operation"]
+        path = f"/admin/operations/{operation}"
+        good = await (await harness.client.get(path, headers=ADMIN)).json()
+        assert good["story_note"] is None and len(good["story"]) == 1
+        bad = [
+            {"seq": "x", "at": "2026-12-01T10:00:00.000Z", "operation_id": operation},
+            {"operation_id": operation},
+            [operation],
+            {"seq": 4, "at": 5, "operation_id": operation, "event": "polled"},
+        ]
+        schema = postgres_url.rsplit("schema=", 1)[1].split("&", 1)[0]
+        with connect(postgres_url) as conn:
+            conn.execute(
+                f'INSERT INTO "{schema}".audit_chains VALUES (%s, %s, %s, 0)',
+                ("tampered00000000", "replica-t", len(bad)),
+            )
+            for seq, line in enumerate(bad, start=1):
+                conn.execute(
+                    f'INSERT INTO "{schema}".audit_lines VALUES (%s, %s, 0, %s, %s)',
+                    ("tampered00000000", seq, operation, json.dumps(line)),
+                )
+        shown = await harness.client.get(path, headers=ADMIN)
+        assert shown.status == 200, await shown.text()
+        body = await shown.json()
+        assert body["story"] == good["story"]
+        assert body["story_note"] == "4 lines unreadable (left out)"
+
+
+async def kept_of(kept: Any, operation_id: str) -> list[Any]:
+    found: list[Any] = await kept.audit_lines.of_operation(operation_id)
+    return found
+
+
+async def test_a_truncated_or_replaced_file_is_shipped_as_a_new_chain(
+    kept: Any, tmp_path: Path
+) -> None:
+    """One mirror goes on shipping after its file is truncated in place (logrotate's
+    copytruncate; the writer goes on with the next seq, even past where the mirror had
+    read) and after it is replaced by a new file (renamed, a new writer from seq 1): each
+    is a new chain from its first line, every line reaches the database and every chain
+    verifies."""
+    from gateway.observe.stories import verify_chains
+
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, key=None)
+    log.open()
+    mirror = AuditMirror(path, kept.audit_lines, "r")
+    for i in range(3):
+        await log.append({"at": f"2026-12-01T10:00:0{i}.000Z", "operation_id": "op_a"})
+    assert await mirror.ship_all() == 3
+    (tmp_path / "audit.jsonl.1").write_bytes(path.read_bytes())  # copytruncate
+    os.truncate(path, 0)
+    for i in range(6):  # more bytes than the mirror had read before the truncation
+        await log.append({"at": f"2026-12-01T10:01:0{i}.000Z", "operation_id": "op_b"})
+    assert await mirror.ship_all() == 6
+    await log.close()
+    path.rename(tmp_path / "audit.jsonl.2")  # replaced: renamed, a new writer
+    log = AuditLog(path, key=None)
+    log.open()
+    await log.append({"at": "2026-12-01T10:02:00.000Z", "operation_id": "op_c"})
+    assert await mirror.ship_all() == 1
+    await log.close()
+
+    chains = [{row.chain for row in await kept_of(kept, op)} for op in ("op_a", "op_b", "op_c")]
+    assert [len(found) for found in chains] == [1, 1, 1]
+    assert len(set.union(*chains)) == 3
+    assert [len(await kept_of(kept, op)) for op in ("op_a", "op_b", "op_c")] == [3, 6, 1]
+    verdicts = await verify_chains(kept.audit_lines, None)
+    assert sorted(v.verdict.records for v in verdicts) == [1, 3, 6]
+    assert all(v.verdict.intact for v in verdicts), verdicts
+
+
+async def test_a_running_mirror_follows_a_truncated_file(kept: Any, tmp_path: Path) -> None:
+    """The mirror in the background, woken by the writer as in the gateway: after the file
+    is truncated in place, the lines written next reach the database."""
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, key=None)
+    log.open()
+    mirror = AuditMirror(path, kept.audit_lines, "r")
+    log.on_written = mirror.nudge
+    mirror.start()
+    try:
+        for i in range(5):
+            await log.append({"at": f"2026-12-01T10:00:0{i}.000Z", "operation_id": "op_a"})
+        await until(lambda: kept_of(kept, "op_a"), 5)
+        os.truncate(path, 0)
+        await log.append({"at": "2026-12-01T10:01:00.000Z", "operation_id": "op_b"})
+        await until(lambda: kept_of(kept, "op_b"), 1)
+    finally:
+        await mirror.close()
+        await log.close()
+
+
+async def until(read: Any, count: int) -> None:
+    """Wait (30 s at most: a loaded machine) until ``read()`` finds ``count`` lines."""
+    deadline = time.monotonic() + 30
+    while len(await read()) < count:
+        assert time.monotonic() < deadline, "the lines never reached the database"
+        await asyncio.sleep(0.05)

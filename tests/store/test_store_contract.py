@@ -722,3 +722,27 @@ async def test_usage_round_trips(store: Store) -> None:
     assert await store.save(stored.evolve(usage=usage))
     again = await store.get("op_1")
     assert again is not None and again.usage == usage and again.announce
+
+
+async def test_a_rotated_key_shares_its_predecessors_counts(store: Store) -> None:
+    """A rotated key's successor is stored and read back with the holder it counts under
+    (its first key's), so dropping the old key keeps the counts; dropping the last key
+    counting under that holder forgets them."""
+    first = agent_key("key_1", "a" * 64, 1.0)
+    second = first.successor("key_2", "b" * 64, 2.0, "ops")
+    third = second.successor("key_3", "c" * 64, 3.0, "ops")
+    assert first.holder == second.holder == third.holder == "key:key_1"
+    quotas = Quotas(max_active_operations=1)
+    now = time.time()
+    await store.put_key(first)
+    assert await store.claim_quota(first.holder, "op_1", quotas, now, 60) == 0
+    await store.put_key(second)
+    assert await store.drop_key("key_1") == first
+    assert await store.key_for("b" * 64) == second
+    assert await store.claim_quota(second.holder, "op_2", quotas, now, 60) == ACTIVE_RETRY
+    await store.put_key(third)
+    await store.drop_key("key_2")
+    assert await store.agent_keys() == [third]
+    assert await store.claim_quota(third.holder, "op_2", quotas, now, 60) == ACTIVE_RETRY
+    await store.drop_key("key_3")
+    assert await store.claim_quota(third.holder, "op_2", quotas, now, 60) == 0

@@ -47,13 +47,18 @@ class PostgresKeys:
 
     async def drop_key(self, key_id: str) -> AgentKey | None:
         s = self._s
+        # the counts go unless another key counts under the same holder (a rotated key's
+        # successor); keys stored before quota_id existed count under their own id
+        holder = "'key:' || coalesce(data::jsonb ->> 'quota_id', id)"
         row = await self._one(
             "drop_key",
-            f"WITH k AS (DELETE FROM {s}.agent_keys WHERE id = %s RETURNING data),"
-            f" a AS (DELETE FROM {s}.quota_active WHERE holder = %s),"
-            f" b AS (DELETE FROM {s}.quota_submits WHERE holder = %s)"
+            f"WITH k AS (DELETE FROM {s}.agent_keys WHERE id = %s RETURNING data, {holder} AS h),"
+            f" gone AS (SELECT h FROM k WHERE NOT EXISTS (SELECT 1 FROM {s}.agent_keys"
+            f" WHERE id <> %s AND {holder} = k.h)),"
+            f" a AS (DELETE FROM {s}.quota_active WHERE holder IN (SELECT h FROM gone)),"
+            f" b AS (DELETE FROM {s}.quota_submits WHERE holder IN (SELECT h FROM gone))"
             " SELECT data FROM k",
-            (key_id, f"key:{key_id}", f"key:{key_id}"),
+            (key_id, key_id),
         )
         return None if row is None else AgentKey.from_dict(orjson.loads(row[0]))
 

@@ -33,6 +33,12 @@ def _load(row: tuple[object, ...] | None) -> AgentKey | None:
     return None if row is None else AgentKey.from_dict(orjson.loads(str(row[0])))
 
 
+def _shared(conn: sqlite3.Connection, holder: str) -> bool:
+    """Whether a stored key counts under ``holder`` (a rotated key's successor)."""
+    rows = conn.execute("SELECT data FROM agent_keys").fetchall()
+    return any(AgentKey.from_dict(orjson.loads(str(r[0]))).holder == holder for r in rows)
+
+
 class SQLiteKeys:
     """The AgentKeys methods of SQLiteStore, on its ``_write`` and ``_now``."""
 
@@ -65,9 +71,10 @@ class SQLiteKeys:
         def work(conn: sqlite3.Connection) -> AgentKey | None:
             row = conn.execute("DELETE FROM agent_keys WHERE id = ? RETURNING data", (key_id,))
             key = _load(row.fetchone())
-            holder = (f"key:{key_id}",)
-            conn.execute("DELETE FROM quota_active WHERE holder = ?", holder)
-            conn.execute("DELETE FROM quota_submits WHERE holder = ?", holder)
+            if key is None or _shared(conn, key.holder):
+                return key
+            conn.execute("DELETE FROM quota_active WHERE holder = ?", (key.holder,))
+            conn.execute("DELETE FROM quota_submits WHERE holder = ?", (key.holder,))
             return key
 
         return await self._write("drop_key", work)
