@@ -195,6 +195,8 @@ class OperationRecord:
     # own polls and cancels are sent there; (name, value) pairs, sorted
     route_values: tuple[tuple[str, str], ...] = ()
     kept_result: KeptResult | None = None  # the result's kept copy (policy results.keep)
+    copy_attempts: int = 0  # the gateway's own tries at the kept copy (core.results.COPY_TRIES)
+    next_copy_at: float | None = None  # no copy try before then (backoff after a failed one)
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:

@@ -31,7 +31,7 @@ from gateway.core.models import (
     Outcome,
     poll_lease,
 )
-from gateway.core.routing import fill
+from gateway.core.routing import Finals, fill
 from gateway.flow.leases import Lease, new_token
 from gateway.flow.runtime import Runtime
 from gateway.observe.metrics import status_class
@@ -77,10 +77,12 @@ async def settled(
 ) -> OperationRecord:
     """``record`` once it owes no copy, or no copy can be made now (this process tried, or
     another replica's took longer than a provider call may): what the result route then
-    answers from. Callers about one operation share the one copy under way."""
+    answers from. Callers about one operation share the one copy under way; a try already
+    made (its backoff not over) is waited for while one may still be under way: the poll
+    lease held elsewhere, or this process's own copy task."""
     loop = asyncio.get_running_loop()
     until = loop.time() + 2 * runtime.settings.file.limits.upstream_timeout + KEEP_LEASE
-    while results.owes_copy(policy, record, runtime.clock()):
+    while results.owes_copy(policy, record, runtime.clock()) or results.copy_tried(policy, record):
         tried = await asyncio.shield(start(runtime, policy, record.operation_id))
         fresh = await runtime.records.get(record.operation_id)
         record = fresh if fresh is not None else record
@@ -116,18 +118,40 @@ async def copy_once(runtime: Runtime, policy: ProviderPolicy, operation_id: str)
 async def _copy(
     runtime: Runtime, policy: ProviderPolicy, record: OperationRecord, lease: Lease
 ) -> None:
-    """Count one result fetch, stream the answer into the result store, record the copy."""
+    """Count one result fetch (one of the gateway's tries), stream the answer into the
+    result store, record the copy; a try that failed is recorded so the next one backs off."""
     values = results.provider_values(policy, record, {})
     if isinstance(values, results.Refusal):
         if record.operation_id not in runtime.keeper.unkeepable:
             runtime.keeper.unkeepable.add(record.operation_id)
             log.warning("result of %s not kept: %s", record.operation_id, values.detail)
         return
+    now = runtime.clock()
     fetched = await runtime.records.mutate(
-        record.operation_id, lambda current: results.fetch(policy, current)
+        record.operation_id, lambda current: results.copy_fetch(policy, current, now)
     )
     if isinstance(fetched, results.Refusal):
         return
+    try:
+        status, kept = await _fetch(runtime, policy, fetched, values, lease)
+    except Exception:
+        await _failed(runtime, policy, fetched, None)
+        raise
+    if kept is None:
+        await _failed(runtime, policy, fetched, status)
+        return
+    await _record(runtime, fetched, kept, status or 200)
+
+
+async def _fetch(
+    runtime: Runtime,
+    policy: ProviderPolicy,
+    record: OperationRecord,
+    values: Finals,
+    lease: Lease,
+) -> tuple[int | None, KeptResult | None]:
+    """The result route's answer streamed into a copy: its status, and the copy (None when
+    there was no answer, or not a 2xx one)."""
     route = policy.routes.result
     assert route is not None
     fixed = route.match.headers.items() if route.match is not None else []
@@ -135,7 +159,7 @@ async def _copy(
     applier = runtime.applier(policy)
     out = await applier.apply(Outgoing(route.method, url, to_provider(fixed, policy), None))
     store = await runtime.keeper.store()
-    copy = _Copy(runtime, policy, fetched, lease, applier.secrets())
+    copy = _Copy(runtime, policy, record, lease, applier.secrets())
     started, status, kept = time.perf_counter(), None, None
     session = runtime.keeper.session(runtime.upstream.timeout, runtime.upstream.ssl_context)
     try:
@@ -152,21 +176,35 @@ async def _copy(
         time.perf_counter() - started
     )
     metrics.counter("upstream_requests", policy.provider, "result", status_class(status)).inc()
+    return status, kept
+
+
+async def _failed(
+    runtime: Runtime, policy: ProviderPolicy, record: OperationRecord, status: int | None
+) -> None:
+    """A try that kept nothing: its backoff recorded on the operation (so every replica
+    waits it out), its audit line, and a warning once the gateway gives up."""
     now = runtime.clock()
-    if kept is None:
-        detail = "fetched to keep: not kept" + ("" if status else " (no answer)")
-        line = effects.of_call(
-            now,
-            provider=policy.provider,
-            account=record.account,
-            event=Event.RESULT_FETCHED,
-            http_status=status,
-            detail=detail,
-            operation=fetched,
+    await runtime.records.mutate(
+        record.operation_id, lambda current: results.copy_failed(current, now)
+    )
+    detail = "fetched to keep: not kept" + ("" if status else " (no answer)")
+    line = effects.of_call(
+        now,
+        provider=policy.provider,
+        account=record.account,
+        event=Event.RESULT_FETCHED,
+        http_status=status,
+        detail=detail,
+        operation=record,
+    )
+    await runtime.effects.carry_out(line)
+    if record.copy_attempts >= results.COPY_TRIES:
+        log.warning(
+            "result of %s not kept: %d tries failed; the result route forwards as before",
+            record.operation_id,
+            record.copy_attempts,
         )
-        await runtime.effects.carry_out(line)
-        return
-    await _record(runtime, fetched, kept, status or 200)
 
 
 async def _record(runtime: Runtime, record: OperationRecord, kept: KeptResult, status: int) -> None:

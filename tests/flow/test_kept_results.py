@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core.results import kept_result_path
+from gateway.core.results import COPY_BACKOFF, COPY_TRIES, kept_result_path
 from gateway.flow import keeping
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.store.results.files import PARTIAL
@@ -239,9 +239,59 @@ def policy(client: TestClient[Any, Any]) -> Any:
     return runtime_of(client).settings.policies["demo-jobs"]
 
 
+async def copies_done(client: TestClient[Any, Any]) -> None:
+    copying = list(runtime_of(client).keeper.copying.values())
+    if copying:
+        await asyncio.wait(copying, timeout=30)
+
+
+@pytest.mark.parametrize("failing", [404, 503, 302])
+async def test_failed_copies_back_off_give_up_and_leave_the_budget_to_agents(
+    tmp_path: Path, failing: int
+) -> None:
+    """While the provider's result route fails (404, 5xx, a redirect), the gateway's own
+    copy is tried COPY_TRIES times in all, backed off on the clock (the sweeper does not
+    try again before), each a result fetch; then it gives up, and once the provider
+    recovers the agent's own result calls forward as before, the rest of the budget theirs
+    (no 409 result-budget-exhausted)."""
+    double = ResultDouble(result_body(1000), failing=failing)
+    server, upstream = await serve(double)
+    clock = FakeClock()
+    client = await gateway(kept_config(tmp_path, upstream), clock)
+    runtime = runtime_of(client)
+    try:
+        job = await succeeded_job(client, clock)
+        await copies_done(client)
+        assert double.result_calls == 1
+        for _ in range(40):  # sweeps without time passing: no try before its backoff
+            await keeping.keep_owed(runtime)
+            await copies_done(client)
+        assert double.result_calls == 1
+        for wait in (5, 10, 20, 40, 80):
+            clock.advance(wait)
+            await keeping.keep_owed(runtime)
+            await copies_done(client)
+        assert double.result_calls == COPY_TRIES
+        stored = await record(client, job)
+        assert stored.kept_result is None and stored.copy_attempts == COPY_TRIES
+        assert stored.result_fetches == COPY_TRIES
+        double.failing = None
+        limit = policy(client).polling.max_result_fetches
+        for _ in range(limit - COPY_TRIES):
+            answer = await client.get(f"/p/demo-jobs/v1/jobs/{job}/result", headers=AUTH)
+            assert answer.status == 200, await answer.text()
+            assert "Statusgate-Result" not in answer.headers
+            assert await answer.read() == double.body
+        assert double.result_calls == limit
+    finally:
+        await client.close()
+        await server.close()
+
+
 async def test_a_copy_cut_short_leaves_no_copy_and_is_made_again(tmp_path: Path) -> None:
     """A copy whose provider answer breaks off mid-body leaves no copy and no record saying
-    kept (the partial file is thrown away); the next result call fetches it again, whole."""
+    kept (the partial file is thrown away); the next result call once the try's backoff is
+    over fetches it again, whole."""
     body = result_body(200_000)
     double = ResultDouble(body, break_off=True)
     server, upstream = await serve(double)
@@ -258,6 +308,7 @@ async def test_a_copy_cut_short_leaves_no_copy_and_is_made_again(tmp_path: Path)
         stored = await record(client, job)
         assert stored.kept_result is None and stored.result_fetches == 1
         double.break_off = False
+        clock.advance(COPY_BACKOFF)
         answer = await client.get(f"/p/demo-jobs/v1/jobs/{job}/result", headers=AUTH)
         assert answer.headers["Statusgate-Result"] == "kept"
         assert await answer.read() == body
