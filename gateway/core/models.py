@@ -229,6 +229,10 @@ class OperationRecord:
             data["kept_result"] = dataclasses.asdict(kept)
         else:  # records written before it, and most, have none
             del data["kept_result"]
+        if not self.copy_attempts:  # as kept_result: only records whose copy was tried
+            del data["copy_attempts"]
+        if self.next_copy_at is None:
+            del data["next_copy_at"]
         if final is not None:
             data["final_response"] = {
                 "status": final.status,

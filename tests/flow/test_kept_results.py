@@ -277,6 +277,10 @@ async def test_failed_copies_back_off_give_up_and_leave_the_budget_to_agents(
         stored = await record(client, job)
         assert stored.kept_result is None and stored.copy_attempts == COPY_TRIES
         assert stored.result_fetches == COPY_TRIES
+        ops = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        shown = await client.get(f"/admin/operations/{stored.operation_id}", headers=ops)
+        view = (await shown.json())["record"]
+        assert view["copy_attempts"] == COPY_TRIES and view["next_copy_at"].endswith("Z")
         double.failing = None
         limit = policy(client).polling.max_result_fetches
         for _ in range(limit - COPY_TRIES):
