@@ -200,6 +200,8 @@ class OperationRecord:
     # SPEC 23: an operation.completed event is owed for this terminal record (a webhook was
     # configured when it ended); stores put it in their outbox in the same write
     announce: bool = False
+    copy_attempts: int = 0  # the gateway's own tries at the kept copy (core.results.COPY_TRIES)
+    next_copy_at: float | None = None  # no copy try before then (backoff after a failed one)
     version: int = 1
 
     def evolve(self, **changes: Any) -> OperationRecord:
@@ -238,6 +240,10 @@ class OperationRecord:
             del data["usage"]
         if not self.announce:
             del data["announce"]
+        if not self.copy_attempts:  # as kept_result: only records whose copy was tried
+            del data["copy_attempts"]
+        if self.next_copy_at is None:
+            del data["next_copy_at"]
         if final is not None:
             data["final_response"] = {
                 "status": final.status,

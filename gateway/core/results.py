@@ -81,18 +81,25 @@ def _not_succeeded(record: OperationRecord) -> Refusal:
 COPY_WAIT = 60.0  # seconds a completion event waits for its operation's kept copy
 
 
+COPY_TRIES = 3  # the gateway's own tries at a copy (each one result fetch), then it gives up
+COPY_BACKOFF = 5.0  # seconds before the second try; doubled before each later one
+
+
 def owes_copy(policy: ProviderPolicy, record: OperationRecord, now: float) -> bool:
     """The record's result should be fetched and kept now: its policy keeps results, the
-    job succeeded, nothing is recorded about a copy yet, the result budget has a fetch
-    left, and the job ended less than ``ttl`` ago (a copy made later would be deleted at
-    once)."""
+    job succeeded, nothing is recorded about a copy yet, the job ended less than ``ttl``
+    ago (a copy made later would be deleted at once), and the gateway's own tries do not
+    starve the agent: fewer than ``COPY_TRIES`` so far, the last one's backoff over, and
+    the result budget keeps at least one fetch for the agent after this one."""
     keeping = policy.results
     return (
         keeping.keep
         and policy.routes.result is not None
         and record.outcome is Outcome.SUCCEEDED
         and record.kept_result is None
-        and record.result_fetches < policy.polling.max_result_fetches
+        and record.copy_attempts < COPY_TRIES
+        and (record.next_copy_at is None or record.next_copy_at <= now)
+        and record.result_fetches + 1 < policy.polling.max_result_fetches
         and (record.ended_at is None or record.ended_at + keeping.ttl > now)
     )
 
@@ -100,9 +107,51 @@ def owes_copy(policy: ProviderPolicy, record: OperationRecord, now: float) -> bo
 def awaits_copy(policy: ProviderPolicy, record: OperationRecord, now: float) -> bool:
     """The event waits: its policy keeps results and the copy of this one is still owed,
     for at most COPY_WAIT after the operation ended, so the event names the kept result
-    (``result_url``) when there will be one, and is never held up by a copy that fails."""
+    (``result_url``) when there will be one, and is never held up long by a copy that fails:
+    while a try is owed (now or after its backoff) or may be under way."""
     ended = record.ended_at if record.ended_at is not None else now
-    return owes_copy(policy, record, now) and now < ended + COPY_WAIT
+    when = max(now, record.next_copy_at or now)
+    owed = owes_copy(policy, record, when) or copy_tried(policy, record)
+    return owed and now < ended + COPY_WAIT
+
+
+def copy_fetch(
+    policy: ProviderPolicy, record: OperationRecord, now: float
+) -> tuple[OperationRecord | None, OperationRecord | Refusal]:
+    """Count one of the gateway's own copy tries on the record before it is sent (a store
+    mutation, under the operation's lease): one result fetch and one try; refused when the
+    record no longer owes a copy (an agent took the budget, another try came first)."""
+    if not owes_copy(policy, record, now):
+        return None, Refusal("not-ready", "The result is not owed a copy now.")
+    new = record.evolve(
+        result_fetches=record.result_fetches + 1, copy_attempts=record.copy_attempts + 1
+    )
+    return new, new
+
+
+def copy_failed(
+    record: OperationRecord, now: float
+) -> tuple[OperationRecord | None, OperationRecord]:
+    """Record that the latest try kept nothing (a 404, a 5xx, a redirect, no answer): no
+    try before ``COPY_BACKOFF`` doubled per try so far has passed, on the injected clock, so
+    replicas and restarts agree. A try cut short by a crash records nothing: the lease
+    lapses and the next try comes at once (still counted in ``COPY_TRIES``)."""
+    if record.kept_result is not None or record.copy_attempts == 0:
+        return None, record
+    wait = COPY_BACKOFF * 2 ** (record.copy_attempts - 1)
+    new = record.evolve(next_copy_at=now + wait)
+    return new, new
+
+
+def copy_tried(policy: ProviderPolicy, record: OperationRecord) -> bool:
+    """A copy was tried and none is recorded: a try may still be under way (in this process
+    or under another replica's lease), which the result route waits for before it forwards."""
+    return (
+        policy.results.keep
+        and record.outcome is Outcome.SUCCEEDED
+        and record.kept_result is None
+        and record.copy_attempts > 0
+    )
 
 
 def served_copy(record: OperationRecord, now: float) -> KeptResult | None:

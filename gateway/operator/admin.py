@@ -95,6 +95,8 @@ def view(record: OperationRecord) -> dict[str, Any]:
         "inflight_at",
     ):
         data[name] = iso(data[name])
+    if record.next_copy_at is not None:  # kept results: no copy try before then
+        data["next_copy_at"] = iso(record.next_copy_at)
     if record.final_response is not None:
         data["final_response"]["body"] = record.final_response.body.decode("utf-8", "replace")
     if record.last_answer is not None:

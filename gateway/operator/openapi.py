@@ -58,7 +58,7 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 # fields a record's JSON leaves out while they are empty (OperationRecord.to_json)
-OMITTED_WHEN_EMPTY = frozenset({"route_values", "kept_result"})
+OMITTED_WHEN_EMPTY = frozenset({"route_values", "kept_result", "copy_attempts", "next_copy_at"})
 
 
 def _field_schema(name: str, kind: Any) -> dict[str, Any]:

@@ -11,10 +11,16 @@ from hypothesis import strategies as st
 
 from gateway.core.models import KeptResult, OperationRecord, Outcome
 from gateway.core.results import (
+    COPY_TRIES,
     COPY_WAIT,
+    Refusal,
     awaits_copy,
     copy_expiry,
+    copy_failed,
+    copy_fetch,
     copy_name,
+    copy_tried,
+    fetch,
     kept_result_path,
     owes_copy,
     record_copy,
@@ -63,6 +69,61 @@ def test_a_completion_event_waits_for_an_owed_copy_for_a_minute_at_most(tmp_path
     assert not awaits_copy(policy, succeeded(), NOW + COPY_WAIT)
     assert not awaits_copy(policy, succeeded(kept_result=copy()), NOW)
     assert not awaits_copy(keeping_policy(tmp_path, keep=False), succeeded(), NOW)
+    backing_off = succeeded(copy_attempts=1, next_copy_at=NOW + 5)
+    assert not owes_copy(policy, backing_off, NOW) and awaits_copy(policy, backing_off, NOW)
+
+
+def with_budget(policy: ProviderPolicy, fetches: int) -> ProviderPolicy:
+    polling = policy.polling.model_copy(update={"max_result_fetches": fetches})
+    return policy.model_copy(update={"polling": polling})
+
+
+def test_the_gateways_copy_tries_are_few_and_backed_off(tmp_path: Path) -> None:
+    """A copy that fails (the provider answers 404, 5xx or a redirect) is tried again at
+    most COPY_TRIES times in all, each after a doubled backoff on the clock, each counted
+    on the record; then the gateway gives up and the budget's other fetches stay the
+    agent's."""
+    policy = keeping_policy(tmp_path)
+    record, now, waits = succeeded(), NOW, []
+    for tries in range(1, COPY_TRIES + 1):
+        assert owes_copy(policy, record, now)
+        new, fetched = copy_fetch(policy, record, now)
+        assert new is not None and not isinstance(fetched, Refusal)
+        assert (fetched.result_fetches, fetched.copy_attempts) == (tries, tries)
+        assert copy_tried(policy, fetched)
+        failed, backed_off = copy_failed(fetched, now + 1)
+        assert failed is not None and backed_off.next_copy_at is not None
+        assert not owes_copy(policy, backed_off, now + 1)
+        assert not owes_copy(policy, backed_off, backed_off.next_copy_at - 0.5)
+        waits.append(backed_off.next_copy_at - (now + 1))
+        record, now = backed_off, backed_off.next_copy_at
+    assert waits == [5.0, 10.0, 20.0]
+    assert not owes_copy(policy, record, now) and not owes_copy(policy, record, now + 600)
+    assert copy_fetch(policy, record, now)[0] is None
+    assert fetch(policy, record)[0] is not None  # the agent's own calls still forward
+
+
+def test_a_try_cut_short_is_made_again_at_once_and_a_kept_copy_ends_the_tries(
+    tmp_path: Path,
+) -> None:
+    """A try that recorded no failure (its process died) leaves the copy owed at once (the
+    lease decides who makes it); a recorded copy takes no failure after it."""
+    policy = keeping_policy(tmp_path)
+    _, tried = copy_fetch(policy, succeeded(), NOW)
+    assert not isinstance(tried, Refusal) and owes_copy(policy, tried, NOW)
+    kept = tried.evolve(kept_result=copy())
+    assert copy_failed(kept, NOW)[0] is None and not copy_tried(policy, kept)
+    assert copy_failed(succeeded(), NOW)[0] is None
+
+
+def test_the_gateway_never_takes_the_agents_last_result_fetch(tmp_path: Path) -> None:
+    two = with_budget(keeping_policy(tmp_path), 2)
+    new, tried = copy_fetch(two, succeeded(), NOW)
+    assert new is not None and not isinstance(tried, Refusal) and tried.result_fetches == 1
+    assert not owes_copy(two, tried, NOW + 3000)  # one fetch left: the agent's
+    assert not owes_copy(two, succeeded(result_fetches=1), NOW)
+    assert not owes_copy(with_budget(two, 1), succeeded(), NOW)
+    assert copy_fetch(two, succeeded(result_fetches=1), NOW)[0] is None
 
 
 def test_a_copy_is_served_until_it_expires_and_never_when_too_large() -> None:

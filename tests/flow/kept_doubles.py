@@ -44,6 +44,7 @@ class ResultDouble:
     body: bytes
     chunked: bool = False  # no Content-Length: the size is known only once read
     gone: bool = False  # the provider forgot the result: 404
+    failing: int | None = None  # the result route answers this status (a 3xx redirects)
     hold: asyncio.Event | None = None  # set: the second half waits for it
     pause: float = 0.0  # seconds between the halves
     break_off: bool = False  # the connection is closed after the first half
@@ -70,6 +71,9 @@ class ResultDouble:
         self.result_calls += 1
         if self.gone:
             return web.json_response({"error": "no such result"}, status=404)
+        if self.failing is not None:
+            elsewhere = {"Location": "/elsewhere"} if 300 <= self.failing < 400 else None
+            return web.json_response({"error": "not now"}, status=self.failing, headers=elsewhere)
         if not self.chunked and self.hold is None and not self.pause and not self.break_off:
             return web.Response(body=self.body, content_type=RESULT_TYPE)
         response = web.StreamResponse(headers={"Content-Type": RESULT_TYPE})

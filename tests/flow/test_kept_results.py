@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core.results import kept_result_path
+from gateway.core.models import poll_lease
+from gateway.core.results import COPY_BACKOFF, COPY_TRIES, kept_result_path
 from gateway.flow import keeping
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.store.results.files import PARTIAL
@@ -239,9 +241,63 @@ def policy(client: TestClient[Any, Any]) -> Any:
     return runtime_of(client).settings.policies["demo-jobs"]
 
 
+async def copies_done(client: TestClient[Any, Any]) -> None:
+    copying = list(runtime_of(client).keeper.copying.values())
+    if copying:
+        await asyncio.wait(copying, timeout=30)
+
+
+@pytest.mark.parametrize("failing", [404, 503, 302])
+async def test_failed_copies_back_off_give_up_and_leave_the_budget_to_agents(
+    tmp_path: Path, failing: int
+) -> None:
+    """While the provider's result route fails (404, 5xx, a redirect), the gateway's own
+    copy is tried COPY_TRIES times in all, backed off on the clock (the sweeper does not
+    try again before), each a result fetch; then it gives up, and once the provider
+    recovers the agent's own result calls forward as before, the rest of the budget theirs
+    (no 409 result-budget-exhausted)."""
+    double = ResultDouble(result_body(1000), failing=failing)
+    server, upstream = await serve(double)
+    clock = FakeClock()
+    client = await gateway(kept_config(tmp_path, upstream), clock)
+    runtime = runtime_of(client)
+    try:
+        job = await succeeded_job(client, clock)
+        await copies_done(client)
+        assert double.result_calls == 1
+        for _ in range(40):  # sweeps without time passing: no try before its backoff
+            await keeping.keep_owed(runtime)
+            await copies_done(client)
+        assert double.result_calls == 1
+        for wait in (5, 10, 20, 40, 80):
+            clock.advance(wait)
+            await keeping.keep_owed(runtime)
+            await copies_done(client)
+        assert double.result_calls == COPY_TRIES
+        stored = await record(client, job)
+        assert stored.kept_result is None and stored.copy_attempts == COPY_TRIES
+        assert stored.result_fetches == COPY_TRIES
+        ops = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        shown = await client.get(f"/admin/operations/{stored.operation_id}", headers=ops)
+        view = (await shown.json())["record"]
+        assert view["copy_attempts"] == COPY_TRIES and view["next_copy_at"].endswith("Z")
+        double.failing = None
+        limit = policy(client).polling.max_result_fetches
+        for _ in range(limit - COPY_TRIES):
+            answer = await client.get(f"/p/demo-jobs/v1/jobs/{job}/result", headers=AUTH)
+            assert answer.status == 200, await answer.text()
+            assert "Statusgate-Result" not in answer.headers
+            assert await answer.read() == double.body
+        assert double.result_calls == limit
+    finally:
+        await client.close()
+        await server.close()
+
+
 async def test_a_copy_cut_short_leaves_no_copy_and_is_made_again(tmp_path: Path) -> None:
     """A copy whose provider answer breaks off mid-body leaves no copy and no record saying
-    kept (the partial file is thrown away); the next result call fetches it again, whole."""
+    kept (the partial file is thrown away); the next result call once the try's backoff is
+    over fetches it again, whole."""
     body = result_body(200_000)
     double = ResultDouble(body, break_off=True)
     server, upstream = await serve(double)
@@ -258,6 +314,7 @@ async def test_a_copy_cut_short_leaves_no_copy_and_is_made_again(tmp_path: Path)
         stored = await record(client, job)
         assert stored.kept_result is None and stored.result_fetches == 1
         double.break_off = False
+        clock.advance(COPY_BACKOFF)
         answer = await client.get(f"/p/demo-jobs/v1/jobs/{job}/result", headers=AUTH)
         assert answer.headers["Statusgate-Result"] == "kept"
         assert await answer.read() == body
@@ -331,3 +388,115 @@ async def test_a_reload_that_moves_the_result_store_is_refused(
         p.endswith("results_store: cannot change while the gateway runs; restart it to apply")
         for p in body["problems"]
     )
+
+
+class RunningClock(FakeClock):
+    """The injected clock running with the event loop's time (leases expire on it), moved
+    on at once by ``advance`` as a FakeClock is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.get_running_loop().time()
+
+    def __call__(self) -> float:
+        return self.now + asyncio.get_running_loop().time() - self.started
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class SlowResult(ResultDouble):
+    """A provider slow to send its result's headers, then slow again before its body: each
+    wait under limits.upstream_timeout (each read is bounded by it), both longer than the
+    copy's lease together and each longer than a third of it."""
+
+    wait: float = 0.0
+
+    async def result(self, request: web.Request) -> web.StreamResponse:
+        self.result_calls += 1
+        await asyncio.sleep(self.wait)
+        response = web.StreamResponse(headers={"Content-Type": RESULT_TYPE})
+        response.content_length = len(self.body)
+        await response.prepare(request)  # the headers go at once; no byte of the body yet
+        self.half_sent.set()
+        await asyncio.sleep(self.wait)
+        await response.write(self.body)
+        await response.write_eof()
+        return response
+
+
+async def test_a_slow_providers_copy_keeps_its_lease_and_is_fetched_once(tmp_path: Path) -> None:
+    """The copy's lease is renewed on a timer while the provider is slow to answer and
+    between its chunks, not only when a chunk arrives: a second contender trying for the
+    operation's lease the whole time never gets it, and the result is fetched once."""
+    double = SlowResult(result_body(100_000))
+    double.wait = 2.0
+    server, upstream = await serve(double)
+    clock = RunningClock()
+    limits = {"upstream_timeout": "3s"}  # the copy's lease: 3 s, renewed every second
+    client = await gateway(kept_config(tmp_path, upstream, limits=limits), clock)
+    runtime = runtime_of(client)
+    taken: list[float] = []  # when the contender held the lease of a copy still owed
+
+    async def contend(operation_id: str) -> None:
+        name = poll_lease(operation_id)
+        while True:
+            if await runtime.coordination.acquire_lease(name, "contender", clock(), 3.0):
+                found = await runtime.records.get(operation_id)
+                if found is not None and found.kept_result is None:
+                    taken.append(clock())
+                await runtime.coordination.release_lease(name, "contender")
+            await asyncio.sleep(0.05)
+
+    try:
+        job = await succeeded_job(client, clock)  # its copy starts
+        operation_id = (await record(client, job)).operation_id
+        contender = asyncio.create_task(contend(operation_id))
+        try:
+            await asyncio.wait_for(double.half_sent.wait(), 30)
+            stored = await keeping.settled(runtime, policy(client), await record(client, job))
+        finally:
+            contender.cancel()
+            await asyncio.wait({contender})
+        assert taken == [] and stored.kept_result is not None
+        answer = await client.get(f"/p/demo-jobs/v1/jobs/{job}/result", headers=AUTH)
+        assert answer.headers["Statusgate-Result"] == "kept"
+        assert await answer.read() == double.body
+        assert double.result_calls == 1
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def test_a_copy_whose_lease_is_lost_writes_no_more_and_commits_nothing(
+    tmp_path: Path,
+) -> None:
+    """A process paused past its copy's lease (the clock jumps) while the provider is slow:
+    another holder takes the lease; the next renewal finds it gone and the copy is
+    abandoned: no copy committed, none recorded, no failure (the new holder makes it)."""
+    double = SlowResult(result_body(100_000))
+    double.wait = 1.5
+    server, upstream = await serve(double)
+    clock = RunningClock()
+    client = await gateway(
+        kept_config(tmp_path, upstream, limits={"upstream_timeout": "3s"}), clock
+    )
+    runtime = runtime_of(client)
+    try:
+        job = await succeeded_job(client, clock)
+        operation_id = (await record(client, job)).operation_id
+        copying = runtime.keeper.copying[operation_id]
+        await asyncio.wait_for(double.half_sent.wait(), 30)
+        clock.advance(10)  # the lease (3 s) is past on the store's clock
+        name = poll_lease(operation_id)
+        assert await runtime.coordination.acquire_lease(name, "other", clock(), 60.0)
+        await asyncio.wait({copying}, timeout=30)
+        assert copying.done() and copying.result() is True
+        stored = await record(client, job)
+        assert stored.kept_result is None and stored.next_copy_at is None
+        assert (stored.copy_attempts, double.result_calls) == (1, 1)
+        assert await copies(client) == []
+        assert not await runtime.coordination.acquire_lease(name, "third", clock(), 1.0)
+    finally:
+        await client.close()
+        await server.close()

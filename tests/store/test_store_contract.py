@@ -107,6 +107,8 @@ async def test_records_round_trip_every_field(store: Store) -> None:
         result_values=("file-1", "42"),
         route_values=(("app", "fast-sdxl"), ("owner", "fal-ai")),
         kept_result=KeptResult("00001234567-op_1", 12, "ab" * 32, "text/plain", now, now + 9.5),
+        copy_attempts=2,
+        next_copy_at=now + 10.25,
     )
     await store.create(full)
     assert await store.get("op_1") == full
@@ -135,6 +137,33 @@ async def test_a_kept_result_is_recorded_once_and_round_trips(store: Store) -> N
     await store.create(record("op_2", "job_2").evolve(kept_result=too_large))
     found = await store.get("op_2")
     assert found is not None and found.kept_result == too_large and not too_large.kept
+
+
+async def test_the_gateways_copy_tries_are_counted_once_each_across_replicas(
+    store: Store, tmp_path: Path
+) -> None:
+    """SPEC 23 (docs/results.md): a copy try counts a result fetch and a try in one
+    mutation, and a failed try its backoff; tries racing on every backend stop at
+    COPY_TRIES, each counted once, and the record keeps them."""
+    from gateway.core.results import COPY_TRIES, Refusal, copy_failed, copy_fetch
+    from gateway.settings.policy import load_policy
+
+    from conftest import PROVIDER_ENV, ROOT
+
+    source = (ROOT / "policies" / "demo-jobs.yaml").read_text() + "results: {keep: true}\n"
+    path = tmp_path / "demo-jobs.yaml"
+    path.write_text(source)
+    policy = load_policy(path, "demo-jobs.yaml", PROVIDER_ENV)
+    now = time.time()
+    await store.create(record().evolve(outcome=Outcome.SUCCEEDED, ended_at=now))
+    tried = await asyncio.gather(
+        *(store.mutate("op_1", lambda r: copy_fetch(policy, r, now)) for _ in range(5))
+    )
+    assert sum(1 for t in tried if isinstance(t, Refusal)) == 5 - COPY_TRIES
+    await store.mutate("op_1", lambda r: copy_failed(r, now))
+    again = await store.get("op_1")
+    assert again is not None and again.copy_attempts == again.result_fetches == COPY_TRIES
+    assert again.next_copy_at == now + 20.0
 
 
 async def test_mutate_applies_a_pure_change(store: Store) -> None:
