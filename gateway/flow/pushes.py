@@ -1,6 +1,7 @@
 """A provider's push, step by step (SPEC 23): verified, claimed once across replicas (its
 delivery id), read, matched to the operations of that provider only, then applied to the
-record or answered by one poll at once; counted and audited whatever happens.
+record or answered by one poll at once (in the background: the push is answered first);
+counted and audited whatever happens.
 
 The rules are core/pushes.py's; the signature check is provider/pushes.py's. Nothing here
 answers HTTP (http/hooks.py does): ``receive`` says which status the provider gets.
@@ -9,6 +10,7 @@ answers HTTP (http/hooks.py does): ``receive`` says which status the provider ge
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ from gateway.provider.pushes import Keys, verify
 from gateway.settings.policy import ProviderPolicy
 from gateway.settings.push import Push
 
+log = logging.getLogger("statusgate")
 UNTIMED_WINDOW = 86400.0  # replay window of schemes whose pushes carry no timestamp
 KEYS = Keys()  # JWKS key sets, shared by the process
 
@@ -117,17 +120,22 @@ async def _apply(
     await runtime.effects.carry_out(
         effects.of_push(policy.provider, "polled", now, record=due, detail="a thin push: one poll")
     )
-    await _poll_once(runtime, policy, due)
+    runtime.spawn(_poll_once(runtime, policy, due))  # the provider is answered at once
     return "polled"
 
 
 async def _poll_once(runtime: Runtime, policy: ProviderPolicy, record: OperationRecord) -> None:
     """The one poll a thin push asks for, made for the record's account with its effects
-    as for any poll; one already in flight (here or at another replica) stands for it."""
+    as for any poll; one already in flight (here or at another replica) stands for it.
+    Run in the background: the provider is answered without waiting for its own status
+    route (webhook senders give a few seconds, a poll may take ``upstream_timeout``)."""
     if record.outcome is not Outcome.PENDING:
         return
     asker = polls.record_asker(runtime, policy, record)
-    await polls.shared_poll(asker, record, pace=True)
+    try:
+        await polls.shared_poll(asker, record, pace=True)
+    except StoreError as exc:  # the schedule's next poll (or the next push) goes on
+        log.warning("the poll a push asked for on %s failed: %s", record.operation_id, exc)
 
 
 async def _done(runtime: Runtime, provider: str, received: Received, *, detail: str) -> Received:

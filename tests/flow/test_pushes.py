@@ -3,6 +3,7 @@ in front of the real demo provider (SPEC 23)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import secrets
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 from standardwebhooks import Webhook
+
+from gateway.flow.runtime import RUNTIME
 
 from conftest import Harness
 
@@ -86,11 +89,19 @@ async def test_push_with_state_ends_operation_without_status_call(pushed: Harnes
     assert "pushed" in events and "finished" in events
 
 
+async def polled(h: Harness) -> None:
+    """Wait for the background polls thin pushes started."""
+    runtime = h.client.app[RUNTIME]
+    while runtime.background:
+        await asyncio.gather(*runtime.background, return_exceptions=True)
+
+
 async def test_thin_push_polls_exactly_once(pushed: Harness) -> None:
     """A push naming only the job makes the gateway poll once at once; the record is updated
     from that answer and later status calls cost no provider call."""
     job = await submitted(pushed, [{"state": "succeeded"}])
     assert await push(pushed, {"type": "job.completed", "data": {"id": job}}) == (200, "polled")
+    await polled(pushed)
     assert len(pushed.provider_calls(job)) == 1
     record = await pushed.record(job)
     assert record.outcome.value == "succeeded"
@@ -106,6 +117,7 @@ async def test_success_push_without_required_field_is_thin(pushed: Harness) -> N
     job = await submitted(pushed, [{"state": "succeeded"}])
     body = {"type": "job.updated", "data": {"id": job, "state": "succeeded"}}
     assert await push(pushed, body) == (200, "polled")
+    await polled(pushed)
     assert len(pushed.provider_calls(job)) == 1
     assert (await pushed.record(job)).outcome.value == "succeeded"
 
@@ -132,7 +144,34 @@ async def test_replayed_delivery_is_ignored(pushed: Harness) -> None:
     body = {"type": "job.completed", "data": {"id": job}}
     assert await push(pushed, body, msg_id="msg_same") == (200, "polled")
     assert await push(pushed, body, msg_id="msg_same") == (200, "replayed")
+    await polled(pushed)
     assert len(pushed.provider_calls(job)) == 1
+
+
+async def test_a_thin_push_is_answered_before_its_poll_ends(pushed: Harness) -> None:
+    """The provider's webhook call is answered while the poll it asked for still waits on
+    the provider's status route (a sender gives a few seconds; a poll may take the
+    upstream timeout): the answer does not hang on the provider's own slowness."""
+    job = await submitted(pushed, [{"state": "succeeded"}])
+    release = asyncio.Event()
+
+    async def held(job_id: str) -> None:
+        await release.wait()
+
+    pushed.provider.before_answer = held
+    try:
+        body = {"type": "job.completed", "data": {"id": job}}
+        answer = await asyncio.wait_for(push(pushed, body), 60)  # waiting on it: never
+        assert answer == (200, "polled")
+        async with asyncio.timeout(60):
+            while pushed.provider.in_flight.get(job) != 1:  # the poll is out, held
+                await asyncio.sleep(0.01)
+        assert (await pushed.record(job)).outcome.value == "pending"
+    finally:
+        release.set()
+        await polled(pushed)
+        pushed.provider.before_answer = None
+    assert (await pushed.record(job)).outcome.value == "succeeded"
 
 
 async def test_unknown_job_is_accepted_and_ignored(pushed: Harness) -> None:
