@@ -301,6 +301,31 @@ def start_statusgate(args: list[str], env: dict[str, str]) -> subprocess.Popen[b
     )
 
 
+def run_statusgate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m gateway.run ARGS`` run to its end with every shipped policy's credential
+    set; its output as text, its exit status unchecked (the test reads both)."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.run", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **PROVIDER_ENV},
+        timeout=timeout,
+        check=False,
+    )
+
+
+def stop_statusgates(processes: list[subprocess.Popen[bytes]], wait: float) -> None:
+    """Terminate gateway processes (a paused one resumed first) and wait for each; none
+    may have printed a traceback."""
+    for process in processes:
+        os.kill(process.pid, signal.SIGCONT)
+        process.terminate()
+    for process in processes:
+        process.wait(wait)
+        stderr = process.stderr.read().decode() if process.stderr else ""
+        assert "Traceback" not in stderr, stderr
+
+
 class RedisServer:
     """A private redis-server on a free loopback port, stoppable and restartable."""
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -38,7 +36,9 @@ from conftest import (
     drop_schema,
     free_port,
     real_time_harness,
+    run_statusgate,
     start_statusgate,
+    stop_statusgates,
     wait_until_up,
     write_config,
 )
@@ -50,14 +50,7 @@ REPLICAS = ("replica-a", "replica-b")
 
 
 def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.run", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **PROVIDER_ENV},
-        timeout=120,
-        check=False,
-    )
+    return run_statusgate(*args, timeout=120)
 
 
 def connect(url: str) -> Any:
@@ -113,13 +106,7 @@ async def pair(postgres_url: str, tmp_path: Path) -> AsyncIterator[Pair]:
             await asyncio.to_thread(wait_until_up, int(url.rsplit(":", 1)[1]), process)
         yield Pair(urls, configs, audits, postgres_url)
     finally:
-        for process in processes:
-            os.kill(process.pid, signal.SIGCONT)
-            process.terminate()
-        for process in processes:
-            process.wait(20)
-            stderr = process.stderr.read().decode() if process.stderr else ""
-            assert "Traceback" not in stderr, stderr
+        stop_statusgates(processes, 20)
         await provider.close()
 
 

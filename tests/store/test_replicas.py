@@ -33,6 +33,7 @@ from conftest import (
     PROVIDER_KEY,
     free_port,
     start_statusgate,
+    stop_statusgates,
     wait_until_up,
     write_config,
 )
@@ -117,13 +118,7 @@ async def replicas(
             await asyncio.to_thread(wait_until_up, int(url.rsplit(":", 1)[1]), process)
         yield Replicas(urls, processes, demo, tmp_path)
     finally:
-        for process in processes:
-            os.kill(process.pid, signal.SIGCONT)
-            process.terminate()
-        for process in processes:
-            process.wait(10)
-            stderr = process.stderr.read().decode() if process.stderr else ""
-            assert "Traceback" not in stderr, stderr
+        stop_statusgates(processes, 10)
         await provider.close()
 
 

@@ -6,10 +6,8 @@ with one line naming both versions."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from gateway.store import Store, store_from_url
 from gateway.store.base import NewerLayout
 from gateway.store.sqlite.rows import INSERT, LAYOUT, SCHEMA, dump
 
-from conftest import PROVIDER_ENV, pending_record, write_config
+from conftest import pending_record, run_statusgate, write_config
 
 # SQLite layout 1 as released: the instants the sweeper, the purge and the escalation queue
 # look up were indexed as json_extract(data, ...); layout 2 keeps them in columns.
@@ -82,14 +80,7 @@ def old_row(record: OperationRecord) -> tuple[object, ...]:
 
 
 def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.run", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **PROVIDER_ENV},
-        timeout=60,
-        check=False,
-    )
+    return run_statusgate(*args, timeout=60)
 
 
 async def test_every_store_records_its_layout_once(store: Store) -> None:

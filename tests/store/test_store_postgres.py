@@ -39,6 +39,7 @@ from conftest import (
     Served,
     pending_record,
     real_time_harness,
+    run_statusgate,
 )
 
 psycopg = pytest.importorskip("psycopg", reason="pip install -e '.[postgres]'")
@@ -272,14 +273,7 @@ def config_for(folder: Path, store: str = "postgresql://postgres@127.0.0.1:1/x")
 
 
 def statusgate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.run", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **PROVIDER_ENV},
-        timeout=60,
-        check=False,
-    )
+    return run_statusgate(*args, timeout=60)
 
 
 async def test_migrate_check_and_a_newer_layout(postgres_url: str, tmp_path: Path) -> None:

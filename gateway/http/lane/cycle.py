@@ -17,8 +17,8 @@ from typing import Protocol
 from aiohttp import web
 
 from gateway.flow.requests import AgentRequest
+from gateway.http.lane import stream
 from gateway.http.lane.body import Body
-from gateway.http.lane.flow import FlowControl
 from gateway.http.lane.request import LaneRequest, Uncancelled
 from gateway.http.lane.stream import Streamed, write_stream
 from gateway.http.lane.wire import CONTINUE, internal_error, serialize
@@ -28,20 +28,9 @@ Handler = Callable[[AgentRequest], Awaitable[web.StreamResponse]]
 Middleware = Callable[[LaneRequest, Handler], Awaitable[web.StreamResponse]]
 
 
-class Connection(Protocol):
-    """What the cycle needs of its connection (gateway/http/lane/protocol.Lane)."""
-
-    @property
-    def transport(self) -> asyncio.Transport | None: ...
-
-    @property
-    def flow(self) -> FlowControl: ...
-
-    def send(self, data: bytes) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def end(self) -> None: ...
+class Connection(stream.Connection, Protocol):
+    """What the cycle needs of its connection (gateway/http/lane/protocol.Lane): what a
+    stream writes through, and stopping it."""
 
     def stop(self) -> None: ...
 
