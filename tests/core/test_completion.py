@@ -80,9 +80,9 @@ def test_usage_past_64_bits_still_lets_the_record_be_written(policy: ProviderPol
     body = {"usage": {"input_tokens": digits}, "result": {"pages": 3}}
     found = completion.usage_found(PATHS, json.dumps(body).encode())
     assert found == (("input_tokens", float(digits)), ("pages", 3))
-    utf16 = ('{"usage": {"input_tokens": %s}}' % digits).encode("utf-16")
+    utf16 = ('{"usage": {"input_tokens": ' + digits + "}}").encode("utf-16")
     assert completion.usage_found(PATHS, utf16) == (("input_tokens", float(digits)),)
-    huge = ('{"usage": {"input_tokens": 1%s}}' % ("0" * 400)).encode("utf-16")
+    huge = ('{"usage": {"input_tokens": 1' + "0" * 400 + "}}").encode("utf-16")
     assert completion.usage_found(PATHS, huge) == ()  # past any float: left out
     done = {"id": "j", "state": "succeeded", "result": {"pages": 3}, "usage": body["usage"]}
     ended = decide.classify(policy, opened(policy), answer(done), NOW + 5, 1.0, announce=True)
