@@ -241,3 +241,19 @@ async def test_events_a_receiver_keeps_refusing_never_starve_the_others(
         assert await store.save(done)
     await until(lambda: "op_good" in receiver.operations())
     assert await store.owed_completions(completions.BATCH + 1) == sorted(refused)
+
+
+async def test_a_backed_off_event_no_longer_owed_is_forgotten(
+    make_harness: Any, receiver_of: Any
+) -> None:
+    """A sender forgets the failures of an event no longer owed (its record purged while
+    backed off), so the events it backs off never widen its looks for good."""
+    _, hook = await receiver_of()
+    harness: Harness = await make_harness(config_changes=hook)
+    runtime = harness.client.app[RUNTIME]
+    sender = Sender(runtime, failures={"op_purged": 3})
+    try:
+        assert await sender.send_owed() == 0
+        assert sender.failures == {}
+    finally:
+        await sender.close()
