@@ -17,6 +17,7 @@ from gateway.core.values import lookup, parse_json
 
 EVENT = "operation.completed"
 MAX_DELAY = 900.0  # a failing receiver is tried again at least every 15 minutes
+INT64 = (-(2**63), 2**63 - 1)  # the integers a record's JSON may hold (orjson's range)
 NUMERAL = re.compile(r"-?[0-9]{1,30}(\.[0-9]{1,30})?")  # a number written as a string
 
 
@@ -42,6 +43,11 @@ def _number(value: Any) -> int | float | None:
         value = float(value) if "." in value else int(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        try:  # the stores write records with orjson: 64-bit integers at most
+            value = float(value)
+        except OverflowError:  # past any float too
+            return None
     return value if math.isfinite(value) else None
 
 

@@ -53,7 +53,13 @@ class Sender:
         if self.runtime.settings.file.escalation.webhook_url is None:
             return 0
         delivered = 0
-        for operation_id in await self.runtime.store.owed_completions(BATCH):
+        # past the events this sender is backing off: those alone never fill a look
+        limit = BATCH + len(self.failures)
+        owed = await self.runtime.store.owed_completions(limit)
+        if len(owed) < limit:  # every owed event: one backed off and no longer owed was purged
+            still = set(owed)
+            self.failures = {i: n for i, n in self.failures.items() if i in still}
+        for operation_id in owed:
             if self.runtime.stopping.is_set():
                 break  # shutting down: take no new event (an unsent one stays owed)
             delivered += await self._one(operation_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -69,6 +70,23 @@ def test_usage_never_holds_anything_but_numbers(values: dict[str, object]) -> No
     """Null, booleans and strings that are not numerals are never usage."""
     body = json.dumps({"u": values}).encode()
     assert completion.usage_found({k: f"u.{k}" for k in "abc"}, body) == ()
+
+
+def test_usage_past_64_bits_still_lets_the_record_be_written(policy: ProviderPolicy) -> None:
+    """A numeral too large for a 64-bit integer (a string of 25 digits, or a number the
+    json module read whole from a body orjson refuses) is kept as a float: the ending
+    record still serialises as every store writes it (orjson), so the operation can end."""
+    digits = "1234567890123456789012345"
+    body = {"usage": {"input_tokens": digits}, "result": {"pages": 3}}
+    found = completion.usage_found(PATHS, json.dumps(body).encode())
+    assert found == (("input_tokens", float(digits)), ("pages", 3))
+    utf16 = ('{"usage": {"input_tokens": ' + digits + "}}").encode("utf-16")
+    assert completion.usage_found(PATHS, utf16) == (("input_tokens", float(digits)),)
+    huge = ('{"usage": {"input_tokens": 1' + "0" * 400 + "}}").encode("utf-16")
+    assert completion.usage_found(PATHS, huge) == ()  # past any float: left out
+    done = {"id": "j", "state": "succeeded", "result": {"pages": 3}, "usage": body["usage"]}
+    ended = decide.classify(policy, opened(policy), answer(done), NOW + 5, 1.0, announce=True)
+    orjson.dumps(ended.record.to_dict())  # what the SQLite, Redis and PostgreSQL stores write
 
 
 def test_the_ending_answer_records_usage_and_owes_the_event(policy: ProviderPolicy) -> None:

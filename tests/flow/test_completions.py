@@ -17,28 +17,35 @@ from aiohttp.test_utils import TestServer
 from test_pushes import PUSHES, push, submitted
 
 from gateway.core.models import Outcome
+from gateway.flow import completions
 from gateway.flow.completions import Sender
 from gateway.flow.runtime import RUNTIME
 
-from conftest import AGENT_TOKEN, OPERATOR_TOKEN, Harness
+from conftest import AGENT_TOKEN, OPERATOR_TOKEN, Harness, pending_record
 
 SECRET = "whsec_" + base64.b64encode(b"completion-test-key-0123456789ab").decode()
 DONE = [{"state": "running"}, {"state": "succeeded"}]
 
 
 class Receiver:
-    """A webhook receiver that answers ``failures`` 500s first, then 204s; it keeps every
-    attempt (headers and raw body)."""
+    """A webhook receiver that answers ``failures`` 500s first, then 204s (422 for ever to
+    the events of the ``refused`` operations); it keeps every attempt (headers and raw body)."""
 
-    def __init__(self, failures: int = 0) -> None:
+    def __init__(self, failures: int = 0, refused: frozenset[str] = frozenset()) -> None:
         self.failures = failures
+        self.refused = refused
         self.attempts: list[tuple[dict[str, str], bytes]] = []
 
     async def handle(self, request: web.Request) -> web.Response:
         self.attempts.append((dict(request.headers), await request.read()))
+        if json.loads(self.attempts[-1][1])["operation_id"] in self.refused:
+            return web.Response(status=422)
         if len(self.attempts) <= self.failures:
             return web.Response(status=500)
         return web.Response(status=204)
+
+    def operations(self) -> set[str]:
+        return {json.loads(body)["operation_id"] for _, body in self.attempts}
 
     def delivered(self) -> list[tuple[dict[str, str], bytes]]:
         return self.attempts[self.failures :]
@@ -66,8 +73,10 @@ async def receiver_of(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
     monkeypatch.setenv("COMPLETION_TEST_SECRET", SECRET)
     servers: list[TestServer] = []
 
-    async def start(failures: int = 0) -> tuple[Receiver, dict[str, Any]]:
-        receiver = Receiver(failures)
+    async def start(
+        failures: int = 0, refused: frozenset[str] = frozenset()
+    ) -> tuple[Receiver, dict[str, Any]]:
+        receiver = Receiver(failures, refused)
         app = web.Application()
         app.router.add_post("/hook", receiver.handle)
         server = TestServer(app, host="127.0.0.1")
@@ -212,3 +221,39 @@ async def test_a_push_that_ends_the_operation_records_usage_and_owes_the_event(
     assert harness.provider_calls(job) == []
     await until(lambda: len(receiver.attempts) == 1)
     assert json.loads(receiver.attempts[0][1])["usage"] == {"input_tokens": 5, "pages": 7}
+
+
+async def test_events_a_receiver_keeps_refusing_never_starve_the_others(
+    make_harness: Any, receiver_of: Any
+) -> None:
+    """A full batch of the oldest owed events refused for good (their retries backed off,
+    on a clock that does not move) does not keep a later event from being sent."""
+    refused = frozenset(f"op_bad{n:03d}" for n in range(completions.BATCH))
+    receiver, hook = await receiver_of(refused=refused)
+    harness: Harness = await make_harness(config_changes=hook)
+    store = harness.client.app[RUNTIME].store
+    ended = harness.clock() - 100
+    for n, operation_id in enumerate([*sorted(refused), "op_good"]):
+        made = await store.create(
+            pending_record(operation_id=operation_id, provider_job_id=f"j{n}")
+        )
+        done = made.evolve(outcome=Outcome.FAILED, ended_at=ended + n, announce=True)
+        assert await store.save(done)
+    await until(lambda: "op_good" in receiver.operations())
+    assert await store.owed_completions(completions.BATCH + 1) == sorted(refused)
+
+
+async def test_a_backed_off_event_no_longer_owed_is_forgotten(
+    make_harness: Any, receiver_of: Any
+) -> None:
+    """A sender forgets the failures of an event no longer owed (its record purged while
+    backed off), so the events it backs off never widen its looks for good."""
+    _, hook = await receiver_of()
+    harness: Harness = await make_harness(config_changes=hook)
+    runtime = harness.client.app[RUNTIME]
+    sender = Sender(runtime, failures={"op_purged": 3})
+    try:
+        assert await sender.send_owed() == 0
+        assert sender.failures == {}
+    finally:
+        await sender.close()
