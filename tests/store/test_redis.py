@@ -17,7 +17,7 @@ import pytest
 import redis as sync_redis
 
 from gateway import ConfigError, NotAdmissible, StoreError
-from gateway.core.models import OperationRecord
+from gateway.core.models import OperationRecord, Outcome
 from gateway.flow.runtime import RUNTIME
 from gateway.store import store_from_url
 from gateway.store.redis.store import RedisStore
@@ -115,6 +115,28 @@ async def test_a_local_copy_is_acted_on_only_through_the_reservation(redis_url: 
     finally:
         await here.close()
         await there.close()
+
+
+async def test_a_purge_drops_the_outbox_entry_of_a_record_deleted_already(
+    redis_url: str,
+) -> None:
+    """A purge whose pipeline deleted a record but not its indexes (it is not a transaction:
+    the connection may drop between) finds it gone at the next purge; its outbox entry goes
+    too, else the sender would read it at every look for ever."""
+    store = store_from_url(redis_url)
+    assert isinstance(store, RedisStore)
+    await store.open()
+    try:
+        now = time.time()
+        created = await store.create(record())
+        ended = created.evolve(outcome=Outcome.SUCCEEDED, ended_at=now - 100, announce=True)
+        assert await store.save(ended)
+        assert await store.owed_completions(10) == [ended.operation_id]
+        await store._redis.delete(store.keys.op(ended.operation_id))  # half a purge
+        assert await store.purge("demo-jobs", now, now) == 0  # nothing left to delete
+        assert await store.owed_completions(10) == []
+    finally:
+        await store.close()
 
 
 async def test_reads_in_one_loop_turn_share_one_round_trip(redis_url: str) -> None:

@@ -446,6 +446,7 @@ class RedisStore(RedisKeys, RedisOutbox, Store):
                 continue  # waiting again: the CAS script took it out of the ended set
             active, deadlines, ended, escalated, queue, outbox = self.keys.indexes(provider, shard)
             delete.zrem(ended, raw)
+            delete.zrem(outbox, raw)  # before the check: a record deleted already owes nothing
             if record is None:
                 continue  # deleted already
             self._forget(record.operation_id)
@@ -458,7 +459,6 @@ class RedisStore(RedisKeys, RedisOutbox, Store):
             delete.zrem(deadlines, raw)
             delete.hdel(escalated, raw)
             delete.zrem(queue, raw)
-            delete.zrem(outbox, raw)
             gone += 1
         await self._call("purge", delete.execute())
         return gone
