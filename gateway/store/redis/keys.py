@@ -7,9 +7,11 @@
 
 A claim is one script (quota.lua) on the holder's two sets, one hash tag, so replicas
 never both take the last place. Places whose operations ended are found here, not in the
-script (on a cluster the records live in other slots): only when the script says the
-places are taken, the places' records are read and the ended ones handed to the script
-again, which gives them back and counts again.
+script (on a cluster the records live in other slots): with max_active_operations set,
+the places' records are read first and the free ones (ended, or no record past the hold)
+handed to the script, which gives them back, then counts, as every store does. (Reading
+them only when the places looked taken let a place freed by time, whose record came later,
+count on Redis and not elsewhere: tests/store/test_quota_twins.py found it.)
 """
 
 from __future__ import annotations
@@ -79,13 +81,9 @@ class RedisKeys:
         names = self._quota_names(holder)
         args: list[Any] = [operation_id, repr(now), quotas.max_active_operations or 0]
         args += [quotas.submits_per_hour or 0, HOUR, ACTIVE_RETRY]
-        wait = float(await self._call("claim_quota", self._quota(keys=names, args=args)))
-        if wait == 0 or quotas.max_active_operations is None:
-            return wait
-        free = await self._free_places(names[0], now - hold)
-        if not free:
-            return wait
-        return float(await self._call("claim_quota", self._quota(keys=names, args=args + free)))
+        if quotas.max_active_operations is not None:  # freed first, as every store does
+            args += await self._free_places(names[0], now - hold)
+        return float(await self._call("claim_quota", self._quota(keys=names, args=args)))
 
     async def _free_places(self, active: str, stale: float) -> list[str]:
         """The places of ``active`` whose operations ended, or that have no record and
