@@ -430,10 +430,11 @@ async def test_a_slow_providers_copy_keeps_its_lease_and_is_fetched_once(tmp_pat
     between its chunks, not only when a chunk arrives: a second contender trying for the
     operation's lease the whole time never gets it, and the result is fetched once."""
     double = SlowResult(result_body(100_000))
-    double.wait = 2.0
+    double.wait = 4.0  # each under the 6 s timeout, more than a third of it, 8 s together
     server, upstream = await serve(double)
     clock = RunningClock()
-    limits = {"upstream_timeout": "3s"}  # the copy's lease: 3 s, renewed every second
+    # the copy's lease: 6 s, renewed every 2 s (a loop stalled 4 s by a busy machine: no harm)
+    limits = {"upstream_timeout": "6s"}
     client = await gateway(kept_config(tmp_path, upstream, limits=limits), clock)
     runtime = runtime_of(client)
     taken: list[float] = []  # when the contender held the lease of a copy still owed
@@ -441,7 +442,7 @@ async def test_a_slow_providers_copy_keeps_its_lease_and_is_fetched_once(tmp_pat
     async def contend(operation_id: str) -> None:
         name = poll_lease(operation_id)
         while True:
-            if await runtime.coordination.acquire_lease(name, "contender", clock(), 3.0):
+            if await runtime.coordination.acquire_lease(name, "contender", clock(), 6.0):
                 found = await runtime.records.get(operation_id)
                 if found is not None and found.kept_result is None:
                     taken.append(clock())
