@@ -96,7 +96,11 @@ class MemoryStore(Store):
         return sorted(found, key=listed_at, reverse=True)[: where.limit]
 
     async def purge(self, provider: str, ended_before: float, now: float) -> int:
-        gone = [r for r in self._records.values() if purgeable(r, provider, ended_before)]
+        gone = [
+            r
+            for r in self._records.values()
+            if purgeable(r, provider, ended_before) and r.operation_id not in self._owed
+        ]
         for record in gone[:PURGE_BATCH]:
             del self._records[record.operation_id]
             self._owed.pop(record.operation_id, None)

@@ -731,13 +731,21 @@ async def test_a_lost_compare_and_set_owes_nothing(store: Store) -> None:
     assert await store.owed_completions(10) == []
 
 
-async def test_purge_takes_the_outbox_entry_with_its_record(store: Store) -> None:
-    """A purged record's completion entry goes with it, owed or sent."""
+async def test_purge_keeps_a_record_owing_its_event_until_sent(store: Store) -> None:
+    """A record whose completion event is still owed outlives its retention (SPEC 23:
+    exactly once, however long the receiver is down); once sent, the next purge takes it
+    and its outbox entry."""
     now = time.time()
     await _end(store, "op_1", "job_1", now - 100)
     await _end(store, "op_2", "job_2", now - 100)
     await store.completion_sent("op_2")
-    assert await store.purge("demo-jobs", now, now) == 2
+    assert await store.purge("demo-jobs", now, now) == 1
+    assert await store.get("op_2") is None
+    assert await store.get("op_1") is not None
+    assert await store.owed_completions(10) == ["op_1"]
+    await store.completion_sent("op_1")
+    assert await store.purge("demo-jobs", now, now) == 1
+    assert await store.get("op_1") is None
     assert await store.owed_completions(10) == []
     assert not await store.completion_owed("op_1")
 

@@ -446,7 +446,9 @@ class PostgresStore(PostgresKeys, PostgresOutbox, Store):
         query = (
             f"WITH gone AS (DELETE FROM {s}.operations WHERE operation_id IN"
             f" (SELECT operation_id FROM {s}.operations WHERE provider = %s"
-            " AND outcome <> 'pending' AND ended_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+            " AND outcome <> 'pending' AND ended_at < %s AND NOT EXISTS (SELECT 1 FROM"
+            f" {s}.completions c WHERE c.operation_id = {s}.operations.operation_id"
+            " AND NOT c.sent) LIMIT %s FOR UPDATE SKIP LOCKED)"
             " RETURNING operation_id),"
             f" leases AS (DELETE FROM {s}.leases WHERE name IN"
             " (SELECT 'poll:' || operation_id FROM gone"

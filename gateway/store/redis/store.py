@@ -441,9 +441,15 @@ class RedisStore(RedisKeys, RedisOutbox, Store):
         gone = 0
         delete = self._redis.pipeline(transaction=False)
         records = await self._records("purge", [raw for _, raw in batch])
-        for (shard, raw), record in zip(batch, records, strict=True):
+        scores = self._redis.pipeline(transaction=False)
+        for shard, raw in batch:
+            scores.zscore(self.keys.indexes(provider, shard)[5], raw)
+        owed = await self._call("purge", scores.execute())
+        for (shard, raw), record, score in zip(batch, records, owed, strict=True):
             if record is not None and not purgeable(record, provider, ended_before):
                 continue  # waiting again: the CAS script took it out of the ended set
+            if record is not None and score is not None and float(score) != float("inf"):
+                continue  # its completion event is still owed: kept for the sender (SPEC 23)
             active, deadlines, ended, escalated, queue, outbox = self.keys.indexes(provider, shard)
             delete.zrem(ended, raw)
             delete.zrem(outbox, raw)  # before the check: a record deleted already owes nothing

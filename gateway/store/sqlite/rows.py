@@ -155,7 +155,8 @@ def _load(row: tuple[Any, ...] | None) -> OperationRecord | None:
 # Both use the partial indexes of SCHEMA (operations_ended, operations_deadline).
 PURGEABLE = (
     "SELECT operation_id FROM operations WHERE provider = ? AND outcome != 'pending'"
-    " AND ended_at < ? LIMIT ?"
+    " AND ended_at < ? AND NOT EXISTS (SELECT 1 FROM completions c"
+    " WHERE c.operation_id = operations.operation_id AND c.sent = 0) LIMIT ?"
 )
 OVERDUE = (
     "SELECT operation_id FROM operations WHERE provider = ? AND outcome = 'pending'"
