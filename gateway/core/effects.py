@@ -333,6 +333,10 @@ def of_completion(record: OperationRecord, outcome: str, now: float) -> Effects:
     """An ``operation.completed`` post (SPEC 23): counted by result, and a ``notified``
     line saying what came of it."""
     result = "delivered" if outcome == "delivered" else "failed"
+    if outcome.startswith("given up"):
+        result = "given_up"  # owed past the sender's bound: marked sent unposted
+    elif outcome.startswith("dropped"):
+        result = "dropped"  # no webhook configured any more: marked sent unposted
     line = line_fields(
         record, event=Event.NOTIFIED.value, at=now, decision="operation.completed", detail=outcome
     )

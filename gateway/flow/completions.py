@@ -36,6 +36,9 @@ log = logging.getLogger("statusgate.webhook")
 SEND_SECONDS = 1.0  # between looks at the outbox
 BATCH = 100  # owed events read at one look
 LEASE_MARGIN = 30.0  # seconds a post's lease outlives the post's own timeout
+COMPLETION_GIVE_UP = 7 * 86400.0  # seconds from ended_at after which an owed event is given up
+GIVEN_UP = "given up after 7 days"
+DROPPED = "dropped: no webhook configured"
 
 
 @dataclass
@@ -49,9 +52,8 @@ class Sender:
 
     async def send_owed(self) -> int:
         """One look at the outbox: every owed event this sender may post now is posted;
-        how many were delivered. Nothing without a webhook URL."""
-        if self.runtime.settings.file.escalation.webhook_url is None:
-            return 0
+        how many were delivered. Without a webhook URL, owed events are dropped (marked
+        sent unposted), so their records can be purged."""
         delivered = 0
         # past the events this sender is backing off: those alone never fill a look
         limit = BATCH + len(self.failures)
@@ -78,6 +80,13 @@ class Sender:
             self.failures.pop(operation_id, None)
             return 0
         now = self.runtime.clock()
+        unposted = self._unposted(record.ended_at, now)
+        if unposted is not None:  # marked sent unposted: the record may be purged now
+            await store.completion_sent(operation_id)
+            await store.release_lease(lease, token)
+            self.failures.pop(operation_id, None)
+            await self.runtime.effects.carry_out(effects.of_completion(record, unposted, now))
+            return 0
         policy = self.runtime.settings.policies.get(record.provider)
         if policy is not None and results.awaits_copy(policy, record, now):
             await store.release_lease(lease, token)  # the kept copy is being made: next look
@@ -99,6 +108,15 @@ class Sender:
             outcome = f"failed (attempt {failed}, {problem}); next in {delay:.1f} s"
         await self.runtime.effects.carry_out(effects.of_completion(record, outcome, now))
         return 1 if problem is None else 0
+
+    def _unposted(self, ended_at: float | None, now: float) -> str | None:
+        """Why an owed event is to be marked sent without a post, or None to post it: no
+        webhook any more, or owed longer than COMPLETION_GIVE_UP (SPEC 23's bound)."""
+        if self.runtime.settings.file.escalation.webhook_url is None:
+            return DROPPED
+        if ended_at is not None and now - ended_at > COMPLETION_GIVE_UP:
+            return GIVEN_UP
+        return None
 
     async def _post(self, body: dict[str, object]) -> str | None:
         """None when the receiver answered 2xx; else what went wrong, in a few words."""

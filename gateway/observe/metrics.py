@@ -292,7 +292,9 @@ class Metrics:
         )
         self.completion_deliveries = Counter(
             "statusgate_completion_deliveries",
-            "operation.completed attempts by result (delivered, failed: tried again later)",
+            "operation.completed attempts by result (delivered, failed: tried again later,"
+            " given_up: owed past 7 days, dropped: no webhook configured; both marked sent"
+            " unposted)",
             ["result"],
             registry=r,
         )
@@ -323,7 +325,7 @@ class Metrics:
             self.webhook_deliveries.labels(result)
         for result in ("ok", "error"):
             self.config_reloads.labels(result)
-        for result in ("delivered", "failed"):
+        for result in ("delivered", "failed", "given_up", "dropped"):
             self.completion_deliveries.labels(result)
         self.last_reload_ok = Gauge(
             "statusgate_config_last_reload_successful",

@@ -257,3 +257,62 @@ async def test_a_backed_off_event_no_longer_owed_is_forgotten(
         assert sender.failures == {}
     finally:
         await sender.close()
+
+
+async def _owing(harness: Harness, operation_id: str, ended_at: float) -> None:
+    """A failed record owing its completion event, ended at ``ended_at``."""
+    store = harness.client.app[RUNTIME].store
+    made = await store.create(
+        pending_record(operation_id=operation_id, provider_job_id=operation_id)
+    )
+    assert await store.save(made.evolve(outcome=Outcome.FAILED, ended_at=ended_at, announce=True))
+
+
+def _details(harness: Harness, operation_id: str) -> list[str]:
+    lines = harness.audit_lines()
+    return [
+        x["detail"]
+        for x in lines
+        if x["decision"] == "operation.completed" and x.get("operation_id") == operation_id
+    ]
+
+
+async def test_an_event_owed_past_the_give_up_bound_is_marked_sent_unposted(
+    make_harness: Any, receiver_of: Any
+) -> None:
+    """An event owed longer than COMPLETION_GIVE_UP (from ended_at, on the injected clock)
+    is given up: never posted, no longer owed (so purge may take its record), audited once
+    and counted as given_up; one owed a little less is still posted."""
+    receiver, hook = await receiver_of()
+    harness: Harness = await make_harness(config_changes=hook)
+    now = harness.clock()
+    await _owing(harness, "op_old", now - completions.COMPLETION_GIVE_UP - 1)
+    await _owing(harness, "op_new", now - completions.COMPLETION_GIVE_UP + 3600)
+    store = harness.client.app[RUNTIME].store
+    await until(lambda: "op_new" in receiver.operations())
+    await until(lambda: _details(harness, "op_old") != [])
+    assert "op_old" not in receiver.operations()
+    assert not await store.completion_owed("op_old")
+    assert _details(harness, "op_old") == ["given up after 7 days"]
+    metrics = await (await harness.client.get("/metrics")).text()
+    assert 'statusgate_completion_deliveries_total{result="given_up"} 1.0' in metrics
+
+
+async def test_owed_events_are_dropped_once_no_webhook_is_configured(make_harness: Any) -> None:
+    """Owed events (made while a webhook was configured) with no webhook any more are
+    marked sent unposted and audited once each, so purge can take their records."""
+    harness: Harness = await make_harness()
+    store = harness.client.app[RUNTIME].store
+    for operation_id in ("op_a", "op_b"):
+        await _owing(harness, operation_id, harness.clock() - 100)
+    sender = Sender(harness.client.app[RUNTIME])
+    try:
+        await sender.send_owed()
+        await sender.send_owed()
+    finally:
+        await sender.close()
+    assert await store.owed_completions(10) == []
+    for operation_id in ("op_a", "op_b"):
+        assert _details(harness, operation_id) == ["dropped: no webhook configured"]
+    metrics = await (await harness.client.get("/metrics")).text()
+    assert 'statusgate_completion_deliveries_total{result="dropped"} 2.0' in metrics
