@@ -111,7 +111,7 @@ class Sender:
 
     def _unposted(self, ended_at: float | None, now: float) -> str | None:
         """Why an owed event is to be marked sent without a post, or None to post it: no
-        webhook any more, or owed longer than COMPLETION_GIVE_UP (SPEC 23's bound)."""
+        webhook any more, or owed longer than COMPLETION_GIVE_UP (docs/completions.md)."""
         if self.runtime.settings.file.escalation.webhook_url is None:
             return DROPPED
         if ended_at is not None and now - ended_at > COMPLETION_GIVE_UP:
