@@ -507,7 +507,9 @@ async def test_queue_rows_are_compact_and_decisions_above_the_fold(
     await phone.sign_in()
     await phone.page.goto(f"{phone.base}/console#/operation/{operation}")
     for name in ("Extend", "Cancel at provider", "Abandon"):
-        box = await phone.button(name).bounding_box()
+        button = phone.button(name)
+        await expect(button).to_be_visible()  # the operation is fetched after the page loads
+        box = await button.bounding_box()
         assert box is not None and box["y"] + box["height"] <= 844, (name, box)
     await phone.button("Extend").click()
     await phone.page.get_by_label("Time", exact=True).fill("31m")
