@@ -2,7 +2,7 @@
 "Walk-through", "Policies" and "Operators", in order, in one bash, against a real
 `statusgate demo-provider` and a real `statusgate serve` on `config/gateway.yaml` (copied to
 a temporary folder so that `var/` is a temporary folder too). Only the addresses change: the
-test's free ports for 8080 and 8081, its folder for /tmp. Each command must exit 0 and show
+test's free ports for 8080, 8081 and 8082, its folder for /tmp. Each command must exit 0 and show
 what the README says it shows. Nothing here waits on a clock: where the README waits, it
 holds the call with `Prefer: wait`, and so does the test.
 """
@@ -58,6 +58,7 @@ class Walk:
 
     folder: Path
     runs: list[Ran]
+    ports: dict[str, str]  # the README's address -> the test's
 
 
 def sections(text: str) -> Iterator[tuple[str, str, str]]:
@@ -151,7 +152,7 @@ def wait_for(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
     raise AssertionError(f"nothing listens on {port}:\n{log.read_text()}")
 
 
-def lay_out(folder: Path, gateway_port: int, provider_port: int) -> None:
+def lay_out(folder: Path, gateway_port: int, provider_port: int, agent_port: int) -> None:
     """config/, policies/, var/ and .venv/bin/statusgate as the repository has them, the
     ports moved to the test's."""
     (folder / "var").mkdir()
@@ -160,9 +161,16 @@ def lay_out(folder: Path, gateway_port: int, provider_port: int) -> None:
     assert config["listen"]["port"] == 8080 and config["store"].startswith("sqlite:///../var/")
     config["listen"]["port"] = gateway_port
     config["public_base_url"] = f"http://127.0.0.1:{gateway_port}"
-    # make run's config sends every provider to the demo provider (on 8081)
-    assert config["upstreams"] == {"*": "http://127.0.0.1:8081/{provider}"}
-    config["upstreams"] = {"*": f"http://127.0.0.1:{provider_port}/{{provider}}"}
+    # make run's config sends every provider to the demo provider (on 8081), the A2A one to
+    # the demo A2A agent (on 8082)
+    assert config["upstreams"] == {
+        "*": "http://127.0.0.1:8081/{provider}",
+        "demo-agent": "http://127.0.0.1:8082",
+    }
+    config["upstreams"] = {
+        "*": f"http://127.0.0.1:{provider_port}/{{provider}}",
+        "demo-agent": f"http://127.0.0.1:{agent_port}",
+    }
     (folder / "config" / "gateway.yaml").write_text(yaml.safe_dump(config))
     shutil.copytree(ROOT / "policies", folder / "policies")
     shim = folder / ".venv" / "bin" / "statusgate"
@@ -226,12 +234,13 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
     if shutil.which("curl") is None:
         pytest.skip("curl is not on PATH: the README's walk-through uses it")
     folder = tmp_path_factory.mktemp("readme")
-    gateway_port, provider_port = free_port(), free_port()
-    lay_out(folder, gateway_port, provider_port)
+    gateway_port, provider_port, agent_port = free_port(), free_port(), free_port()
+    lay_out(folder, gateway_port, provider_port, agent_port)
     commands = walk_commands(README.read_text())
     ports = {
         "127.0.0.1:8080": f"127.0.0.1:{gateway_port}",
         "127.0.0.1:8081": f"127.0.0.1:{provider_port}",
+        "127.0.0.1:8082": f"127.0.0.1:{agent_port}",
     }
     (folder / "walk.sh").write_text(script(commands, folder, ports))
     (folder / "out").mkdir()
@@ -244,14 +253,19 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
     # as make run: every credential the shipped policies read set to the demo key
     server_env = {**env, **demo_env(ROOT / "policies", DEMO_KEY), "DEMO_API_KEY": DEMO_KEY}
     processes = [
-        start(folder, ["demo-provider", "--port", str(provider_port)], provider_port, server_env)
+        start(
+            folder,
+            ["demo-provider", "--port", str(provider_port), "--a2a-port", str(agent_port)],
+            provider_port,
+            server_env,
+        )
     ]
     try:
         processes.append(
             start(folder, ["serve", "--config", "config/gateway.yaml"], gateway_port, server_env)
         )
         subprocess.run(["bash", str(folder / "walk.sh")], env=env, timeout=600, check=True)
-        yield Walk(folder, results(folder, commands))
+        yield Walk(folder, results(folder, commands), ports)
     finally:
         for process in processes:
             process.terminate()
@@ -388,3 +402,31 @@ def test_policy_tools_answer_as_shown(walk: Walk) -> None:
     assert ran(walk, "statusgate schema policy > policy.schema.json").code == 0
     schema = json.loads((walk.folder / "policy.schema.json").read_text())
     assert "provider" in schema["properties"]
+
+
+def test_the_a2a_walk_through_runs_against_make_runs_gateway(walk: Walk) -> None:
+    """docs/a2a.md's a2a-sdk walk-through, pasted as it is (the agent token and the addresses
+    moved to the test's), against the gateway and demo provider as `make run` starts them:
+    the card is fetched through the gateway, the naive loop ends with the artifact."""
+    pytest.importorskip("a2a.client", reason="a2a-sdk is not installed (statusgate[a2a])")
+    text = (ROOT / "docs" / "a2a.md").read_text()
+    blocks = [body for heading, language, body in sections(text) if language == "python"]
+    code = next(body for body in blocks if "create_client" in body)
+    assert "<agent token>" in code
+    code = code.replace("<agent token>", "demo-agent-token")
+    for old, new in walk.ports.items():
+        code = code.replace(old, new)
+    agent_port = int(walk.ports["127.0.0.1:8082"].rsplit(":", 1)[1])
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", agent_port)) == 0:
+                break
+        assert time.monotonic() < deadline, "the demo A2A agent never listened"
+        time.sleep(0.1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "done: hello"

@@ -464,10 +464,10 @@ _SHAPES: dict[str, Body] = {
 }
 
 
-def run(host: str, port: int) -> None:
+def run(host: str, port: int, a2a_port: int | None = None) -> None:
     """The demo provider on ``port`` and, when a2a-sdk and uvicorn are installed, the demo
-    A2A agent (gateway/demo/a2a_agent.py) on ``port + 1``, which policies/demo-agent.yaml
-    fronts."""
+    A2A agent (gateway/demo/a2a_agent.py) on ``a2a_port`` (default ``port + 1``: 8082, where
+    make run's config sends policies/demo-agent.yaml)."""
     provider = DemoProvider(api_key=os.environ.get("DEMO_API_KEY", DEFAULT_KEY))
     print(f"demo provider listening on http://{host}:{port}", flush=True)
     try:
@@ -477,8 +477,9 @@ def run(host: str, port: int) -> None:
     except ImportError:
         web.run_app(provider.app(), host=host, port=port, print=None, access_log=None)
         return
-    url = f"http://{host}:{port + 1}"
-    config = uvicorn.Config(a2a_agent.app(url), host=host, port=port + 1, log_level="warning")
+    agent_port = port + 1 if a2a_port is None else a2a_port
+    url = f"http://{host}:{agent_port}"
+    config = uvicorn.Config(a2a_agent.app(url), host=host, port=agent_port, log_level="warning")
     print(f"demo A2A agent listening on {url}", flush=True)
     asyncio.run(_both(provider, host, port, uvicorn.Server(config)))
 
@@ -489,9 +490,10 @@ async def _both(provider: DemoProvider, host: str, port: int, agent: Any) -> Non
     await web.TCPSite(runner, host, port).start()
     try:
         await agent.serve()  # until SIGINT / SIGTERM (uvicorn's own handlers)
-    except SystemExit:  # uvicorn exits when it cannot listen (port + 1 taken)
+    except SystemExit:  # uvicorn exits when it cannot listen (its port taken)
         print(
-            f"demo A2A agent: 127.0.0.1:{port + 1} is taken; the demo provider goes on without it",
+            f"demo A2A agent: {host}:{agent.config.port} is taken; "
+            "the demo provider goes on without it",
             flush=True,
         )
         if agent.should_exit:  # a signal came while uvicorn was starting: it swallowed it

@@ -92,6 +92,9 @@ def _tool_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     demo_provider = commands.add_parser("demo-provider", help="run the scriptable demo provider")
     demo_provider.add_argument("--host", default="127.0.0.1")
     demo_provider.add_argument("--port", type=int, default=8081)
+    demo_provider.add_argument(
+        "--a2a-port", type=int, default=None, help="the demo A2A agent's port (default: PORT + 1)"
+    )
     demo_provider.set_defaults(run=_demo_provider)
 
     audit = commands.add_parser("audit", help="verify audit logs, tell an operation's story")
@@ -356,7 +359,7 @@ def _token_hash(args: argparse.Namespace) -> int:
 def _demo_provider(args: argparse.Namespace) -> int:
     from gateway.demo.provider import run
 
-    run(args.host, args.port)
+    run(args.host, args.port, args.a2a_port)
     return 0
 
 

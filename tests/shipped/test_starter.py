@@ -121,3 +121,18 @@ def test_demo_of_one_provider_reads_the_shipped_policies_from_anywhere(
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--provider", "demo-jobs"]) == 0
     assert "finished: succeeded" in capsys.readouterr().out
+
+
+def test_a_starter_without_the_demo_agent_has_no_upstream_for_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The starter config sends demo-agent to the demo A2A agent (8082) only when its policy
+    is written: `init --policy demo-jobs` gives a folder `check` accepts, not an upstream
+    entry naming a policy that is not there."""
+    folder = tmp_path / "starter"
+    assert init(capsys, str(folder), "--policy", "demo-jobs")[0] == 0
+    assert "demo-agent" not in (folder / "gateway.yaml").read_text()
+    assert main(["check", "--config", str(folder / "gateway.yaml")]) == 0, capsys.readouterr()
+    whole = tmp_path / "whole"
+    assert init(capsys, str(whole))[0] == 0
+    assert "demo-agent: http://127.0.0.1:8082" in (whole / "gateway.yaml").read_text()

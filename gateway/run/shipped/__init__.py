@@ -53,6 +53,10 @@ def starter_files(
     config = string.Template(STARTER.read_text()).substitute(
         agent_token_sha256=_sha256(agent_token), operator_token_sha256=_sha256(operator_token)
     )
+    if "demo-agent" not in chosen:  # its upstream entry names a policy not written
+        config = "".join(
+            line for line in config.splitlines(keepends=True) if "  demo-agent:" not in line
+        )
     files = {CONFIG_NAME: config}
     for name in chosen:
         files[f"{POLICIES}/{shipped[name].name}"] = shipped[name].read_text()
