@@ -70,6 +70,7 @@ class Event(enum.StrEnum):
     PUSHED = "pushed"  # a push: a provider's (SPEC 23, verified or refused) or a remote A2A agent's
     KEY_CREATED = "key_created"  # an agent key made through the operator API (SPEC 25)
     KEY_REVOKED = "key_revoked"
+    QUOTA_EXCEEDED = "quota_exceeded"  # submissions refused by a key's or account's quota
 
 
 class Failure(enum.Enum):
