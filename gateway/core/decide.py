@@ -343,6 +343,27 @@ def open_operation(
     return _schedule(policy, record, answer, now, u, AnswerKind.PENDING, hint)
 
 
+def with_first_task(
+    policy: ProviderPolicy, opened: Decision, answer: ProviderAnswer, now: float, u: float
+) -> Decision:
+    """SPEC 24: an A2A submit's answer (``{"task": {...}}``) is the task's first status
+    answer. The new record takes the task's state and the schedule it means, as a status
+    answer with that task would give it, so the operation's one ``submitted`` line says
+    them (the send is one line in its story), and no status request is spent. A task that
+    ends or escalates at once is not applied here: the record opens pending and the A2A
+    SendMessage (flow/a2a.note_task) records the end with its own line. Other policies'
+    submit answers are not status answers: ``opened`` as it is."""
+    if policy.protocol != "a2a":
+        return opened
+    body = _json(answer.body)
+    task = body.get("task") if isinstance(body, dict) else None
+    if not isinstance(task, dict):
+        return opened
+    sent = json.dumps(task, separators=(",", ":"), ensure_ascii=False).encode()
+    first = classify(policy, opened.record, ProviderAnswer(200, sent, "application/json"), now, u)
+    return first if first.record.outcome is Outcome.PENDING else opened
+
+
 def classify(
     policy: ProviderPolicy,
     record: OperationRecord,

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.core.decide import Decision, Reply
 from gateway.core.escalation import message, problem_members
-from gateway.core.keys import AgentKey
+from gateway.core.keys import AgentKey, QuotaRefusal
 from gateway.core.models import DelaySource, Event, OperationRecord, Outcome
 from gateway.core.schedule import Plan
 from gateway.settings.policy import ProviderPolicy
@@ -304,6 +304,35 @@ def of_key(event: Event, key: AgentKey, now: float, *, actor: str, detail: str) 
         "key_id": key.id,
     }
     return (Count("keys_changed", (event.value,)), Line(line))
+
+
+def of_quota_refusal(
+    refused: QuotaRefusal, now: float, *, count: int = 1, since: float | None = None
+) -> Effects:
+    """Submissions refused ``429 quota-exceeded``, nothing forwarded (SPEC 25): one
+    ``quota_exceeded`` line, about no operation (none was opened), for the first refusal
+    of a window (``count`` 1), or for the ``count`` refused after it, ``since`` the
+    first, when the window closes (flow/quotas.py). Names the key by id, never its token."""
+    said = f"{refused.quota} {refused.limit} reached; nothing was sent"
+    if since is not None:
+        said = f"{count} more refused since {iso(since)}: {said}"
+    line = {
+        "at": iso(now),
+        "operation_id": None,
+        "provider": refused.provider,
+        "account": refused.account,
+        "event": Event.QUOTA_EXCEEDED.value,
+        "http_status": 429,
+        "decision": "quota-exceeded",
+        "detail": said,
+        "actor": "gateway",
+        "key_id": refused.key_id,
+        "quota": refused.quota,
+        "limit": refused.limit,
+        "retry_after": refused.retry_after,
+        "count": count,
+    }
+    return (Line(line),)
 
 
 def of_hold_declined(provider: str, bound: str) -> Effects:

@@ -23,6 +23,19 @@ NO_QUOTAS = Quotas()
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaRefusal:
+    """A submission refused ``429 quota-exceeded`` (SPEC 25), as its audit line names it:
+    the key by id (None for a config account's token), never its token."""
+
+    account: str
+    key_id: str | None
+    provider: str
+    quota: str  # max_active_operations | submits_per_hour (``reached``)
+    limit: int
+    retry_after: int  # seconds, as the answer's Retry-After said
+
+
+@dataclass(frozen=True, slots=True)
 class AgentKey:
     """A key as the store keeps it: never the token, only its sha256 hex digest."""
 
@@ -197,3 +210,17 @@ def quota_wait(quotas: Quotas, active: int, recent: Collection[float], now: floa
             oldest = window[len(window) - quotas.submits_per_hour]
             wait = max(wait, oldest + HOUR - now)
     return wait
+
+
+def reached(quotas: Quotas, wait: float) -> tuple[str, int]:
+    """The quota a refused submission met and its limit, told from the wait the store's
+    claim answered (``quota_wait``, the rule of every store): the active limit always
+    waits exactly ACTIVE_RETRY, the hourly one until its oldest counted submission is an
+    hour old, and the longer wait wins. So a wait of ACTIVE_RETRY is the active limit's
+    (when the key has one), any other the hourly quota's; with both reached, the one named
+    is the one that set Retry-After. ``quotas`` must limit something (a refusal did)."""
+    active, hourly = quotas.max_active_operations, quotas.submits_per_hour
+    if active is not None and (hourly is None or wait == ACTIVE_RETRY):
+        return "max_active_operations", active
+    assert hourly is not None, "a refusal needs a quota"
+    return "submits_per_hour", hourly

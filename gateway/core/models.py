@@ -66,9 +66,11 @@ class Event(enum.StrEnum):
     PASSTHROUGH = "passthrough"
     NOTIFIED = "notified"
     MESSAGE_SENT = "message_sent"  # an A2A caller's follow-up message, its task recorded
+    # (a new task's first answer is its ``submitted`` line's: decide.with_first_task)
     PUSHED = "pushed"  # a push: a provider's (SPEC 23, verified or refused) or a remote A2A agent's
     KEY_CREATED = "key_created"  # an agent key made through the operator API (SPEC 25)
     KEY_REVOKED = "key_revoked"
+    QUOTA_EXCEEDED = "quota_exceeded"  # submissions refused by a key's or account's quota
 
 
 class Failure(enum.Enum):

@@ -77,6 +77,9 @@ def tell(line: dict[str, Any]) -> str:
         polled = line.get("actor") == "gateway" and line.get("http_status") is not None
         cause = f"{_answer(line)}; " if polled else ""
         text = f"{cause}escalated: {line.get('reason')} ({detail})"
+    elif event == "message_sent":  # an A2A caller's follow-up: the task it came back with
+        said = f": {detail}" if detail else ""
+        text = f"message_sent{said}, state {line.get('provider_state')}{_next(line)}"
     elif event == "notified":
         text = f"escalation webhook {detail}"
     else:

@@ -28,11 +28,13 @@ async def note_task(
     policy: ProviderPolicy,
     record: OperationRecord,
     task: dict[str, Any],
-    event: Event,
+    event: Event | None,
     detail: str,
 ) -> OperationRecord:
     """Record ``task`` on ``record``'s operation while it is pending; the record after it
-    (as it stands when the operation had ended or escalated already)."""
+    (as it stands when the operation had ended or escalated already). ``event`` names the
+    line saying how the task came; None when another line says that already (a new task's
+    ``submitted``), so only an end or an escalation it brought has lines."""
     answer = ProviderAnswer(200, orjson.dumps(task), "application/json")
     now, u = runtime.clock(), runtime.rng.random()
 
@@ -46,7 +48,11 @@ async def note_task(
     if decision is None:
         current = await runtime.records.get(record.operation_id)
         return current or record
-    found = effects.of_decision(policy, decision, now, event=event, http_status=200, detail=detail)
+    found = effects.NONE
+    if event is not None:
+        found += effects.of_decision(
+            policy, decision, now, event=event, http_status=200, detail=detail
+        )
     if decision.event in (Event.FINISHED, Event.ESCALATED):
         found += effects.of_decision(policy, decision, now)
     await runtime.effects.carry_out(found)

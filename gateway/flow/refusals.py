@@ -1,12 +1,17 @@
-"""Too-early refusals of an operation counted in memory while it waits for one
-``next_poll_at``, folded into its record and one audit line when the window closes (SPEC 8:
-one line per window, not per refusal)."""
+"""Refusals counted in memory, so that a caller asking again and again costs one audit line
+a window, not one a call: too-early refusals of an operation while it waits for one
+``next_poll_at``, folded into its record and one line when the window closes (SPEC 8); and
+quota refusals of submissions (SPEC 25), whose first refusal gets its line at once and the
+ones after it one line when the window closes (flow/quotas.py writes them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.core.keys import QuotaRefusal
 from gateway.core.models import OperationRecord
+
+QUOTA_WINDOW = 60.0  # seconds at most between quota_exceeded lines of one key, provider, quota
 
 
 @dataclass
@@ -51,3 +56,47 @@ class RefusalWindows:
 
     def all(self) -> list[str]:
         return list(self._open)
+
+
+@dataclass
+class QuotaWindow:
+    """Submissions refused by one quota of one key (or config account) to one provider
+    after the first, whose line was written when it opened the window."""
+
+    first_at: float
+    ends_at: float
+    last: QuotaRefusal  # the latest refusal: its retry_after is the one the line says
+    count: int = 0  # refused after the first (not yet in any line)
+
+
+QuotaKey = tuple[str, str | None, str, str]  # account, key id, provider, quota
+
+
+class QuotaWindows:
+    """Open windows of quota refusals. A window ends ``QUOTA_WINDOW`` seconds after its
+    first refusal, or sooner when that refusal's Retry-After does; at most one per key (or
+    config account), provider and quota, so the number open is bounded by the keys."""
+
+    def __init__(self) -> None:
+        self._open: dict[QuotaKey, QuotaWindow] = {}
+
+    def note(self, refused: QuotaRefusal, now: float) -> tuple[QuotaWindow | None, bool]:
+        """Count ``refused``: the window it ended (to write, when it counted any), and
+        whether it opened a new one (its own line is written now)."""
+        key = (refused.account, refused.key_id, refused.provider, refused.quota)
+        ended = None
+        window = self._open.get(key)
+        if window is not None and window.ends_at <= now:
+            ended, window = self._open.pop(key), None
+        if window is None:
+            ends = now + min(QUOTA_WINDOW, max(float(refused.retry_after), 1.0))
+            self._open[key] = QuotaWindow(now, ends, refused)
+            return ended, True
+        window.count += 1
+        window.last = refused
+        return ended, False
+
+    def close(self, now: float | None = None) -> list[QuotaWindow]:
+        """The windows ended by ``now`` (every one when None), removed."""
+        done = [k for k, w in self._open.items() if now is None or w.ends_at <= now]
+        return [self._open.pop(key) for key in done]

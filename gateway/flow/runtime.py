@@ -21,7 +21,7 @@ from gateway.flow.holds import Holds
 from gateway.flow.keeper import Keeper
 from gateway.flow.keys import KeyBook
 from gateway.flow.leases import Releases
-from gateway.flow.refusals import RefusalWindows
+from gateway.flow.refusals import QuotaWindows, RefusalWindows
 from gateway.observe.effects import Effects
 from gateway.provider.client import Upstream, UpstreamResponse
 from gateway.provider.credentials import Applier, applier_for
@@ -61,6 +61,7 @@ class Runtime:
     admin_port: int | None = None  # the admin listener's bound port, once serving
     traced: bool = False  # tracing on: the gate opens a server span per request
     refusals: RefusalWindows = field(default_factory=RefusalWindows)  # too-early, by operation
+    quota_refusals: QuotaWindows = field(default_factory=QuotaWindows)  # 429s, by key and quota
     releases: Releases = field(default_factory=Releases)  # leases given back in the background
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # cancelled at stop
     keeper: Keeper = field(init=False)  # kept results: their store, copies under way

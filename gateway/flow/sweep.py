@@ -1,5 +1,6 @@
-"""The background sweeper: refusal windows closed when their poll time comes, operations
-past their deadline escalated whether or not an agent asks (SPEC 16), finished records
+"""The background sweeper: refusal windows closed when their poll time comes (quota
+refusal windows when they end), operations past their deadline escalated whether or not
+an agent asks (SPEC 16), finished records
 purged past their policy's retention (on PostgreSQL, the audit lines kept of them too), and
 kept results copied when owed and deleted past their ttl (SPEC 23). One loop per process;
 its work is idempotent across replicas (compare-and-set and leases)."""
@@ -14,7 +15,7 @@ from collections.abc import Awaitable
 from gateway import StoreError
 from gateway.core import decide, effects
 from gateway.core.models import poll_lease
-from gateway.flow import keeping, polls
+from gateway.flow import keeping, polls, quotas
 from gateway.flow.leases import new_token
 from gateway.flow.runtime import Runtime
 from gateway.settings.policy import ProviderPolicy
@@ -50,6 +51,7 @@ async def run(runtime: Runtime) -> None:
             await _step("deadline check", escalate_overdue(runtime))
         ended = runtime.refusals.ended(runtime.clock())
         await _step("refusal windows", polls.close_refusal_windows(runtime, ended))
+        await _step("quota refusal windows", quotas.close_windows(runtime))
 
 
 async def _step(name: str, step: Awaitable[object]) -> None:

@@ -15,10 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway import StoreError
-from gateway.core import decide, effects, idempotency
+from gateway.core import decide, effects, idempotency, keys
 from gateway.core.decide import Decision
 from gateway.core.effects import Effects
 from gateway.core.idempotency import Seen
+from gateway.core.keys import QuotaRefusal
 from gateway.core.models import (
     Event,
     Failure,
@@ -29,7 +30,9 @@ from gateway.core.models import (
     ProviderAnswer,
     StoredResponse,
 )
+from gateway.core.problems import retry_after_value
 from gateway.core.routing import fill, job_id_from_body, kept_values, valid_job
+from gateway.flow import quotas as quota_refusals
 from gateway.flow.polls import gone, held, record_asker
 from gateway.http.answers import (
     Call,
@@ -216,6 +219,10 @@ async def _within_quotas(
     if wait <= 0:
         return None
     await _unclaim(call, operation_id, entry)
+    quota, limit = keys.reached(quotas, wait)
+    after = int(retry_after_value(wait))
+    refusal = QuotaRefusal(account.id, account.key_id, call.policy.provider, quota, limit, after)
+    await quota_refusals.refused(runtime, refusal)  # audited before the answer (SPEC 8)
     limits = [f"{name} {value}" for name, value in quotas.model_dump().items() if value is not None]
     whose = f"agent key {account.key_id}" if account.key_id else f"account {account.id!r}"
     detail = f"The {whose} has reached a quota ({', '.join(limits)}); nothing was sent."
@@ -293,6 +300,7 @@ async def _open(
         u=runtime.rng.random(),
         route_values=kept_values(call.match.params),
     )
+    decision = decide.with_first_task(policy, decision, answer, now, runtime.rng.random())
     kept = _answer_headers(call, response, job_id)
     stored = StoredResponse(
         response.status, kept, rewrite_body(call, response.body, response.content_type)

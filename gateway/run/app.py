@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from gateway import StoreError
 from gateway.core.models import Clock
-from gateway.flow import completions, keeping, pausing, polls, sweep
+from gateway.flow import completions, keeping, pausing, polls, quotas, sweep
 from gateway.flow.runtime import RUNTIME, Runtime
 from gateway.http import hooks, mcp, middleware, proxy
 from gateway.http.a2a import routes as a2a_routes
@@ -172,6 +172,7 @@ async def _drain(app: web.Application) -> None:
         sweeper.cancel()
     with contextlib.suppress(StoreError):
         await polls.close_refusal_windows(runtime, runtime.refusals.all())
+    await quotas.close_windows(runtime, every=True)
 
 
 async def _stop(app: web.Application) -> None:

@@ -233,6 +233,67 @@ async def test_cancel_by_agent_and_by_operator(tmp_path: Path, binding: str) -> 
         assert "CANCEL" in str(done.status) or done.status.state == 5
 
 
+@pytest.mark.parametrize("binding", BINDINGS)
+async def test_one_send_is_one_line_of_the_story(tmp_path: Path, binding: str) -> None:
+    """The audit story of a task (the admin API's, as the console and ``audit story`` tell
+    it) has one line for the SendMessage that started it, saying the task's state, and one
+    for each follow-up message: no second line for the same send."""
+    async with started(tmp_path, work=0.5) as setup:
+        agent = await client(setup, binding)
+        task = await send(agent, message("ask me"))
+        await naive_loop(agent, task.id, {"TASK_STATE_INPUT_REQUIRED"})
+        await send(agent, message("Paris", task.id))
+        await naive_loop(agent, task.id, DONE)
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as op:
+            listed = (await op.get(f"{setup.gateway}/admin/operations")).json()
+            operation = listed["operations"][0]["operation_id"]
+            shown = (await op.get(f"{setup.gateway}/admin/operations/{operation}")).json()
+    story = [line.split(" ", 1)[1] for line in shown["story"]]
+    sends = [line for line in story if line.startswith(("submitted", "message_sent"))]
+    assert len(sends) == 2, story
+    assert sends[0].startswith("submitted, state TASK_STATE_SUBMITTED, next poll "), story
+    assert sends[1].startswith("message_sent: follow-up, state TASK_STATE_"), story
+    events = [line["event"] for line in setup.audit() if line["operation_id"] == operation]
+    assert events.count("submitted") == 1 and events.count("message_sent") == 1, events
+
+
+async def test_a_task_done_at_once_is_one_submitted_and_one_finished_line(tmp_path: Path) -> None:
+    """A remote agent that answers SendMessage with a task already COMPLETED: the story has
+    the send's one ``submitted`` line and the end's ``finished`` line, nothing else; the
+    caller gets the completed task."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        sent = await request.json()
+        task = {
+            "id": "t-done",
+            "contextId": "c-1",
+            "status": {"state": "TASK_STATE_COMPLETED"},
+            "history": [sent["message"]],
+        }
+        return web.json_response({"task": task})
+
+    remote = web.Application()
+    remote.router.add_post("/message:send", answer)
+    runner = web.AppRunner(remote)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        upstream = f"http://127.0.0.1:{port}"
+        async with started(tmp_path, upstream=upstream, a2a={"push": False}) as setup:
+            headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "A2A-Version": "1.0"}
+            sent = {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "x"}]}}
+            body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": sent}
+            async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+                answered = (await http.post(f"{setup.gateway}/a2a/demo-agent", json=body)).json()
+            assert answered["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+            events = [line["event"] for line in setup.audit()]
+        assert events == ["submitted", "finished"], events
+    finally:
+        await runner.cleanup()
+
+
 async def test_agent_gone_mid_task_escalates_provider_failure(tmp_path: Path) -> None:
     """When the remote agent stops answering mid-task, the transport failures are counted
     and the task escalates provider_failure, its problem carried in the JSON-RPC error."""

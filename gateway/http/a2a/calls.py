@@ -127,8 +127,8 @@ async def send(call: Call, params: dict[str, Any]) -> Answer:
     record = await runtime.records.get(operation_id)
     if record is None:
         return Answer(response, answered)
-    if record.last_polled_at is None:  # new: what the submit answered is the task's state
-        record = await note_task(runtime, policy, record, answered, Event.MESSAGE_SENT, "submitted")
+    if record.last_polled_at is None:  # opened pending, but the task ended or escalated at once
+        record = await note_task(runtime, policy, record, answered, None, "submitted")
     return await _answer(call, record, response, answered, blocking)
 
 
