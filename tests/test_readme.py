@@ -4,11 +4,13 @@
 a temporary folder so that `var/` is a temporary folder too). Only the addresses change: the
 test's free ports for 8080, 8081 and 8082, its folder for /tmp. Each command must exit 0 and show
 what the README says it shows. Nothing here waits on a clock: where the README waits, it
-holds the call with `Prefer: wait`, and so does the test.
+holds the call with `Prefer: wait`, and so does the test. The SDK examples of the README and
+docs/ (MCP, A2A) run against the same gateway, pasted as they are.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -430,3 +432,34 @@ def test_the_a2a_walk_through_runs_against_make_runs_gateway(walk: Walk) -> None
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "done: hello"
+
+
+def run_python_block(walk: Walk, code: str) -> str:
+    """A doc's python block, pasted as it is (the addresses moved to the test's), against the
+    walk's gateway: its standard output; it must exit 0."""
+    for old, new in walk.ports.items():
+        code = code.replace(old, new)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/mcp.md"])
+def test_the_mcp_sdk_examples_run_against_make_runs_gateway(walk: Walk, doc: str) -> None:
+    """The README's and docs/mcp.md's official-SDK examples, pasted as they are, against the
+    gateway as `make run` starts it: the job is started over MCP (2026-07-28), waited for and
+    its result fetched; each prints what the demo job produced."""
+    pytest.importorskip("mcp", reason="the MCP SDK is not installed (mcp>=2.3)")
+    text = (ROOT / doc).read_text()
+    blocks = [body for _, language, body in sections(text) if language == "python"]
+    [code] = [body for body in blocks if "streamable_http_client" in body]
+    lines = run_python_block(walk, code).splitlines()
+    printed = ast.literal_eval(lines[-1])  # a dict, as print() shows it
+    if doc == "docs/mcp.md":
+        assert lines[0] == "2026-07-28", lines  # print(mcp.protocol_version)
+        assert printed["data"] == {"pages": 3}, lines  # result["json"]
+    else:  # get_result's result: the provider's answer from the result route
+        assert printed["status"] == 200 and printed["json"]["data"] == {"pages": 3}, lines

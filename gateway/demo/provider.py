@@ -474,7 +474,12 @@ def run(host: str, port: int, a2a_port: int | None = None) -> None:
         import uvicorn
 
         from gateway.demo import a2a_agent
-    except ImportError:
+    except ImportError:  # the a2a extra is not installed (make run's venv has the runtime only)
+        print(
+            "demo A2A agent not started: a2a-sdk and uvicorn are not installed "
+            "(pip install 'statusgate[a2a]'); demo-agent calls through the gateway get 503",
+            flush=True,
+        )
         web.run_app(provider.app(), host=host, port=port, print=None, access_log=None)
         return
     agent_port = port + 1 if a2a_port is None else a2a_port

@@ -156,3 +156,39 @@ def test_the_demo_provider_serves_when_the_a2a_agents_port_is_taken() -> None:
             process.terminate()
             out = process.communicate(timeout=30)[0].decode()
     assert "is taken; the demo provider goes on without it" in out, out
+
+
+def test_the_demo_provider_says_when_it_cannot_start_the_a2a_agent() -> None:
+    """Without the a2a extra (make run's venv holds the runtime dependencies only), the
+    demo provider serves its APIs and says the demo A2A agent is not started and why, so
+    docs/a2a.md's walk-through does not meet a 503 with no word on the console."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import free_port, wait_until_up
+
+    port = free_port()
+    # the extra missing: importing uvicorn fails as it does in a venv without it
+    code = (
+        "import sys; sys.modules['uvicorn'] = None; from gateway.run.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    command = [sys.executable, "-c", code, "demo-provider", "--port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_until_up(port, process)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/jobs",
+            data=b'{"input": "x"}',
+            headers={"Authorization": "Bearer demo-provider-key"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (loopback)
+            assert answer.status in (200, 201, 202)
+    finally:
+        process.terminate()
+        out = process.communicate(timeout=30)[0].decode()
+    assert "demo A2A agent not started: a2a-sdk and uvicorn are not installed" in out, out
+    assert "pip install 'statusgate[a2a]'" in out, out
+    assert "demo A2A agent listening" not in out, out

@@ -31,6 +31,7 @@ from conftest import (
     AGENT_TOKEN,
     OPERATOR_TOKEN,
     PROVIDER_ENV,
+    ROOT,
     Harness,
     Served,
     fast_polling,
@@ -172,6 +173,16 @@ OPERATOR_OPERATIONS = [
     ("DELETE", "/admin/keys/{key_id}"),
     ("POST", "/admin/keys/{key_id}/rotate"),
 ]
+
+
+def test_the_documented_command_runs_the_checks_the_suite_runs() -> None:
+    """docs/mcp.md's `schemathesis run` names the checks this suite holds the gateway to:
+    without them Schemathesis runs all its checks, some of which the document does not
+    promise (unsupported_method, positive_data_acceptance), and the pasted command fails."""
+    text = (ROOT / "docs" / "mcp.md").read_text()
+    command = text.split("```sh\nschemathesis run ", 1)[1].split("```", 1)[0]
+    named = command.split("--checks ", 1)[1].split()[0].split(",") if "--checks " in command else []
+    assert sorted(named) == sorted(check.__name__ for check in CHECKS), command
 
 
 def test_every_operator_operation_is_exercised(operator_api: Any) -> None:
