@@ -244,6 +244,20 @@ def test_the_wheel_alone_inits_checks_serves_and_paces_a_job(
     keys = venv.run("python", "-m", "gateway.demo.env", str(folder / "policies"))
     env = dict(line.split("=", 1) for line in keys.stdout.splitlines())
     assert env.get("DEMO_API_KEY") == "demo-provider-key", keys
+    # the demo's key alone loads only the demo's policies: check names each other variable
+    alone = venv.run(
+        "statusgate", "check", "--config", str(folder / "gateway.yaml"), DEMO_API_KEY="k"
+    )
+    assert alone.returncode == 1
+    missing = {
+        line.rsplit("/", 1)[-1].split(": ")[0]: line.split("environment variable ")[-1]
+        for line in alone.stderr.splitlines()
+        if "credential.value: environment variable " in line
+    }
+    assert missing["anthropic-batches.yaml"] == "ANTHROPIC_API_KEY is not set", alone.stderr
+    assert missing["openai-batch.yaml"] == "OPENAI_API_KEY is not set", alone.stderr
+    assert "demo-jobs.yaml" not in missing and "DEMO_API_KEY" not in alone.stderr
+    assert set(env) - {"DEMO_API_KEY"} <= set(alone.stderr.split()), alone.stderr
     port, demo_port = free_port(), free_port()
     config = folder / "gateway.yaml"
     text = config.read_text()

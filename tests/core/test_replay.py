@@ -19,6 +19,7 @@ from gateway.core.models import (
     Outcome,
     ProviderAnswer,
 )
+from gateway.demo.env import demo_env
 from gateway.settings.policy import ProviderPolicy, load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +28,9 @@ JSON = "application/json"
 
 
 def shipped(name: str) -> ProviderPolicy:
-    return load_policy(ROOT / f"policies/{name}.yaml", f"{name}.yaml", {"DEMO_API_KEY": "k"})
+    """A shipped policy, every credential it may read set to "k"."""
+    env = demo_env(ROOT / "policies", "k")
+    return load_policy(ROOT / f"policies/{name}.yaml", f"{name}.yaml", env)
 
 
 @pytest.fixture(scope="module")

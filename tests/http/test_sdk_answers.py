@@ -294,7 +294,7 @@ def test_check_warns_about_passthrough_reads_by_id_and_listings(tmp_path: Path) 
     ]
     path = tmp_path / "openai-batch.yaml"
     path.write_text(yaml.safe_dump(source))
-    found = warnings(load_policy(path, path.name, {"DEMO_API_KEY": "k"}))
+    found = warnings(load_policy(path, path.name, {"OPENAI_API_KEY": "k"}))
     assert [where for where, _ in found] == ["routes.passthrough[1]", "routes.passthrough[2]"]
     assert "any account can read any other account's" in found[0][1]
     assert "lists the jobs of every account" in found[1][1]

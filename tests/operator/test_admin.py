@@ -30,7 +30,9 @@ def test_each_reason_offers_exactly_its_permitted_actions() -> None:
     """Each escalation reason permits exactly its bounded actions, with cancel only where the
     policy has a cancel route."""
     with_cancel = load_policy(ROOT / "policies/demo-jobs.yaml", "d", {"DEMO_API_KEY": "k"})
-    without = load_policy(ROOT / "policies/azure-read.yaml", "a", {"DEMO_API_KEY": "k"})
+    without = load_policy(
+        ROOT / "policies/azure-read.yaml", "a", {"DOCUMENTINTELLIGENCE_API_KEY": "k"}
+    )
     expected = {
         Reason.DEADLINE_EXCEEDED: ("extend", "cancel_at_provider", "abandon"),
         Reason.REQUEST_BUDGET_EXHAUSTED: ("extend", "cancel_at_provider", "abandon"),

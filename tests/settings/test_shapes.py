@@ -210,9 +210,8 @@ def test_shipped_policies_take_effect_as_before_their_shape(name: str) -> None:
     """Each shipped policy that now names a shape is shorter and validates to the policy
     its unshaped version did (the copy kept under tests/settings/data/unshaped), but for
     the differences the shape brings on purpose, listed here."""
-    env = {"DEMO_API_KEY": "k-123456"}
-    shaped = load_policy(ROOT / f"policies/{name}.yaml", name, env)
-    before = load_policy(UNSHAPED / f"{name}.yaml", name, env)
+    shaped = load_policy(ROOT / f"policies/{name}.yaml", name, ENV)
+    before = load_policy(UNSHAPED / f"{name}.yaml", name, ENV)
     assert shaped.shape is not None and before.shape is None
     # the push and usage sections (SPEC 23) came after the shapes; push is off without its
     # secret, usage changes no rule
@@ -233,8 +232,8 @@ def test_policies_that_use_nothing_new_keep_their_fingerprints() -> None:
     it); the fields added for SPEC 22, left unset, leave it as it was (these values are the
     ones computed before those fields existed), and so does ``routes.cancel.by`` left at
     ``operator``: the policies that now let agents cancel had these fingerprints with it,
-    and so did those now naming their provider's own upstream, with the demo's."""
-    env = {"DEMO_API_KEY": "k-123456"}
+    and so did those now naming their provider's own upstream, with the demo's, and those
+    now reading their provider's own key variable (the credential is no rule)."""
     before = {
         "anthropic-batches": "fa7e7f0f2af23cb2",
         "aws-transcribe": "d87d3d11137f0fd0",
@@ -244,7 +243,7 @@ def test_policies_that_use_nothing_new_keep_their_fingerprints() -> None:
         "google-operations": "e34326af0451cc01",
     }
     for name, fingerprint in before.items():
-        policy = load_policy(ROOT / f"policies/{name}.yaml", name, env)
+        policy = load_policy(ROOT / f"policies/{name}.yaml", name, ENV)
         # these were computed when the files named the demo provider as their upstream;
         # they now name the provider's own (a change of rule: records say so at resume)
         policy = policy.model_copy(update={"upstream": "http://127.0.0.1:8081"})
@@ -276,12 +275,17 @@ def test_policy_show_prints_the_effective_policy_check_reads_back(tmp_path: Path
     a policy file it is the same policy; secrets appear as their ${...} source, never as
     their value."""
     config = ROOT / "config/gateway.yaml"
-    for name in ("openai-batch", "google-operations", "demo-jobs"):
+    sources = {
+        "openai-batch": "${OPENAI_API_KEY}",
+        "google-operations": "${GEMINI_API_KEY}",
+        "demo-jobs": "${DEMO_API_KEY}",
+    }
+    for name, source in sources.items():
         done = statusgate("policy", "show", "--config", str(config), name, env=ENV)
         assert done.returncode == 0, done.stderr
         assert ENV["DEMO_API_KEY"] not in done.stdout + done.stderr
         shown = yaml.safe_load(done.stdout)
-        assert "${DEMO_API_KEY}" in shown["credential"]["value"]
+        assert source in shown["credential"]["value"]
         assert shown["polling"]["base_delay"].endswith(("s", "m", "h", "d"))
         written = tmp_path / f"{name}.yaml"
         written.write_text(done.stdout)
