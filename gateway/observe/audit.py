@@ -273,6 +273,7 @@ class AuditLog:
         self._refusing = False  # logged once per spell of refusals
         self._unsynced = False  # an fsync failed: not writable until one succeeds
         self.on_written: Callable[[], None] | None = None  # told after lines are written
+        self._stranded = False  # renamed away, and the path could not be opened (logged)
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -317,11 +318,15 @@ class AuditLog:
 
     def _reopen(self) -> bool:
         """Leave the renamed file (synced first, unless fsync is ``never``) for the file at
-        the path, made if missing; the chain goes on from where it is. False, logged, when
-        the path cannot be opened: the lines go on into the renamed file meanwhile."""
+        the path, made if missing; the chain goes on from where it is. False, logged (once
+        until it can), when the path cannot be opened: the lines go on into the renamed
+        file meanwhile."""
         try:
             opened = self.path.open("a+b", buffering=0)
         except OSError as exc:
+            if self._stranded:
+                return False
+            self._stranded = True
             log.error(
                 "audit log %s was renamed away and cannot be made again (%s): its lines go"
                 " on into the renamed file",
@@ -332,7 +337,7 @@ class AuditLog:
         if self._fsync is not Fsync.NEVER:
             self._sync()
         self._file.close()
-        self._file = opened
+        self._file, self._stranded = opened, False
         self._size = 0  # shared: any line there is another worker's, and read as the end
         log.info("audit log %s was renamed away: going on in a file at its path", self.path)
         return True

@@ -252,3 +252,27 @@ async def shipped_all(store_url: str, *paths: Path) -> None:
         assert all(v.verdict.intact for v in verdicts), verdicts
     finally:
         await store.close()
+
+
+async def test_a_path_that_cannot_be_made_again_keeps_the_lines_in_the_renamed_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its folder renamed away too, the path cannot be made: the writer says so once and
+    goes on in the renamed file (no line refused), and at the path once it can."""
+    folder, clock = tmp_path / "var", Clock()
+    log = AuditLog(folder / "audit.jsonl", key=None, fsync=Fsync.NEVER, clock=clock)
+    log.open()
+    await log.append({"event": "polled", "n": 0})
+    folder.rename(tmp_path / "var.old")
+    for n in (1, 2):
+        clock.now += LOOK_SECONDS
+        assert await log.append({"event": "polled", "n": n}) is not None
+    said = [r.getMessage() for r in caplog.records if "cannot be made again" in r.getMessage()]
+    assert len(said) == 1
+    folder.mkdir()
+    clock.now += LOOK_SECONDS
+    await log.append({"event": "polled", "n": 3})
+    await log.close()
+    old, new = lines(tmp_path / "var.old" / "audit.jsonl"), lines(folder / "audit.jsonl")
+    assert [line["n"] for line in old] == [0, 1, 2] and [line["n"] for line in new] == [3]
+    assert_one_chain(old, new)
