@@ -12,6 +12,17 @@ line's start. A line the disk refused (full, over a size limit) is kept, in orde
 written before any other once space returns (``writable``, the gateway's gate: it takes no
 new work while a line waits), so the chain never breaks and no line is lost while the
 process lives.
+
+Rotation: truncated in place (logrotate's ``copytruncate``), the file goes on from its start
+with the next seq. Renamed away (logrotate's ``create`` or ``nocreate``), the writer notices
+that the path names another file (or none) and goes on at the path (made if missing) with
+the next seq and prev, as after a truncation: alone, when it next writes at least
+``LOOK_SECONDS`` after it last looked (lines written meanwhile go on into the renamed file,
+which they continue); shared (``serve --workers``), at every write, under the flock, after
+reading the renamed file's final end, so every worker leaves it before the first line at
+the path and the workers' lines stay one chain. Either way the first line of a file past
+seq 1 is marked ``"rotated": true``, and ``verify_file`` verifies such a file from there
+(any other from seq 1).
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ class Fsync(enum.StrEnum):
 BATCH_SECONDS = 0.2
 TAIL_BYTES = 1 << 20  # read back in blocks of this size, whatever a line's length
 MIN_FREE = 64 << 10  # below this much free space the gateway takes no new work
+LOOK_SECONDS = 1.0  # a lone writer compares its file with the path at most this often
 
 
 def canonical_json(data: dict[str, Any]) -> bytes:
@@ -113,6 +125,9 @@ class Verdict:
     bad_seq: int | None = None  # first sequence number that breaks the chain
     problem: str | None = None
     torn_tail: bool = False  # the last line is an interrupted write, not part of the chain
+    start: int = 1  # the seq the run starts at (past 1: a file after a rotation, or purged)
+    start_prev: str = GENESIS  # the prev of its first line
+    end_hash: str = GENESIS  # the hash of its last line
 
     @property
     def intact(self) -> bool:
@@ -127,20 +142,45 @@ def verify(raw_lines: Iterable[bytes], key: bytes | None, *, anchored: bool = Fa
     the run starts; from there every line must follow as in a whole file."""
     lines = list(raw_lines)
     prev, expected, count = GENESIS, 1, 0
+    start, start_prev = expected, prev
     for index, raw in enumerate(lines):
         last = index == len(lines) - 1
         line = parse_line(raw)
         if line is None:
             if last and not raw.endswith(b"\n"):
-                return Verdict(count, torn_tail=True)
+                return Verdict(count, None, None, True, start, start_prev, prev)
             return Verdict(count, expected, f"line {index + 1} is not a JSON object")
         if anchored and index == 0 and isinstance(line.get("seq"), int):
             prev, expected = str(line.get("prev")), int(line["seq"])
+            start, start_prev = expected, prev
         problem = link_problem(line, prev, expected, key)
         if problem is not None:
             return Verdict(count, expected, problem)
         prev, expected, count = str(line["hash"]), expected + 1, count + 1
-    return Verdict(count)
+    return Verdict(count, None, None, False, start, start_prev, prev)
+
+
+def verify_file(path: Path, key: bytes | None) -> Verdict:
+    """A file's chain. A file whose first line is marked ``"rotated": true`` (the writer
+    marks the line it writes into an empty file past seq 1: logrotate moved the lines
+    before it to another file) is verified from that line, as a database copy whose oldest
+    lines were purged is: its ``start`` says where the run starts; that it continues the
+    file before it is checked when both are verified together (``continues``). Any other
+    file starts at seq 1 from the genesis prev, so lines cut from a file's start are found
+    (the mark is under the hash: with a key, only the writer can make it)."""
+    lines = list(read_lines(path))
+    first = parse_line(lines[0]) if lines else None
+    rotated = first is not None and first.get("rotated") is True
+    return verify(lines, key, anchored=rotated)
+
+
+def continues(later: Verdict, earlier: Verdict) -> bool | None:
+    """Whether the run ``later`` takes up where ``earlier`` ends (its first line's prev is
+    the hash of ``earlier``'s last, one seq on); None when ``earlier`` does not end just
+    before ``later`` starts (another file's lines, or none)."""
+    if later.start == 1 or earlier.start + earlier.records != later.start:
+        return None
+    return earlier.records > 0 and later.start_prev == earlier.end_hash
 
 
 def parse_line(raw: bytes | str) -> dict[str, Any] | None:
@@ -205,9 +245,18 @@ class AuditLog:
     refused by the disk, kept to be written first when ``writable`` finds space again)."""
 
     def __init__(
-        self, path: Path, *, key: bytes | None, fsync: Fsync = Fsync.BATCH, shared: bool = False
+        self,
+        path: Path,
+        *,
+        key: bytes | None,
+        fsync: Fsync = Fsync.BATCH,
+        shared: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
+        self._where = os.fspath(path)  # stat's argument, converted once
+        self._clock = clock
+        self._look_at = 0.0  # when a lone writer next compares its file with the path
         self._key = key
         self._fsync = fsync
         self._file: Any = None
@@ -224,6 +273,7 @@ class AuditLog:
         self._refusing = False  # logged once per spell of refusals
         self._unsynced = False  # an fsync failed: not writable until one succeeds
         self.on_written: Callable[[], None] | None = None  # told after lines are written
+        self._stranded = False  # renamed away, and the path could not be opened (logged)
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,8 +289,9 @@ class AuditLog:
                 handle.truncate(start)
                 _, last = last_line(handle, start)
         self._follow(last)
-        self._file = self.path.open("ab", buffering=0)
-        self._size = self.path.stat().st_size
+        self._file = self.path.open("a+b", buffering=0)  # read too: the end after a rename
+        self._size = os.fstat(self._file.fileno()).st_size
+        self._look_at = self._clock() + LOOK_SECONDS
 
     def _follow(self, last: bytes) -> None:
         """Continue the chain from its last complete line (none: from the start)."""
@@ -248,13 +299,67 @@ class AuditLog:
             line = json.loads(last)
             self._seq, self._prev = int(line["seq"]), str(line["hash"])
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, size: int) -> None:
         """Under the flock: if another process appended since our last write, read the
-        chain's new end (its last line)."""
-        size = os.fstat(self._file.fileno()).st_size
+        chain's new end (its last line), through our own descriptor (the path may name
+        another file by now)."""
         if size != self._size:
-            with self.path.open("rb") as handle:
+            with os.fdopen(os.dup(self._file.fileno()), "rb") as handle:
                 self._follow(last_line(handle, size)[1])
+            self._size = size
+
+    def _renamed(self, own: os.stat_result) -> bool:
+        """Whether the path no longer names the open file (renamed away, or removed)."""
+        try:
+            now = os.stat(self._where)
+        except FileNotFoundError:
+            return True
+        return (now.st_ino, now.st_dev) != (own.st_ino, own.st_dev)
+
+    def _reopen(self) -> bool:
+        """Leave the renamed file (synced first, unless fsync is ``never``) for the file at
+        the path, made if missing; the chain goes on from where it is. False, logged (once
+        until it can), when the path cannot be opened: the lines go on into the renamed
+        file meanwhile."""
+        try:
+            opened = self.path.open("a+b", buffering=0)
+        except OSError as exc:
+            if self._stranded:
+                return False
+            self._stranded = True
+            log.error(
+                "audit log %s was renamed away and cannot be made again (%s): its lines go"
+                " on into the renamed file",
+                self.path,
+                exc.strerror or exc,
+            )
+            return False
+        if self._fsync is not Fsync.NEVER:
+            self._sync()
+        self._file.close()
+        self._file, self._stranded = opened, False
+        self._size = 0  # shared: any line there is another worker's, and read as the end
+        log.info("audit log %s was renamed away: going on in a file at its path", self.path)
+        return True
+
+    def _lock(self) -> None:
+        """Shared: hold the flock on the file the path names, the chain's end read from it.
+        A renamed file's end is final once its flock is held and the rename seen (every
+        writer looks under it before writing), so the chain goes on from there."""
+        while True:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+            own = os.fstat(self._file.fileno())
+            self._catch_up(own.st_size)
+            if not self._renamed(own):
+                return
+            if not self._reopen():  # else the renamed file closed, its flock with it
+                return  # still under the renamed file's flock: written there
+
+    def _look(self) -> None:
+        """Alone, LOOK_SECONDS after the last look: follow a rename to the path."""
+        self._look_at = self._clock() + LOOK_SECONDS
+        if self._renamed(os.fstat(self._file.fileno())):
+            self._reopen()
 
     @property
     def waiting(self) -> int:
@@ -357,10 +462,10 @@ class AuditLog:
         the last line written when all were, else None."""
         written, line = 0, None
         if self._shared:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+            self._lock()
+        elif self._clock() >= self._look_at:  # a clock read a write: no system call
+            self._look()
         try:
-            if self._shared:
-                self._catch_up()
             while self._waiting:
                 line = self._write_whole(self._waiting[0])
                 if line is None:
@@ -379,12 +484,16 @@ class AuditLog:
     def _write_whole(self, fields: dict[str, Any]) -> dict[str, Any] | None:
         """One line, whole or not at all: ``write`` may write less than asked on a nearly
         full disk, and what it wrote is then cut off again. None when it was refused."""
+        fd = self._file.fileno()
+        # shared, the flock's holder knows the size (_lock read it); alone, the file may
+        # have been truncated since (copytruncate)
+        start = self._size if self._shared else os.fstat(fd).st_size
         line = {**fields, "seq": self._seq + 1, "prev": self._prev}
+        if not start and self._seq:  # a file's first line, not the chain's: after a rotation
+            line["rotated"] = True
         canonical = canonical_json(line)  # serialised once: hashed, then written with
         line["hash"] = _digest(self._prev, canonical, self._key)  # the hash put last
         data = b'%s,"hash":"%s"}\n' % (canonical[:-1], line["hash"].encode())
-        fd = self._file.fileno()
-        start = os.fstat(fd).st_size
         try:
             count = self._file.write(data)
             problem = None if count == len(data) else f"only {count} of {len(data)} bytes written"

@@ -10,9 +10,15 @@ with backoff while the gateway serves; the lines wait in the file meanwhile and 
 shipped, in order, once it answers (after a restart too: the chain's ``last_seq`` says
 where to go on). A chain is a file: its id is the start of the hash of the file's first
 line (with the replica's name), so the workers of ``serve --workers`` (one file) share one
-chain, and a file that starts over is a new chain: one truncated in place (logrotate's
-copytruncate) or replaced at the path is noticed at the next batch (``same_file``) and
-shipped from its first line.
+chain, and a file that starts over is a new chain, shipped from its first line.
+
+Rotation. The mirror reads through a descriptor it keeps open on the file it ships. A file
+renamed away (logrotate's ``create`` or ``nocreate``) is read to its end through it, and
+left for the file at the path only once that one has a complete line: the writers move on
+to the path before their first line there (observe/audit.py), so by then the renamed file
+is final and none of its lines is missed. A file truncated in place (``copytruncate``) is
+noticed at the next batch (``same_file``) and shipped from its first line again; lines
+written after the last batch and before the truncation are only in the copy.
 """
 
 from __future__ import annotations
@@ -76,23 +82,27 @@ def offset_after(path: Path, seq: int) -> int:
     """Where the first line with a seq past ``seq`` starts (the file's end when there is
     none): a binary search over the file's lines, whose seqs only grow."""
     with path.open("rb") as handle:
-        lo, hi = 0, handle.seek(0, 2)  # lines starting before lo are at most seq; at hi on, past
-        while lo < hi:
-            mid = (lo + hi) // 2
-            start = _line_start(handle, mid)
-            if start >= hi:
-                break  # no line starts in [mid, hi): look at [lo, hi) one line at a time
-            found, end = _seq_at(handle, start)
-            if found is not None and found > seq:
-                hi = start
-            else:
-                lo = end
-        while lo < hi:
-            found, end = _seq_at(handle, lo)
-            if found is not None and found > seq:
-                return lo
+        return _offset_in(handle, seq)
+
+
+def _offset_in(handle: BinaryIO, seq: int) -> int:
+    lo, hi = 0, handle.seek(0, 2)  # lines starting before lo are at most seq; at hi on, past
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = _line_start(handle, mid)
+        if start >= hi:
+            break  # no line starts in [mid, hi): look at [lo, hi) one line at a time
+        found, end = _seq_at(handle, start)
+        if found is not None and found > seq:
+            hi = start
+        else:
             lo = end
-        return hi
+    while lo < hi:
+        found, end = _seq_at(handle, lo)
+        if found is not None and found > seq:
+            return lo
+        lo = end
+    return hi
 
 
 def _line_start(handle: Any, offset: int) -> int:
@@ -136,28 +146,40 @@ class Batch:
     count: int  # lines read (some may not be audit lines)
     offset: int  # where the next read starts
     chain: str | None  # the chain of the file as read (its first line's)
-    inode: tuple[int, int]  # its device and inode
     size: int  # its size when read
+    succeeded: bool  # the path named another file with a complete line before the read
 
 
-def read_batch(path: Path, offset: int, replica: str) -> Batch:
-    """The complete lines from ``offset`` on, each made what the store keeps (on a thread:
-    the loop never parses a batch), and which file was read, all through one open handle."""
-    with path.open("rb") as handle:
-        stat = os.fstat(handle.fileno())
-        chain = _chain_in(handle, replica)
-        raw, end = _read(handle, offset)
+def read_batch(handle: BinaryIO, path: Path, offset: int, replica: str) -> Batch:
+    """The complete lines from ``offset`` on in the open file, each made what the store
+    keeps (on a thread: the loop never parses a batch), and whether the path named another
+    file with a complete line first (looked at before the read: the file is then final,
+    and read to its end)."""
+    succeeded = _succeeded(handle, path, replica)
+    size = os.fstat(handle.fileno()).st_size
+    chain = _chain_in(handle, replica)
+    raw, end = _read(handle, offset)
     lines = [line for line in map(shipped, raw) if line is not None]
-    return Batch(lines, len(raw), end, chain, (stat.st_dev, stat.st_ino), stat.st_size)
+    return Batch(lines, len(raw), end, chain, size, succeeded)
 
 
-def same_file(batch: Batch, chain: str, inode: tuple[int, int] | None, offset: int) -> bool:
-    """Whether ``batch`` was read from the file the mirror has been shipping as ``chain``:
-    not when the file was replaced (another inode, or another first line: a rename and a
-    new file) or truncated (smaller than where the mirror had read to; or, written past
-    that again, another first line, logrotate's copytruncate)."""
-    same_inode = inode is None or batch.inode == inode
-    return same_inode and batch.chain == chain and batch.size >= offset
+def _succeeded(handle: BinaryIO, path: Path, replica: str) -> bool:
+    """Whether the path names a file other than the open one, with a complete line."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False  # renamed away, no successor yet
+    own = os.fstat(handle.fileno())
+    if (now.st_dev, now.st_ino) == (own.st_dev, own.st_ino):
+        return False
+    return chain_of(path, replica) is not None
+
+
+def same_file(batch: Batch, chain: str, offset: int) -> bool:
+    """Whether ``batch`` is still the file the mirror has been shipping as ``chain``: not
+    when it was truncated in place (smaller than where the mirror had read to; or, written
+    past that again, another first line: logrotate's copytruncate)."""
+    return batch.chain == chain and batch.size >= offset
 
 
 def shipped(raw: bytes) -> ShippedLine | None:
@@ -202,7 +224,7 @@ class AuditMirror:
         self._wake = asyncio.Event()
         self._chain: str | None = None
         self._offset: int | None = None  # where the next line to ship starts
-        self._inode: tuple[int, int] | None = None  # the file's (device, inode) once read
+        self._file: BinaryIO | None = None  # the file shipped, open (renamed away, too)
         self._task: asyncio.Task[None] | None = None
         self._failing: str | None = None
         self.shipped = 0  # lines shipped by this process
@@ -252,36 +274,49 @@ class AuditMirror:
 
     async def ship_once(self, *, again: bool = True) -> int:
         """One batch: the lines after the last one shipped, up to SHIP_LINES; how many.
-        A file truncated or replaced since the last batch starts over as a new chain
-        (``same_file``), shipped from its first line."""
-        try:
+        A file renamed away is read to its end, then left for its successor at the path;
+        one truncated in place starts over as a new chain (``same_file``); either is then
+        shipped from its first line."""
+        if self._file is None:
+            try:
+                self._file = await asyncio.to_thread(self.path.open, "rb")
+            except FileNotFoundError:
+                return 0  # not made yet
+        if self._chain is None:
+            self._chain = await asyncio.to_thread(_chain_in, self._file, self.replica)
             if self._chain is None:
-                self._chain = await asyncio.to_thread(chain_of, self.path, self.replica)
-                if self._chain is None:
-                    return 0  # no complete line yet
-            if self._offset is None:
-                last = await self._lines.last_seq(self._chain)
-                self._offset = await asyncio.to_thread(offset_after, self.path, last or 0)
-            batch = await asyncio.to_thread(read_batch, self.path, self._offset, self.replica)
-        except FileNotFoundError:  # renamed away, its successor not made yet
-            self._start_over()
-            return 0
-        if not same_file(batch, self._chain, self._inode, self._offset):
-            log.info(
-                "audit file %s was truncated or replaced: shipping it as a new chain", self.path
-            )
-            self._start_over()
-            return await self.ship_once(again=False) if again else 0
+                self._start_over()
+                return 0  # no complete line yet
+        if self._offset is None:
+            last = await self._lines.last_seq(self._chain)
+            self._offset = await asyncio.to_thread(_offset_in, self._file, last or 0)
+        batch = await asyncio.to_thread(
+            read_batch, self._file, self.path, self._offset, self.replica
+        )
+        if not same_file(batch, self._chain, self._offset):
+            log.info("audit file %s was truncated: shipping it as a new chain", self.path)
+            return await self._next_file(again)
         if batch.lines:
             await self._lines.ship(self._chain, self.replica, batch.lines)
-        self._offset, self._inode = batch.offset, batch.inode
+        self._offset = batch.offset
         self.shipped += len(batch.lines)
+        if batch.count == 0 and batch.succeeded:
+            log.info(
+                "audit file %s was renamed away and shipped: shipping its successor", self.path
+            )
+            return await self._next_file(again)
         return batch.count
 
+    async def _next_file(self, again: bool) -> int:
+        self._start_over()
+        return await self.ship_once(again=False) if again else 0
+
     def _start_over(self) -> None:
-        """Forget the file shipped so far: the next batch finds the chain of the file now
-        at the path, and where to go on in it, afresh."""
-        self._chain, self._offset, self._inode = None, None, None
+        """Forget the file shipped so far: the next batch opens the file now at the path
+        and finds its chain, and where to go on in it, afresh."""
+        if self._file is not None:
+            self._file.close()
+        self._file, self._chain, self._offset = None, None, None
 
     def _failed(self, problem: str) -> None:
         if self._failing is None:
@@ -303,3 +338,4 @@ class AuditMirror:
         with contextlib.suppress(StoreError, OSError, TimeoutError):
             async with asyncio.timeout(CLOSE_GRACE):
                 await self.ship_all()
+        self._start_over()

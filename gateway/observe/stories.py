@@ -17,7 +17,14 @@ from pathlib import Path
 
 from gateway import StoreError
 from gateway.core.story import Entry, merged, readable, unreadable_note
-from gateway.observe.audit import GENESIS, Verdict, link_problem, parse_line, read_lines, verify
+from gateway.observe.audit import (
+    GENESIS,
+    Verdict,
+    link_problem,
+    parse_line,
+    read_lines,
+    verify_file,
+)
 from gateway.observe.mirror import chain_of
 from gateway.store.auditlines import AuditLines, Chain
 
@@ -92,7 +99,7 @@ def from_files(
     for path in paths:
         label = path.name if names.count(path.name) == 1 else str(path)
         try:
-            verdict = verify(read_lines(path), key)
+            verdict = verify_file(path, key)
             if not verdict.intact:
                 said = f"chain broken at seq {verdict.bad_seq}: {verdict.problem}"
                 problems.append(FileProblem(path, said))

@@ -24,7 +24,7 @@ from pathlib import Path
 from gateway import ConfigError, StoreError
 from gateway.core.story import Entry, told, unreadable_note
 from gateway.observe import stories
-from gateway.observe.audit import read_lines, verify
+from gateway.observe.audit import Verdict, continues, verify_file
 from gateway.observe.mirror import replica_name
 from gateway.settings.config import GatewayFile, audit_path, load_gateway_file, resolved_store_url
 from gateway.store import Store, store_from_url
@@ -78,26 +78,58 @@ def verify_command(request: Request) -> int:
     if not paths and store is None:
         print("statusgate audit verify: name audit files, or --config F", file=sys.stderr)
         return 1
-    failed = any([not _verify_file(path, key) for path in paths])
+    failed = not _verify_files(paths, key)
     if store is not None and store.audit_lines is not None:
         failed = not asyncio.run(_verify_store(store, key)) or failed
     return 1 if failed else 0
 
 
-def _verify_file(path: Path, key: bytes | None) -> bool:
-    try:
-        verdict = verify(read_lines(path), key)
-    except OSError as exc:
-        print(f"{path}: cannot read ({exc.strerror})", file=sys.stderr)
-        return False
+def _verify_files(paths: list[Path], key: bytes | None) -> bool:
+    """Each file, one line each; a file that starts past seq 1 (it continues a rotated
+    file) is verified from its first line, and against the file named with it that ends
+    just before it, if one is. False when any is broken or unreadable."""
+    verdicts: dict[Path, Verdict] = {}
+    intact = True
+    for path in paths:
+        try:
+            verdicts[path] = verify_file(path, key)
+        except OSError as exc:
+            print(f"{path}: cannot read ({exc.strerror})", file=sys.stderr)
+            intact = False
+    for path, verdict in verdicts.items():
+        said = _verdict_said(verdict, _before(verdict, verdicts))
+        print(f"{path}: {said}")
+        intact = intact and "chain broken" not in said
+    return intact
+
+
+def _before(verdict: Verdict, verdicts: dict[Path, Verdict]) -> tuple[Path, bool] | None:
+    """The named file that ends just before ``verdict``'s run starts, and whether the run
+    takes up its last line's hash; None when no named file ends there."""
+    for other, earlier in verdicts.items():
+        linked = continues(verdict, earlier) if earlier.intact else None
+        if linked is not None:
+            return other, linked
+    return None
+
+
+def _verdict_said(verdict: Verdict, before: tuple[Path, bool] | None) -> str:
     if not verdict.intact:
-        print(f"{path}: chain broken at seq {verdict.bad_seq}: {verdict.problem}")
-        return False
+        return f"chain broken at seq {verdict.bad_seq}: {verdict.problem}"
+    if before is not None and not before[1]:
+        return (
+            f"chain broken at seq {verdict.start}: its prev is not the hash of seq"
+            f" {verdict.start - 1} in {before[0]}"
+        )
+    start = ""
+    if verdict.start > 1:
+        where = f"continues {before[0]}" if before else "continues a rotated file not named here"
+        start = f" from seq {verdict.start} ({where})"
     tail = ""
     if verdict.torn_tail:
-        tail = f"; torn final line after seq {verdict.records} (an interrupted write)"
-    print(f"{path}: {verdict.records} records, chain intact{tail}")
-    return True
+        tail = f"; torn final line after seq {verdict.start + verdict.records - 1}"
+        tail += " (an interrupted write)"
+    return f"{verdict.records} records{start}, chain intact{tail}"
 
 
 async def _verify_store(store: Store, key: bytes | None) -> bool:

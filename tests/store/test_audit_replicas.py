@@ -538,3 +538,85 @@ async def until(read: Any, count: int) -> None:
     while len(await read()) < count:
         assert time.monotonic() < deadline, "the lines never reached the database"
         await asyncio.sleep(0.05)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("create", [True, False], ids=["create", "nocreate"])
+async def test_lines_written_before_a_rename_reach_the_database(
+    kept: Any, tmp_path: Path, create: bool
+) -> None:
+    """logrotate renames the file (and makes an empty one at the path, or none) after lines
+    the mirror has not shipped yet; more go into the renamed file before the writer looks
+    (LOOK_SECONDS, injected clock). The mirror ships all of them from the renamed file, and
+    the writer's next lines, at the path, as a new chain: none lost, none twice, and both
+    chains verify in the database."""
+    from gateway.observe.audit import LOOK_SECONDS
+    from gateway.observe.stories import verify_chains
+
+    path, clock = tmp_path / "audit.jsonl", Clock()
+    log = AuditLog(path, key=None, clock=clock)
+    log.open()
+    mirror = AuditMirror(path, kept.audit_lines, "r")
+
+    async def write(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            await log.append({"at": f"2026-12-01T10:00:{n:02}.000Z", "operation_id": f"op_{n}"})
+
+    await write(0, 3)
+    assert await mirror.ship_all() == 3
+    await write(3, 2)  # after the last batch
+    path.rename(tmp_path / "audit.jsonl.1")
+    if create:
+        path.touch()
+    await write(5, 1)  # the writer has not looked yet: into the renamed file
+    assert await mirror.ship_all() == 3  # no line at the path yet: the renamed file's
+    clock.now += LOOK_SECONDS
+    await write(6, 2)  # at the path
+    await write(8, 1)
+    assert await mirror.ship_all() == 3
+    await log.close()
+
+    kept_lines = [await kept_of(kept, f"op_{n}") for n in range(9)]
+    assert [len(found) for found in kept_lines] == [1] * 9
+    chains = [found[0].chain for found in kept_lines]
+    assert len(set(chains[:6])) == 1 and len(set(chains[6:])) == 1 and chains[0] != chains[6]
+    verdicts = await verify_chains(kept.audit_lines, None)
+    assert sorted((v.first, v.verdict.records) for v in verdicts) == [(1, 6), (7, 3)]
+    assert all(v.verdict.intact for v in verdicts), verdicts
+
+
+async def test_a_running_mirror_follows_a_rename_of_a_running_writer(
+    kept: Any, tmp_path: Path
+) -> None:
+    """The mirror in the background, woken by the writer as in the gateway: lines written
+    just before a rename (no batch between: the same turn of the loop) and after it all
+    reach the database."""
+    from gateway.observe.audit import LOOK_SECONDS
+
+    path, clock = tmp_path / "audit.jsonl", Clock()
+    log = AuditLog(path, key=None, clock=clock)
+    log.open()
+    mirror = AuditMirror(path, kept.audit_lines, "r")
+    log.on_written = mirror.nudge
+    mirror.start()
+    try:
+        for i in range(5):
+            await log.append({"at": f"2026-12-01T10:00:0{i}.000Z", "operation_id": "op_a"})
+            if i == 1:  # the mirror has the file open, and these two
+                await until(lambda: kept_of(kept, "op_a"), 2)
+        path.rename(tmp_path / "audit.jsonl.1")  # on the same turn of the loop: unshipped
+        clock.now += LOOK_SECONDS
+        await log.append({"at": "2026-12-01T10:01:00.000Z", "operation_id": "op_b"})
+        await until(lambda: kept_of(kept, "op_b"), 1)
+        await until(lambda: kept_of(kept, "op_a"), 5)
+    finally:
+        await mirror.close()
+        await log.close()
+    assert len(await kept_of(kept, "op_a")) == 5
