@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine with Python 3.11+:
 #   make run    the gateway (SQLite store) and the bundled demo provider: the runtime
-#               dependencies only, at the versions of requirements.lock
+#               dependencies at the versions of requirements.lock, and the a2a extra
+#               (the demo A2A agent, a2a-sdk's clients)
 #   make test   lint, types and the whole test suite: the dev stack besides
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +19,7 @@ DEMO_ENV = env $$($(PY) -m gateway.demo.env policies)
 $(RUN_STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements.lock -e .
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[a2a]'
 	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml

@@ -586,9 +586,10 @@ def test_image_healthcheck_finds_the_port_in_the_config(gateway: Gateway, tmp_pa
     assert missing.returncode == 1 and "absent.yaml" in missing.stderr
 
 
-def test_make_run_installs_the_runtime_only_and_make_test_the_dev_stack(tmp_path: Path) -> None:
-    """`make run` installs the package alone, pinned by requirements.lock, under a stamp of
-    its own; `make test` installs the dev extra (dry runs on a venv that does not exist)."""
+def test_make_run_installs_the_runtime_and_a2a_and_make_test_the_dev_stack(tmp_path: Path) -> None:
+    """`make run` installs the package with its a2a extra (the demo A2A agent), pinned by
+    requirements.lock, under a stamp of its own; `make test` installs the dev extra (dry
+    runs on a venv that does not exist)."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     venv = f"VENV={tmp_path / 'venv'}"
@@ -600,6 +601,6 @@ def test_make_run_installs_the_runtime_only_and_make_test_the_dev_stack(tmp_path
         return [line for line in done.stdout.splitlines() if "pip install" in line]
 
     run = installs("run")
-    assert any("-c requirements.lock -e ." in line for line in run), run
+    assert any("-c requirements.lock -e '.[a2a]'" in line for line in run), run
     assert not any("[dev]" in line for line in run), run
     assert any("'.[dev]'" in line for line in installs("test"))

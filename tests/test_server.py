@@ -13,8 +13,9 @@ import pytest
 
 from gateway.demo.provider import DemoProvider
 from gateway.run import server
+from gateway.settings.config import load_settings
 
-from conftest import Served, wait_until_up
+from conftest import PROVIDER_ENV, Served, wait_until_up, write_config
 
 
 async def test_serve_raises_the_open_files_limit_to_the_hard_one_and_logs_it(
@@ -40,6 +41,30 @@ async def test_serve_raises_the_open_files_limit_to_the_hard_one_and_logs_it(
     said = [line for line in lines if "open_files" in line]
     assert said and said[0]["open_files"] == hard
     assert said[0]["event"] == f"open-files limit {hard} (raised from 512)"
+    serving = [line["event"] for line in lines if line["event"].startswith("serving ")]
+    policies = len(list((served.folder / "policies").glob("*.yaml")))
+    assert len(serving) == 1 and f": {policies} policies, store sqlite, audit " in serving[0]
+
+
+def test_the_start_line_names_what_is_served_and_no_store_password(tmp_path: Path) -> None:
+    """`serve`'s start line says which config, how many policies, the store's kind, the audit
+    file, the webhook and where kept results go, and never the store URL's password."""
+    path = write_config(
+        tmp_path,
+        "http://127.0.0.1:9",
+        store="postgresql://statusgate:pg-secret-9a@127.0.0.1:5432/sg",
+        config_changes={
+            "escalation": {"webhook_url": "http://hooks.test/x"},
+            "results_store": "s3://bucket-1/kept?endpoint=http://127.0.0.1:9",
+        },
+    )
+    line = server.what_serves(load_settings(path, {**PROVIDER_ENV}))
+    policies = len(list((tmp_path / "policies").glob("*.yaml")))
+    assert line == (
+        f"serving {path}: {policies} policies, store postgresql, audit "
+        f"{tmp_path / 'audit.jsonl'}, escalation webhook on, kept results in s3://bucket-1/kept/"
+    )
+    assert "pg-secret-9a" not in line
 
 
 def test_a_bound_past_what_the_open_files_limit_leaves_is_capped_with_a_warning(

@@ -71,7 +71,8 @@ def tell(line: dict[str, Any]) -> str:
         text = f"{_answer(line)}, finished: {line.get('decision')}"
     elif event == "refused":
         text = (
-            f"refused {line.get('count', 1)} early calls before {_clock(line.get('next_poll_at'))}"
+            f"refused {_many(line.get('count', 1), 'early call')} before "
+            f"{_clock(line.get('next_poll_at'))}"
         )
     elif event == "escalated":
         polled = line.get("actor") == "gateway" and line.get("http_status") is not None
@@ -131,3 +132,8 @@ def told(entries: list[Entry], *, named: bool) -> list[str]:
         return [tell(entry.line) for entry in entries]
     names = labels(entries)
     return [f"{tell(entry.line)} (replica {names[entry.chain]})" for entry in entries]
+
+
+def _many(count: Any, noun: str) -> str:
+    """``1 early call``, ``2 early calls``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

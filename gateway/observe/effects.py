@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import AuditUnavailable
 from gateway.core.effects import Count, Effect, Line, notice_body, of_delivery
-from gateway.core.models import Clock
+from gateway.core.models import Clock, OperationRecord
 from gateway.observe.audit import AuditLog
 from gateway.observe.context import current_request_id
 from gateway.observe.metrics import Metrics
@@ -79,9 +79,12 @@ class Effects:
                     self.metrics.histogram(effect.metric, *effect.labels).observe(effect.value)
                 else:
                     self.metrics.counter(effect.metric, *effect.labels).inc(effect.value)
-            elif self.notifier is not None:
-                message_id = f"msg_{secrets.token_hex(12)}"
-                self.notifier.submit(notice_body(effect, message_id, self._clock()))
+            else:
+                if effect.kind == "operation.escalated":
+                    _log_escalation(effect.record)
+                if self.notifier is not None:
+                    message_id = f"msg_{secrets.token_hex(12)}"
+                    self.notifier.submit(notice_body(effect, message_id, self._clock()))
 
     def check_audit(self) -> None:
         """The gate before any work with side effects (a submission, a poll, an operator
@@ -100,3 +103,24 @@ class Effects:
         if request_id is not None:
             fields["request_id"] = request_id
         await self.audit.append(fields)
+
+
+def _log_escalation(record: OperationRecord) -> None:
+    """One warning when waiting ends in an escalation, so an operator watching the logs (not
+    only the audit, the metrics or the webhook) sees what now waits for a decision."""
+    escalation = record.escalation
+    reason = escalation.reason.value if escalation is not None else "unknown"
+    log.warning(
+        "operation %s of %s (account %s) escalated: %s: %s",
+        record.operation_id,
+        record.provider,
+        record.account,
+        reason,
+        escalation.detail if escalation is not None else "",
+        extra={
+            "operation_id": record.operation_id,
+            "provider": record.provider,
+            "account": record.account,
+            "reason": reason,
+        },
+    )

@@ -257,8 +257,9 @@ def _check(args: argparse.Namespace) -> int:
         return 1
     names = ", ".join(sorted(settings.policies)) or "none"
     print(
-        f"{args.config}: ok: {len(settings.policies)} policies ({names}), "
-        f"{len(settings.file.accounts)} accounts, {len(settings.file.operators)} operators, "
+        f"{args.config}: ok: {_many(len(settings.policies), 'policy', 'policies')} ({names}), "
+        f"{_many(len(settings.file.accounts), 'account')}, "
+        f"{_many(len(settings.file.operators), 'operator')}, "
         f"store {settings.file.store.split(':', 1)[0]}{found}"
     )
     return 0
@@ -384,3 +385,8 @@ def _audit_story(args: argparse.Namespace) -> int:
     from gateway.operator.audittool import Request, story_command
 
     return story_command(Request(args.paths, args.config, args.key_env, args.operation_id))
+
+
+def _many(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 account``, ``2 accounts``."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

@@ -29,6 +29,7 @@ from gateway.http.site import ListenerSite
 from gateway.observe import logs, tracing
 from gateway.run.app import create_app
 from gateway.settings.config import Settings
+from gateway.settings.keeping import FileTarget
 
 log = logging.getLogger("statusgate")
 
@@ -75,6 +76,7 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     for role, port in bound.items():  # a log line: JSON like every other when logs are
         url = f"{_scheme(settings, role)}://{_host(settings, role)}:{port}"
         log.info("statusgate %s listener on %s", role, url, extra={"listener": role, "url": url})
+    log.info(what_serves(settings))
     log_connection_limits(files, before, limits.max_connections)
     log.info(traces)
     gc.freeze()  # what start-up made lives as long as the process: never scanned again
@@ -87,6 +89,28 @@ async def _run(settings: Settings, reuse_port: bool, traces: str) -> int:
     log.info("stopping: answering held calls and writing refusal counts")
     await runner.cleanup()
     return 0
+
+
+def what_serves(settings: Settings) -> str:
+    """The start line saying what this process serves: its config, how many policies, the
+    store's kind (never its URL, which may hold a password), the audit file, whether an
+    escalation webhook is set, where kept results go (a folder or a bucket, no credentials)."""
+    webhook = "on" if settings.file.escalation.webhook_url else "off"
+    target = settings.results_target
+    if isinstance(target, FileTarget):
+        kept = f"in {target.folder}"
+    elif target is not None:
+        kept = f"in s3://{target.bucket}/{target.prefix}"
+    else:
+        kept = "in a temporary folder"
+    count = len(settings.policies)
+    config = str(settings.path) if settings.path is not None else "(no file)"
+    audit = str(settings.audit_path) if settings.audit_path is not None else "off"
+    return (
+        f"serving {config}: {count} {'policy' if count == 1 else 'policies'}, "
+        f"store {settings.store_url.split(':', 1)[0]}, audit {audit}, "
+        f"escalation webhook {webhook}, kept results {kept}"
+    )
 
 
 # Descriptors kept for what is not an agent connection: the admin listener and its clients,

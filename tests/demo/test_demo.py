@@ -159,7 +159,7 @@ def test_the_demo_provider_serves_when_the_a2a_agents_port_is_taken() -> None:
 
 
 def test_the_demo_provider_says_when_it_cannot_start_the_a2a_agent() -> None:
-    """Without the a2a extra (make run's venv holds the runtime dependencies only), the
+    """Without the a2a extra (a wheel installed alone, without `statusgate[a2a]`), the
     demo provider serves its APIs and says the demo A2A agent is not started and why, so
     docs/a2a.md's walk-through does not meet a 503 with no word on the console."""
     import subprocess

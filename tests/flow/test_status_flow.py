@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from conftest import Harness
 
@@ -261,12 +264,22 @@ async def test_timeout_is_a_transport_failure(make_harness: Any) -> None:
     assert (await harness.record(job)).transport_failures_used == 1
 
 
-async def test_deadline_passed_escalates_without_provider_call(harness: Harness) -> None:
-    """After the deadline no request is sent: the call escalates deadline_exceeded."""
+async def test_deadline_passed_escalates_without_provider_call(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the deadline no request is sent: the call escalates deadline_exceeded, and one
+    warning says so in the gateway's log (operation, provider, account, reason)."""
     job = await job_of(await harness.submit([{"state": "running"}]))
     harness.clock.advance(601)
-    body = await escalation_of(await harness.poll(job))
+    with caplog.at_level(logging.WARNING, logger="statusgate"):
+        body = await escalation_of(await harness.poll(job))
     assert body["reason"] == "deadline_exceeded"
+    record = await harness.record(job)
+    logged = [r for r in caplog.records if "escalated" in r.getMessage()]
+    assert [r.getMessage().split(":")[0] for r in logged] == [
+        f"operation {record.operation_id} of demo-jobs (account {record.account}) escalated"
+    ]
+    assert logged[0].reason == "deadline_exceeded"  # type: ignore[attr-defined]
     assert harness.provider_calls(job) == []
     assert "Safe options: extend by 15 minutes with 4 additional checks" in body["message"]
 
