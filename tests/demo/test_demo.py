@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import socket
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 
@@ -14,7 +18,7 @@ from gateway.demo.showcase import LEGACY
 from gateway.demo.walkthrough import fleet, show
 from gateway.settings.policy import load_policy
 
-from conftest import ROOT
+from conftest import ROOT, free_port, wait_until_up
 
 
 async def test_demo_show_refuses_loops_and_escalates() -> None:
@@ -120,61 +124,9 @@ async def test_demo_of_the_shipped_a2a_policy_completes_the_task() -> None:
     assert showcase.KEY not in text
 
 
-def test_the_demo_provider_serves_when_the_a2a_agents_port_is_taken() -> None:
-    """`statusgate demo-provider --port N` keeps serving the provider's APIs when N + 1 (the
-    demo A2A agent's port) is taken, says so, and ends on SIGTERM."""
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
-
-    from conftest import free_port, wait_until_up
-
-    with socket.socket() as blocker:
-        port = free_port()
-        try:
-            blocker.bind(("127.0.0.1", port + 1))
-        except OSError:
-            pytest.skip(f"127.0.0.1:{port + 1} is in use already; nothing to take")
-        blocker.listen()
-        command = [sys.executable, "-m", "gateway.run", "demo-provider", "--port", str(port)]
-        process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        try:
-            wait_until_up(port, process)
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/v1/jobs",
-                data=b'{"input": "x"}',
-                headers={"Authorization": "Bearer demo-provider-key"},
-                method="POST",
-            )
-            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (loopback)
-                assert answer.status in (200, 201, 202)
-            assert process.poll() is None
-        finally:
-            process.terminate()
-            out = process.communicate(timeout=30)[0].decode()
-    assert "is taken; the demo provider goes on without it" in out, out
-
-
-def test_the_demo_provider_says_when_it_cannot_start_the_a2a_agent() -> None:
-    """Without the a2a extra (a wheel installed alone, without `statusgate[a2a]`), the
-    demo provider serves its APIs and says the demo A2A agent is not started and why, so
-    docs/a2a.md's walk-through does not meet a 503 with no word on the console."""
-    import subprocess
-    import sys
-    import urllib.request
-
-    from conftest import free_port, wait_until_up
-
-    port = free_port()
-    # the extra missing: importing uvicorn fails as it does in a venv without it
-    code = (
-        "import sys; sys.modules['uvicorn'] = None; from gateway.run.cli import main; "
-        "sys.exit(main(sys.argv[1:]))"
-    )
-    command = [sys.executable, "-c", code, "demo-provider", "--port", str(port)]
+def demo_provider_output(command: list[str], port: int) -> str:
+    """Start ``command`` (a demo provider on ``port``), submit one demo job to it (it
+    serves), stop it with SIGTERM, and return what it printed."""
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_until_up(port, process)
@@ -186,9 +138,40 @@ def test_the_demo_provider_says_when_it_cannot_start_the_a2a_agent() -> None:
         )
         with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (loopback)
             assert answer.status in (200, 201, 202)
+        assert process.poll() is None
     finally:
         process.terminate()
         out = process.communicate(timeout=30)[0].decode()
+    return out
+
+
+def test_the_demo_provider_serves_when_the_a2a_agents_port_is_taken() -> None:
+    """`statusgate demo-provider --port N` keeps serving the provider's APIs when N + 1 (the
+    demo A2A agent's port) is taken, says so, and ends on SIGTERM."""
+    with socket.socket() as blocker:
+        port = free_port()
+        try:
+            blocker.bind(("127.0.0.1", port + 1))
+        except OSError:
+            pytest.skip(f"127.0.0.1:{port + 1} is in use already; nothing to take")
+        blocker.listen()
+        command = [sys.executable, "-m", "gateway.run", "demo-provider", "--port", str(port)]
+        out = demo_provider_output(command, port)
+    assert "is taken; the demo provider goes on without it" in out, out
+
+
+def test_the_demo_provider_says_when_it_cannot_start_the_a2a_agent() -> None:
+    """Without the a2a extra (a wheel installed alone, without `statusgate[a2a]`), the
+    demo provider serves its APIs and says the demo A2A agent is not started and why, so
+    docs/a2a.md's walk-through does not meet a 503 with no word on the console."""
+    port = free_port()
+    # the extra missing: importing uvicorn fails as it does in a venv without it
+    code = (
+        "import sys; sys.modules['uvicorn'] = None; from gateway.run.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    command = [sys.executable, "-c", code, "demo-provider", "--port", str(port)]
+    out = demo_provider_output(command, port)
     assert "demo A2A agent not started: a2a-sdk and uvicorn are not installed" in out, out
     assert "pip install 'statusgate[a2a]'" in out, out
     assert "demo A2A agent listening" not in out, out

@@ -142,6 +142,18 @@ async def naive_loop(agent: Any, task_id: str, states: set[str], limit: int = 20
     raise AssertionError("the loop never saw the state")
 
 
+async def serve_on_loopback(app: Any) -> tuple[Any, int]:
+    """``app`` (an aiohttp Application) served on a free loopback port: its runner (to
+    clean up) and the port."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
 @pytest.mark.parametrize("binding", BINDINGS)
 async def test_naive_get_task_loop_is_paced(tmp_path: Path, binding: str) -> None:
     """A naive GetTask loop through the gateway gets the completed task and its artifact,
@@ -275,10 +287,7 @@ async def test_a_task_done_at_once_is_one_submitted_and_one_finished_line(tmp_pa
 
     remote = web.Application()
     remote.router.add_post("/message:send", answer)
-    runner = web.AppRunner(remote)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve_on_loopback(remote)
     try:
         upstream = f"http://127.0.0.1:{port}"
         async with started(tmp_path, upstream=upstream, a2a={"push": False}) as setup:
@@ -472,10 +481,7 @@ async def test_a_callers_own_push_target_never_reaches_the_agent(tmp_path: Path)
 
     receiver = web.Application()
     receiver.router.add_post("/{tail:.*}", catch)
-    runner = web.AppRunner(receiver)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve_on_loopback(receiver)
     try:
         async with started(tmp_path, work=0.3, push=True, a2a={"push": False}) as setup:
             headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "A2A-Version": "1.0"}

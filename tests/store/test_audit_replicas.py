@@ -515,11 +515,7 @@ async def test_a_running_mirror_follows_a_truncated_file(kept: Any, tmp_path: Pa
     """The mirror in the background, woken by the writer as in the gateway: after the file
     is truncated in place, the lines written next reach the database."""
     path = tmp_path / "audit.jsonl"
-    log = AuditLog(path, key=None)
-    log.open()
-    mirror = AuditMirror(path, kept.audit_lines, "r")
-    log.on_written = mirror.nudge
-    mirror.start()
+    log, mirror = running_mirror(path, kept)
     try:
         for i in range(5):
             await log.append({"at": f"2026-12-01T10:00:0{i}.000Z", "operation_id": "op_a"})
@@ -530,6 +526,17 @@ async def test_a_running_mirror_follows_a_truncated_file(kept: Any, tmp_path: Pa
     finally:
         await mirror.close()
         await log.close()
+
+
+def running_mirror(path: Path, kept: Any, clock: Any = None) -> tuple[AuditLog, AuditMirror]:
+    """A writer on ``path`` and its mirror into ``kept`` running in the background, woken
+    by each line as in the gateway (close both when done)."""
+    log = AuditLog(path, key=None) if clock is None else AuditLog(path, key=None, clock=clock)
+    log.open()
+    mirror = AuditMirror(path, kept.audit_lines, "r")
+    log.on_written = mirror.nudge
+    mirror.start()
+    return log, mirror
 
 
 async def until(read: Any, count: int) -> None:
@@ -601,11 +608,7 @@ async def test_a_running_mirror_follows_a_rename_of_a_running_writer(
     from gateway.observe.audit import LOOK_SECONDS
 
     path, clock = tmp_path / "audit.jsonl", Clock()
-    log = AuditLog(path, key=None, clock=clock)
-    log.open()
-    mirror = AuditMirror(path, kept.audit_lines, "r")
-    log.on_written = mirror.nudge
-    mirror.start()
+    log, mirror = running_mirror(path, kept, clock)
     try:
         for i in range(5):
             await log.append({"at": f"2026-12-01T10:00:0{i}.000Z", "operation_id": "op_a"})
