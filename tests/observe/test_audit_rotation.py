@@ -276,3 +276,28 @@ async def test_a_path_that_cannot_be_made_again_keeps_the_lines_in_the_renamed_f
     old, new = lines(tmp_path / "var.old" / "audit.jsonl"), lines(folder / "audit.jsonl")
     assert [line["n"] for line in old] == [0, 1, 2] and [line["n"] for line in new] == [3]
     assert_one_chain(old, new)
+
+
+async def test_two_replicas_rotated_files_named_together_each_find_their_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two replicas' files rotated at the same seq, named in one `audit verify`: each new
+    file is checked against the rotated file it continues (the one whose last hash it
+    takes up), not the other replica's that ends at the same seq; all four verify."""
+    named: list[Path] = []
+    for replica in ("a", "b"):
+        folder, clock = tmp_path / replica, Clock()
+        log = AuditLog(folder / "audit.jsonl", key=None, fsync=Fsync.NEVER, clock=clock)
+        log.open()
+        for n in range(3):
+            await log.append({"event": "polled", "n": n, "replica": replica})
+        rotated = rotate(log.path, "create")
+        clock.now += LOOK_SECONDS
+        await log.append({"event": "polled", "n": 3, "replica": replica})
+        await log.close()
+        named += [rotated, log.path]
+    code, out = run(["audit", "verify", *map(str, named)], capsys)
+    assert code == 0, out
+    assert out.splitlines()[3] == (
+        f"{named[3]}: 1 records from seq 4 (continues {named[2]}), chain intact"
+    )
