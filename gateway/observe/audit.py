@@ -240,6 +240,13 @@ def last_line(handle: BinaryIO, end: int) -> tuple[int, bytes]:
     return start, handle.read(end - start)
 
 
+def _fsync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class AuditLog:
     """Appends sealed lines to one file; ``append`` returns once the line is written (or,
     refused by the disk, kept to be written first when ``writable`` finds space again)."""
@@ -411,9 +418,11 @@ class AuditLog:
             self._unsynced = False
 
     async def _sync_off_loop(self) -> None:
-        """``_sync`` with the fsync itself on a thread."""
+        """``_sync`` with the fsync itself on a thread, through a descriptor of its own that
+        the thread closes: a rename followed meanwhile (``_reopen``) closes the file's."""
         try:
-            await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+            fd = os.dup(self._file.fileno())
+            await asyncio.get_running_loop().run_in_executor(None, _fsync_and_close, fd)
         except OSError as exc:
             self._sync_failed(exc)
         else:

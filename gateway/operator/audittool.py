@@ -105,12 +105,16 @@ def _verify_files(paths: list[Path], key: bytes | None) -> bool:
 
 def _before(verdict: Verdict, verdicts: dict[Path, Verdict]) -> tuple[Path, bool] | None:
     """The named file that ends just before ``verdict``'s run starts, and whether the run
-    takes up its last line's hash; None when no named file ends there."""
+    takes up its last line's hash; None when no named file ends there. Several may end
+    there (other replicas' files, rotated at the same seq): the one it takes up wins."""
+    found: tuple[Path, bool] | None = None
     for other, earlier in verdicts.items():
         linked = continues(verdict, earlier) if earlier.intact else None
-        if linked is not None:
+        if linked:
             return other, linked
-    return None
+        if linked is not None and found is None:
+            found = other, linked
+    return found
 
 
 def _verdict_said(verdict: Verdict, before: tuple[Path, bool] | None) -> str:

@@ -8,8 +8,11 @@ process, alone and with two workers, renamed while it writes."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +279,69 @@ async def test_a_path_that_cannot_be_made_again_keeps_the_lines_in_the_renamed_f
     old, new = lines(tmp_path / "var.old" / "audit.jsonl"), lines(folder / "audit.jsonl")
     assert [line["n"] for line in old] == [0, 1, 2] and [line["n"] for line in new] == [3]
     assert_one_chain(old, new)
+
+
+async def test_two_replicas_rotated_files_named_together_each_find_their_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two replicas' files rotated at the same seq, named in one `audit verify`: each new
+    file is checked against the rotated file it continues (the one whose last hash it
+    takes up), not the other replica's that ends at the same seq; all four verify."""
+    named: list[Path] = []
+    for replica in ("a", "b"):
+        folder, clock = tmp_path / replica, Clock()
+        log = AuditLog(folder / "audit.jsonl", key=None, fsync=Fsync.NEVER, clock=clock)
+        log.open()
+        for n in range(3):
+            await log.append({"event": "polled", "n": n, "replica": replica})
+        rotated = rotate(log.path, "create")
+        clock.now += LOOK_SECONDS
+        await log.append({"event": "polled", "n": 3, "replica": replica})
+        await log.close()
+        named += [rotated, log.path]
+    code, out = run(["audit", "verify", *map(str, named)], capsys)
+    assert code == 0, out
+    assert out.splitlines()[3] == (
+        f"{named[3]}: 1 records from seq 4 (continues {named[2]}), chain intact"
+    )
+
+
+class HeldThreads(concurrent.futures.ThreadPoolExecutor):
+    """The loop's threads, each call held until ``go`` is set: an fsync still under way."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.go = threading.Event()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def held() -> Any:
+            self.go.wait(30)
+            return fn(*args, **kwargs)
+
+        return super().submit(held)
+
+
+async def test_a_rename_followed_while_an_fsync_is_under_way_refuses_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line's fsync (on a thread) still under way when another line follows a rename:
+    the renamed file is left (closed) without the fsync failing on its descriptor, so no
+    "cannot be written" error is logged and both lines are on file, one chain."""
+    path, clock = tmp_path / "audit.jsonl", Clock()
+    log = AuditLog(path, key=None, fsync=Fsync.ALWAYS, clock=clock)
+    log.open()
+    threads = HeldThreads()
+    asyncio.get_running_loop().set_default_executor(threads)
+    first = asyncio.create_task(log.append({"event": "polled", "n": 0}))
+    await asyncio.sleep(0)  # written; its fsync waits on a thread
+    rotated = rotate(path, "create")
+    clock.now += LOOK_SECONDS
+    second = asyncio.create_task(log.append({"event": "polled", "n": 1}))
+    await asyncio.sleep(0)  # the rename followed: the renamed file's descriptor closed
+    threads.go.set()
+    assert await first is not None and await second is not None
+    assert log.writable()
+    await log.close()
+    said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert said == []
+    assert_one_chain(lines(rotated), lines(path))
