@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine with Python 3.11+:
 #   make run    the gateway (SQLite store) and the bundled demo provider: the runtime
 #               dependencies at the versions of requirements.lock, and the a2a extra
-#               (the demo A2A agent, a2a-sdk's clients)
+#               (the demo A2A agent, a2a-sdk's clients; not in the lock)
 #   make test   lint, types and the whole test suite: the dev stack besides
 PYTHON ?= python3
 VENV ?= .venv

@@ -45,6 +45,8 @@ async def run(runtime: Runtime) -> None:
         if sweeps % KEEP_EVERY == 0:
             await _step("owed result copies", keeping.keep_owed(runtime))
         audit = runtime.effects.audit
+        if audit is not None:
+            audit.follow()  # a rename is followed even while this process writes nothing
         if audit is not None and not audit.writable():
             continue  # escalations and refusal lines wait for space (each sweep tries)
         if sweeps % OVERDUE_EVERY == 0:

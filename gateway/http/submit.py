@@ -300,7 +300,8 @@ async def _open(
         u=runtime.rng.random(),
         route_values=kept_values(call.match.params),
     )
-    decision = decide.with_first_task(policy, decision, answer, now, runtime.rng.random())
+    if policy.protocol == "a2a":  # its answer is the task's first state (one draw only then)
+        decision = decide.with_first_task(policy, decision, answer, now, runtime.rng.random())
     kept = _answer_headers(call, response, job_id)
     stored = StoredResponse(
         response.status, kept, rewrite_body(call, response.body, response.content_type)

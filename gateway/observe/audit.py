@@ -362,6 +362,19 @@ class AuditLog:
             if not self._reopen():  # else the renamed file closed, its flock with it
                 return  # still under the renamed file's flock: written there
 
+    def follow(self) -> None:
+        """Follow a rename to the path now, with nothing to write (the sweeper, once a
+        second). Shared (``serve --workers``), a worker that writes nothing for a while
+        would otherwise, at its next line, read the chain's end from the file it had
+        open, which after two rotations is not the end: it would write a seq twice."""
+        if self._file is None:
+            return
+        if self._shared:
+            self._lock()
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+        else:
+            self._look()
+
     def _look(self) -> None:
         """Alone, LOOK_SECONDS after the last look: follow a rename to the path."""
         self._look_at = self._clock() + LOOK_SECONDS

@@ -107,16 +107,17 @@ class Effects:
 
 def _log_escalation(record: OperationRecord) -> None:
     """One warning when waiting ends in an escalation, so an operator watching the logs (not
-    only the audit, the metrics or the webhook) sees what now waits for a decision."""
+    only the audit, the metrics or the webhook) sees what now waits for a decision. The
+    escalation's detail stays out: it may quote a remote agent's own words (an A2A
+    INPUT_REQUIRED message); the audit line and the console have it."""
     escalation = record.escalation
     reason = escalation.reason.value if escalation is not None else "unknown"
     log.warning(
-        "operation %s of %s (account %s) escalated: %s: %s",
+        "operation %s of %s (account %s) escalated: %s",
         record.operation_id,
         record.provider,
         record.account,
         reason,
-        escalation.detail if escalation is not None else "",
         extra={
             "operation_id": record.operation_id,
             "provider": record.provider,

@@ -167,6 +167,34 @@ async def test_shared_writers_follow_a_rename_as_one_chain(
     assert code == 0, out
 
 
+async def test_a_shared_writer_idle_across_two_rotations_follows_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker that writes nothing across two rotations (its agents on other workers) is
+    moved along by ``follow`` (the sweeper calls it once a second), so its first line after
+    the second rotation takes up the chain's end, not the end of the file it had open."""
+    path = tmp_path / "audit.jsonl"
+    busy, idle = (AuditLog(path, key=None, fsync=Fsync.NEVER, shared=True) for _ in range(2))
+    busy.open()
+    idle.open()
+    await idle.append({"event": "polled", "n": 0})
+    await busy.append({"event": "polled", "n": 1})
+    first = path.rename(path.with_name("audit.jsonl.2"))
+    await busy.append({"event": "polled", "n": 2})
+    idle.follow()
+    second = path.rename(path.with_name("audit.jsonl.1"))
+    path.touch()
+    idle.follow()
+    await idle.append({"event": "polled", "n": 3})
+    await busy.append({"event": "polled", "n": 4})
+    for writer in (busy, idle):
+        await writer.close()
+    seqs = [line["seq"] for f in (first, second, path) for line in lines(f)]
+    assert seqs == [1, 2, 3, 4, 5]
+    code, out = run(["audit", "verify", str(first), str(second), str(path)], capsys)
+    assert code == 0, out
+
+
 @pytest.mark.parametrize(
     ("kind", "workers"), [("sqlite", 1), ("redis", 2), ("postgres", 2)], ids=str
 )
