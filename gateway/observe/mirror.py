@@ -284,9 +284,12 @@ class AuditMirror:
                 return 0  # not made yet
         if self._chain is None:
             self._chain = await asyncio.to_thread(_chain_in, self._file, self.replica)
-            if self._chain is None:
-                self._start_over()
-                return 0  # no complete line yet
+            if self._chain is None:  # no complete line yet: the file stays open, so lines
+                # written and renamed away before the next batch are still read from it;
+                # it is left only once the path names a successor with a line (then final)
+                if await asyncio.to_thread(_succeeded, self._file, self.path, self.replica):
+                    return await self._next_file(again)
+                return 0
         if self._offset is None:
             last = await self._lines.last_seq(self._chain)
             self._offset = await asyncio.to_thread(_offset_in, self._file, last or 0)

@@ -295,6 +295,6 @@ async def test_malformed_requests_cost_one_short_line_each(
     stderr = served.stop()
     assert "Traceback" not in stderr
     assert "leak-me" not in stderr
-    lines = [line for line in stderr.splitlines() if "malformed" in line]
+    lines = [line for line in stderr.splitlines() if "rejected a malformed request" in line]
     assert len(lines) <= 20, stderr
     assert all(len(line) < 200 for line in lines), stderr

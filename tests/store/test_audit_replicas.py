@@ -555,6 +555,34 @@ class Clock:
         return self.now
 
 
+async def test_a_file_renamed_before_its_first_batch_reaches_the_database(
+    kept: Any, tmp_path: Path
+) -> None:
+    """The mirror looked while the file was still empty (a gateway just started); lines are
+    written and the file renamed away before its next batch (a worker's lines wake the
+    shipper only within a second). The mirror still holds the renamed file: its lines reach
+    the database, then the successor's, as two chains."""
+    from gateway.observe.audit import LOOK_SECONDS
+
+    path, clock = tmp_path / "audit.jsonl", Clock()
+    log = AuditLog(path, key=None, clock=clock)
+    log.open()
+    mirror = AuditMirror(path, kept.audit_lines, "r")
+    assert await mirror.ship_all() == 0  # nothing written yet
+    for n in range(3):
+        await log.append({"at": f"2026-12-01T10:00:0{n}.000Z", "operation_id": f"op_{n}"})
+    path.rename(tmp_path / "audit.jsonl.1")
+    clock.now += LOOK_SECONDS
+    for n in range(3, 5):
+        await log.append({"at": f"2026-12-01T10:00:0{n}.000Z", "operation_id": f"op_{n}"})
+    assert await mirror.ship_all() == 5
+    await log.close()
+    kept_lines = [await kept_of(kept, f"op_{n}") for n in range(5)]
+    assert [len(found) for found in kept_lines] == [1] * 5
+    chains = [found[0].chain for found in kept_lines]
+    assert len(set(chains[:3])) == 1 and len(set(chains[3:])) == 1 and chains[0] != chains[3]
+
+
 @pytest.mark.parametrize("create", [True, False], ids=["create", "nocreate"])
 async def test_lines_written_before_a_rename_reach_the_database(
     kept: Any, tmp_path: Path, create: bool
