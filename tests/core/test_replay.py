@@ -27,10 +27,12 @@ NOW = 1_800_000_000.0
 JSON = "application/json"
 
 
+ENV = demo_env(ROOT / "policies", "k")  # every credential a shipped policy may read
+
+
 def shipped(name: str) -> ProviderPolicy:
     """A shipped policy, every credential it may read set to "k"."""
-    env = demo_env(ROOT / "policies", "k")
-    return load_policy(ROOT / f"policies/{name}.yaml", f"{name}.yaml", env)
+    return load_policy(ROOT / f"policies/{name}.yaml", f"{name}.yaml", ENV)
 
 
 @pytest.fixture(scope="module")
